@@ -1,0 +1,3 @@
+from tbon.cli.main import _entry
+
+_entry()

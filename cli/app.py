@@ -1,0 +1,86 @@
+"""The Typer application: one module per command, registered here.
+
+`run` turns every failure into one line on stderr and an exit code: 2 for usage errors, the error's
+own code for a `TbonError`, 1 for anything unexpected (with the traceback only under TBON_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+from typer._click import exceptions as click_exceptions
+
+from tbon.overlay.errors import TbonError
+
+COMMAND_MODULES = ("start", "broker", "status", "keygen", "uri", "ping", "shutdown")
+
+app = typer.Typer(
+    name="tbon",
+    help="An elastic, authenticated tree of message brokers across an allocation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tbon {version('tbon')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """An elastic, authenticated tree of message brokers across an allocation."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"tbon.cli.{_name}").register(app)
+
+
+def run(args: list[str]) -> int:
+    """Run one command line; return its exit code instead of raising."""
+    command = typer.main.get_command(app)
+    prog = "tbon"
+    try:
+        result = command.main(args=args, prog_name=prog, standalone_mode=False)
+    except typer.Exit as exit_:
+        return exit_.exit_code
+    except typer.Abort:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except click_exceptions.UsageError as error:
+        where = error.ctx.command_path if error.ctx else prog
+        print(f"{where}: {error.format_message()}", file=sys.stderr)
+        print(f"Try '{where} --help' for help.", file=sys.stderr)
+        return 2
+    except click_exceptions.ClickException as error:
+        print(f"{prog}: {error.format_message()}", file=sys.stderr)
+        return error.exit_code
+    except TbonError as error:
+        print(f"{_command_name(args)}: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # never leak a traceback to a user
+        if os.environ.get("TBON_DEBUG"):
+            raise
+        print(f"{_command_name(args)}: internal error: {error!r}", file=sys.stderr)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+def _command_name(args: list[str]) -> str:
+    words = [a for a in args if not a.startswith("-")]
+    return f"tbon {words[0]}" if words else "tbon"

@@ -1,0 +1,28 @@
+"""The `tbon` console script.
+
+`tbon broker` is dispatched before Typer is imported, so a broker starts with nothing but pyzmq and
+PyNaCl loaded; every other command goes through the Typer app in `tbon.cli.app`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["broker"]:
+        from tbon.overlay.main import main as broker_main
+
+        return broker_main(args[1:])
+    from tbon.cli.app import run
+
+    return run(args)
+
+
+def _entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

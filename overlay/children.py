@@ -1,0 +1,369 @@
+"""A parent's side of its links: the ROUTER its children connect to, and their sessions.
+
+The ROUTER is a CURVE server whose ZAP handler accepts exactly the keys in the KeyRing, each bound
+to one (rank, incarnation) and stamped on the child's messages as the ZeroMQ User-Id. A child is
+believed about nothing but itself and its own subtree. Its death is seen the moment its connection
+drops (the socket monitor), or when it falls silent past tbon.timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from tbon.overlay import exitcodes
+from tbon.overlay.config import BrokerConfig
+from tbon.overlay.keyring import Identity, KeyRing, ZapHandler
+from tbon.overlay.liveness import Liveness, Verdict
+from tbon.overlay.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
+from tbon.overlay.ranktable import Departed, Event, Lost, Online, Torpid
+from tbon.overlay.reports import decode_event
+from tbon.overlay.topology import Topology
+
+log = logging.getLogger("tbon.children")
+
+MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+    exit_code: int
+
+
+def judge_hello(
+    payload: dict[str, Any],
+    sender: Identity,
+    parent_rank: int,
+    topology: Topology,
+    current: dict[int, int],
+    shutting_down: bool = False,
+) -> Refusal | None:
+    """Whether a hello from the holder of `sender`'s key may join as the child it claims to be.
+
+    `current` maps each child rank to its current incarnation. Returns None to welcome it.
+    """
+    version = payload.get("version")
+    if version != PROTOCOL_VERSION:
+        return Refusal(
+            f"incompatible protocol version {version!r} (rank {parent_rank} speaks "
+            f"{PROTOCOL_VERSION})",
+            exitcodes.REFUSED,
+        )
+    rank, incarnation = payload.get("rank"), payload.get("incarnation")
+    if (rank, incarnation) != (sender.rank, sender.incarnation):
+        return Refusal(
+            f"key is authorized for rank {sender.rank} incarnation {sender.incarnation}, "
+            f"not for rank {rank} incarnation {incarnation}",
+            exitcodes.REFUSED,
+        )
+    if sender.rank >= topology.size or topology.parent(sender.rank) != parent_rank:
+        return Refusal(
+            f"rank {sender.rank} is not a child of rank {parent_rank}", exitcodes.REFUSED
+        )
+    if current.get(sender.rank) != sender.incarnation:
+        return Refusal(
+            f"superseded: rank {sender.rank} is now incarnation {current.get(sender.rank)}",
+            exitcodes.REFUSED,
+        )
+    if shutting_down:
+        return Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
+    return None
+
+
+@dataclass(slots=True)
+class ChildSession:
+    identity: Identity
+    routing_id: bytes | None = None
+    fd: int | None = None
+    liveness: Liveness | None = None
+    ended: str = ""  # why this incarnation ended; empty while it may still connect
+
+    @property
+    def connected(self) -> bool:
+        return self.routing_id is not None and not self.ended
+
+
+@dataclass(slots=True)
+class Inbound:
+    """What one read of the ROUTER produced for the broker to act on."""
+
+    reports: list[Event] = field(default_factory=list)
+    messages: list[tuple[int, Message]] = field(default_factory=list)
+
+
+class Children:
+    def __init__(
+        self,
+        context: zmq.Context,
+        rank: int,
+        topology: Topology,
+        config: BrokerConfig,
+        secret_z85: str,
+    ) -> None:
+        self.rank = rank
+        self.topology = topology
+        self.config = config
+        self.keyring = KeyRing()
+        self.zap = ZapHandler(context, self.keyring)
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.sndhwm = 0
+        self.socket.rcvhwm = 0
+        self.socket.router_mandatory = 1
+        self.socket.curve_server = True
+        self.socket.curve_secretkey = secret_z85.encode()
+        self.socket.zap_domain = b"tbon"
+        self.socket.maxmsgsize = 8 * 1024 * 1024
+        self.monitor = self.socket.get_monitor_socket(MONITORED)
+        self.sessions: dict[int, ChildSession] = {}
+        self._by_routing: dict[bytes, ChildSession] = {}
+        self._by_fd: dict[tuple[int, int], ChildSession] = {}  # (fd, generation) -> session
+        self._fd_open: dict[int, bool] = {}
+        self._fd_generation: dict[int, int] = {}
+        self._closed: list[tuple[int, int]] = []
+        self.shutting_down = False
+        self._next_heartbeat = 0.0
+
+    def bind(self, endpoint: str) -> str:
+        """Bind to `endpoint` (a port of `*` picks a free one); returns the address bound."""
+        self.socket.bind(endpoint)
+        return self.socket.last_endpoint.decode()
+
+    def authorize(self, rank: int, incarnation: int, public_z85: str) -> None:
+        identity = Identity(rank, incarnation)
+        self.keyring.authorize(public_z85, identity)
+        old = self.sessions.get(rank)
+        if old is not None and old.routing_id is not None:
+            self._by_routing.pop(old.routing_id, None)
+        self.sessions[rank] = ChildSession(identity)
+
+    def connected(self) -> list[int]:
+        return [rank for rank, session in self.sessions.items() if session.connected]
+
+    # --- input ------------------------------------------------------------------------------
+
+    def drain_monitor(self) -> None:
+        """Take in pending connection events. A disconnect is only noted here: it is applied by
+        `settle`, after the messages that the connection delivered before it closed (a goodbye)."""
+        while self.monitor.poll(0):
+            event = parse_monitor_message(self.monitor.recv_multipart())
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._fd_generation[fd] = self._fd_generation.get(fd, 0) + 1
+                self._fd_open[fd] = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self._fd_open[fd] = False
+                self._closed.append((fd, self._fd_generation.get(fd, 0)))
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                for address, key in self.zap.refusals:
+                    log.warning(
+                        "refused a child from %s: CURVE key %s is not authorized", address, key
+                    )
+                self.zap.refusals.clear()
+
+    def settle(self) -> list[Event]:
+        """Declare lost every child whose connection closed without a goodbye."""
+        reports: list[Event] = []
+        closed, self._closed = self._closed, []
+        for fd, generation in closed:
+            session = self._by_fd.get((fd, generation))
+            if session is not None:
+                del self._by_fd[(fd, generation)]
+                if session.connected:
+                    reports.append(self._end(session, "lost", "connection lost"))
+        return reports
+
+    def read(self, now: float) -> Inbound:
+        """Read one message from a child.
+
+        The monitor is drained first so that a hello is tied to the connection (fd and
+        generation) it came on, and a child that said hello and died at once is seen to be gone.
+        """
+        self.drain_monitor()
+        inbound = Inbound()
+        frames = self.socket.recv_multipart(copy=False)
+        if len(frames) < 2:
+            return inbound
+        routing_id = frames[0].bytes
+        try:
+            sender = Identity.parse(frames[1].get("User-Id"))
+            fd = frames[1].get(zmq.SRCFD)
+            message = decode([frame.bytes for frame in frames[1:]])
+        except (MessageError, zmq.ZMQError, UnicodeDecodeError) as error:
+            log.warning("dropped a malformed message from a child: %s", error)
+            return inbound
+        if sender is None:
+            log.warning("dropped a message from an unauthenticated peer")
+            return inbound
+        if message.kind is Kind.CONTROL and message.topic == "hello":
+            self._hello(routing_id, fd, sender, message, now, inbound)
+            return inbound
+        session = self._by_routing.get(routing_id)
+        if session is None or session.identity != sender or not session.connected:
+            self._refuse_stale(routing_id, sender, message)
+            return inbound
+        assert session.liveness is not None
+        if session.liveness.heard(now) is Verdict.ALIVE:
+            inbound.reports.append(Torpid(sender.rank, sender.incarnation, False))
+        if message.kind is not Kind.CONTROL:
+            inbound.messages.append((sender.rank, message))
+        elif message.topic == "goodbye":
+            inbound.reports.append(self._end(session, "departed", "said goodbye"))
+        elif message.topic == "report":
+            self._report(sender, message, inbound)
+        elif message.topic != "heartbeat":
+            log.warning("rank %d sent an unknown control message %r", sender.rank, message.topic)
+        return inbound
+
+    def _hello(
+        self,
+        routing_id: bytes,
+        fd: int,
+        sender: Identity,
+        hello: Message,
+        now: float,
+        inbound: Inbound,
+    ) -> None:
+        current = {rank: s.identity.incarnation for rank, s in self.sessions.items() if not s.ended}
+        refusal = judge_hello(
+            hello.payload, sender, self.rank, self.topology, current, self.shutting_down
+        )
+        session = self.sessions.get(sender.rank)
+        if refusal is None and session is not None and session.ended:
+            refusal = Refusal(
+                f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}",
+                exitcodes.LOST,
+            )
+        if refusal is not None or session is None:
+            refusal = refusal or Refusal("not expected", exitcodes.REFUSED)
+            log.warning("refused hello from rank %s: %s", hello.payload.get("rank"), refusal.reason)
+            self._send_raw(
+                routing_id, _control("refuse", reason=refusal.reason, exit_code=refusal.exit_code)
+            )
+            return
+        if session.routing_id is not None:
+            self._by_routing.pop(session.routing_id, None)
+        session.routing_id, session.fd = routing_id, fd
+        session.liveness = Liveness(self.config.torpid, self.config.timeout, now)
+        self._by_routing[routing_id] = session
+        self._by_fd[(fd, self._fd_generation.get(fd, 0))] = session
+        self._send_raw(routing_id, _control("welcome", rank=sender.rank, size=self.topology.size))
+        host = str(hello.payload.get("hostname", ""))
+        pid = hello.payload.get("pid")
+        inbound.reports.append(
+            Online(sender.rank, sender.incarnation, host, pid if isinstance(pid, int) else 0)
+        )
+        if not self._fd_open.get(fd, True):
+            inbound.reports.append(self._end(session, "lost", "connection lost"))
+
+    def _report(self, sender: Identity, message: Message, inbound: Inbound) -> None:
+        try:
+            event = decode_event(message.payload)
+        except MessageError as error:
+            log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
+            return
+        if not 0 <= event.rank < self.topology.size or not self.topology.is_ancestor(
+            sender.rank, event.rank
+        ):
+            log.warning("rank %d reported on rank %d, outside its subtree", sender.rank, event.rank)
+            return
+        inbound.reports.append(event)
+
+    def _refuse_stale(self, routing_id: bytes, sender: Identity, message: Message) -> None:
+        """Answer a broker whose incarnation has ended, so that it exits instead of lingering."""
+        session = self.sessions.get(sender.rank)
+        if session is not None and session.identity == sender and session.ended:
+            reason = f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}"
+            self._send_raw(routing_id, _control("refuse", reason=reason, exit_code=exitcodes.LOST))
+        elif session is not None and session.identity.incarnation > sender.incarnation:
+            reason = (
+                f"superseded: rank {sender.rank} is now incarnation {session.identity.incarnation}"
+            )
+            self._send_raw(
+                routing_id, _control("refuse", reason=reason, exit_code=exitcodes.REFUSED)
+            )
+        else:
+            log.warning(
+                "dropped %s %r from rank %d: not connected",
+                message.kind,
+                message.topic,
+                sender.rank,
+            )
+
+    def _end(self, session: ChildSession, how: str, why: str) -> Event:
+        """End a child's incarnation: revoke its key, forget its connection, report it."""
+        identity = session.identity
+        session.ended = f"was {how}: {why}" if how == "lost" else f"has {how}"
+        self.keyring.revoke(identity)
+        if how == "lost":
+            log.warning("rank %d lost: %s", identity.rank, why)
+            return Lost(identity.rank, identity.incarnation, why)
+        log.info("rank %d departed", identity.rank)
+        return Departed(identity.rank, identity.incarnation)
+
+    # --- output -----------------------------------------------------------------------------
+
+    def send(self, rank: int, message: Message) -> bool:
+        session = self.sessions.get(rank)
+        if session is None or not session.connected or session.routing_id is None:
+            return False
+        return self._send_raw(session.routing_id, message)
+
+    def _send_raw(self, routing_id: bytes, message: Message) -> bool:
+        try:
+            self.socket.send_multipart([routing_id, *encode(message)], flags=zmq.DONTWAIT)
+        except zmq.ZMQError as error:
+            if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Ask every connected child to shut its subtree down (leaves go first)."""
+        self.shutting_down = True
+        for rank in self.connected():
+            self.send(rank, _control("shutdown"))
+
+    def tick(self, now: float) -> list[Event]:
+        """Send heartbeats when due, and judge each child's silence."""
+        reports: list[Event] = []
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat
+            for rank in self.connected():
+                self.send(rank, _control("heartbeat"))
+        for session in self.sessions.values():
+            if not session.connected or session.liveness is None:
+                continue
+            verdict = session.liveness.check(now)
+            identity = session.identity
+            if verdict is Verdict.TORPID:
+                log.warning("rank %d is torpid", identity.rank)
+                reports.append(Torpid(identity.rank, identity.incarnation, True))
+            elif verdict is Verdict.LOST:
+                silent = now - session.liveness.last_heard
+                reports.append(self._end(session, "lost", f"silent for {silent:.1f}s"))
+        return reports
+
+    def next_deadline(self) -> float:
+        deadlines = [self._next_heartbeat]
+        for session in self.sessions.values():
+            if session.connected and session.liveness is not None:
+                deadline = session.liveness.deadline()
+                if deadline is not None:
+                    deadlines.append(deadline)
+        return min(deadlines)
+
+    def close(self) -> None:
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
+        self.socket.close(linger=0)
+        self.zap.close()
+
+
+def _control(topic: str, **payload: Any) -> Message:
+    return Message(Kind.CONTROL, topic, payload)

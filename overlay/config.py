@@ -1,0 +1,95 @@
+"""Broker attributes (`-S NAME=VALUE`), validated once into a BrokerConfig."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from tbon.overlay.duration import parse_duration
+from tbon.overlay.errors import UsageError
+from tbon.overlay.topology import DEFAULT_SPEC, parse_spec, spec_from_fanout
+
+DEFAULTS: dict[str, str] = {
+    "tbon.topo": DEFAULT_SPEC,
+    "tbon.heartbeat": "2s",
+    "tbon.torpid": "10s",
+    "tbon.timeout": "60s",
+    "tbon.endpoint": "tcp://%h:*",
+    "broker.shutdown-timeout": "10s",
+    "log-stderr-level": "warning",
+}
+KNOWN = frozenset({*DEFAULTS, "size", "tbon.fanout", "broker.rundir", "hostname"})
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    size: int | None
+    topo: str
+    heartbeat: float
+    torpid: float
+    timeout: float
+    endpoint: str
+    shutdown_timeout: float
+    rundir: str | None
+    hostname: str
+    log_level: str
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+def parse_assignments(assignments: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` strings as a dict; unknown names and missing `=` are usage errors."""
+    attributes: dict[str, str] = {}
+    for text in assignments:
+        name, equals, value = text.partition("=")
+        if not equals or not name:
+            raise UsageError(f"invalid attribute {text!r}: use -S NAME=VALUE")
+        if name not in KNOWN:
+            raise UsageError(f"unknown attribute {name!r} (known: {', '.join(sorted(KNOWN))})")
+        attributes[name] = value
+    return attributes
+
+
+def broker_config(attributes: dict[str, str]) -> BrokerConfig:
+    values = {**DEFAULTS, **attributes}
+    topo = spec_from_fanout(values["tbon.fanout"]) if "tbon.fanout" in values else None
+    if "tbon.topo" in attributes or topo is None:
+        topo = parse_spec(values["tbon.topo"])
+    size = None
+    if "size" in values:
+        text = values["size"]
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"invalid size {text!r}: use a whole number >= 1")
+        size = int(text)
+    level = values["log-stderr-level"].lower()
+    if level not in LOG_LEVELS:
+        raise UsageError(f"invalid log-stderr-level {level!r}: use one of {', '.join(LOG_LEVELS)}")
+    endpoint = values["tbon.endpoint"]
+    if not endpoint.startswith("tcp://") or ":" not in endpoint[6:]:
+        raise UsageError(f"invalid tbon.endpoint {endpoint!r}: use tcp://HOST:PORT (%h, * allowed)")
+    heartbeat = parse_duration(values["tbon.heartbeat"], "tbon.heartbeat")
+    if heartbeat <= 0:
+        raise UsageError("tbon.heartbeat must be greater than zero")
+    return BrokerConfig(
+        size=size,
+        topo=topo,
+        heartbeat=heartbeat,
+        torpid=parse_duration(values["tbon.torpid"], "tbon.torpid"),
+        timeout=parse_duration(values["tbon.timeout"], "tbon.timeout"),
+        endpoint=endpoint,
+        shutdown_timeout=parse_duration(
+            values["broker.shutdown-timeout"], "broker.shutdown-timeout"
+        ),
+        rundir=values.get("broker.rundir"),
+        hostname=values.get("hostname") or socket.gethostname(),
+        log_level=level,
+        attributes=dict(attributes),
+    )
+
+
+def host_address(hostname: str) -> str:
+    """The address that `%h` in tbon.endpoint stands for: the host's own, else loopback."""
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
+        return "127.0.0.1"

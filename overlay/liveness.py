@@ -1,0 +1,54 @@
+"""How long a peer has been silent, and what that makes it: a plain state machine per link.
+
+Any message counts as a sign of life. Past `torpid_after` the peer is torpid (still a member, but
+flagged); past `lost_after` it is lost. A limit of 0 disables that step.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Verdict(StrEnum):
+    ALIVE = "alive"
+    TORPID = "torpid"
+    LOST = "lost"
+
+
+class Liveness:
+    def __init__(self, torpid_after: float, lost_after: float, now: float) -> None:
+        self.torpid_after = torpid_after
+        self.lost_after = lost_after
+        self.last_heard = now
+        self.verdict = Verdict.ALIVE
+
+    def heard(self, now: float) -> Verdict | None:
+        """Record a sign of life; returns the new verdict if that changed it (torpid → alive)."""
+        self.last_heard = now
+        if self.verdict is Verdict.TORPID:
+            self.verdict = Verdict.ALIVE
+            return self.verdict
+        return None
+
+    def check(self, now: float) -> Verdict | None:
+        """Re-judge the peer at `now`; returns the new verdict only when it changed."""
+        if self.verdict is Verdict.LOST:
+            return None
+        silent = now - self.last_heard
+        if self.lost_after and silent >= self.lost_after:
+            self.verdict = Verdict.LOST
+            return self.verdict
+        if self.torpid_after and silent >= self.torpid_after and self.verdict is Verdict.ALIVE:
+            self.verdict = Verdict.TORPID
+            return self.verdict
+        return None
+
+    def deadline(self) -> float | None:
+        """When `check` next may change the verdict (for the broker's poll timeout)."""
+        if self.verdict is Verdict.LOST:
+            return None
+        limits = [self.lost_after]
+        if self.verdict is Verdict.ALIVE:
+            limits.append(self.torpid_after)
+        active = [limit for limit in limits if limit]
+        return self.last_heard + min(active) if active else None

@@ -1,0 +1,69 @@
+"""The broker's local connector: a ZeroMQ ROUTER on a Unix-domain socket in its run directory.
+
+Whoever can open the socket (the owner: the run directory is 0700) may talk to the instance.
+Clients are DEALERs; each is known by the routing id the ROUTER gives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import zmq
+
+from tbon.overlay.message import Message, MessageError, decode, encode
+
+log = logging.getLogger("tbon.local")
+
+SOCKET_NAME = "local"
+
+
+def local_uri(rundir: str) -> str:
+    return f"local://{os.path.join(rundir, SOCKET_NAME)}"
+
+
+class LocalServer:
+    def __init__(self, context: zmq.Context, rundir: str) -> None:
+        self.path = os.path.join(rundir, SOCKET_NAME)
+        if len(self.path.encode()) > 100:
+            from tbon.overlay.errors import UsageError
+
+            raise UsageError(f"run directory path is too long for a Unix socket: {rundir}")
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.sndhwm = 0
+        self.socket.rcvhwm = 0
+        self.socket.router_mandatory = 1
+        self.socket.maxmsgsize = 8 * 1024 * 1024
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self.socket.bind(f"ipc://{self.path}")
+        os.chmod(self.path, 0o600)
+        self.uri = f"local://{self.path}"
+
+    def read(self) -> tuple[str, Message] | None:
+        """One request from a client as (client hop, message); None if it was malformed."""
+        frames = self.socket.recv_multipart()
+        if len(frames) < 2:
+            return None
+        try:
+            return "l" + frames[0].hex(), decode(frames[1:])
+        except MessageError as error:
+            log.warning("dropped a malformed message from a local client: %s", error)
+            return None
+
+    def send(self, hop: str, message: Message) -> bool:
+        """Send to the client named by route hop `l<hex id>`; False if it has gone away."""
+        try:
+            self.socket.send_multipart(
+                [bytes.fromhex(hop[1:]), *encode(message)], flags=zmq.DONTWAIT
+            )
+        except (zmq.ZMQError, ValueError):
+            return False
+        return True
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

@@ -1,0 +1,93 @@
+"""`tbon broker`: parsed with argparse, so that a broker never imports typer or rich."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from tbon.overlay import exitcodes
+from tbon.overlay.errors import TbonError
+
+DESCRIPTION = """\
+Run one broker of a tbon instance. Started by a PMI launcher (tbon start, MPICH's mpiexec,
+srun --mpi=pmi2), it learns its rank and size from PMI, swaps keys and endpoints with the other
+brokers and joins the tree; started alone, it is rank 0 of a size-1 instance. Rank 0 runs
+COMMAND, if given, once every launched broker is online, then shuts the instance down and exits
+with COMMAND's status.
+"""
+
+EPILOG = """\
+attributes (-S NAME=VALUE):
+  size                 ranks in the instance (default: the PMI size)
+  tbon.topo            kary:K | binomial (default kary:32); tbon.fanout=K is kary:K
+  tbon.heartbeat       heartbeat period on each link (default 2s)
+  tbon.torpid          silence that flags a broker torpid (default 10s; 0 disables)
+  tbon.timeout         silence that makes a broker lost (default 60s; 0 disables)
+  tbon.endpoint        where a parent listens, tcp://HOST:PORT; %h is this host's
+                       address, * a free port (default tcp://%h:*)
+  broker.rundir        run directory for the local socket (default: a new 0700 temp dir)
+  broker.shutdown-timeout  how long to wait for children at shutdown (default 10s)
+  hostname             the name this broker reports (default: the host name)
+  log-stderr-level     debug | info | warning | error (default warning)
+
+exit status:
+  0 shut down (or retired)   1 internal error   2 usage error   69 no rank available
+  75 lost the parent or the instance (restart may rejoin)   77 refused (do not restart)
+
+See tbon-broker(1).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"tbon broker: {message}\nTry 'tbon broker --help' for help.", file=sys.stderr)
+        sys.exit(exitcodes.USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tbon broker",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-S",
+        "--setattr",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a broker attribute (repeatable)",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="initial program for rank 0, run with TBON_URI set",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from tbon.overlay.config import broker_config, parse_assignments
+
+    args = _parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        config = broker_config(parse_assignments(args.setattr))
+    except TbonError as error:
+        print(f"tbon broker: {error}", file=sys.stderr)
+        return error.exit_code
+    from tbon.overlay.broker import run_broker
+
+    try:
+        return run_broker(config, command)
+    except KeyboardInterrupt:
+        return exitcodes.INTERNAL
+    except Exception as error:  # a broker reports, it does not print tracebacks at users
+        if os.environ.get("TBON_DEBUG"):
+            raise
+        print(f"tbon broker: internal error: {error!r}", file=sys.stderr)
+        return exitcodes.INTERNAL

@@ -1,0 +1,243 @@
+"""The authoritative rank table kept at rank 0: a plain state machine.
+
+Every event names a rank and the incarnation it speaks about. An event whose incarnation is not the
+rank's current one is refused and changes nothing: this is what keeps a late report about an old
+broker from touching its successor. `apply` never performs I/O; the broker acts on its Outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tbon.overlay.topology import Topology
+
+
+class RankState(StrEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"
+    RESERVED = "reserved"
+    RETIRING = "retiring"
+    LOST = "lost"
+    VACANT = "vacant"
+
+
+class SubtreeStatus(StrEnum):
+    FULL = "full"
+    PARTIAL = "partial"
+    DEGRADED = "degraded"
+    LOST = "lost"
+    OFFLINE = "offline"
+
+
+CONNECTED = frozenset({RankState.ONLINE, RankState.RETIRING})
+"""States whose broker holds a live connection to its parent."""
+
+
+@dataclass(slots=True)
+class RankEntry:
+    rank: int
+    state: RankState
+    incarnation: int
+    host: str
+    pid: int | None
+    since: float
+    torpid: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Online:
+    """A parent welcomed this rank's broker (its hello was accepted)."""
+
+    rank: int
+    incarnation: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A parent saw this rank's broker go: its connection dropped or it fell silent."""
+
+    rank: int
+    incarnation: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Departed:
+    """This rank's broker said goodbye: a clean exit."""
+
+    rank: int
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Torpid:
+    """This rank's broker is connected but has been silent past tbon.torpid (or spoke again)."""
+
+    rank: int
+    incarnation: int
+    torpid: bool
+
+
+Event = Online | Lost | Departed | Torpid
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an event did: `changed` lists every rank whose entry changed (empty if refused)."""
+
+    applied: bool
+    changed: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def refused(reason: str) -> Outcome:
+    return Outcome(False, (), reason)
+
+
+class RankTable:
+    """The state of every rank of one instance."""
+
+    def __init__(self, topology: Topology, hosts: list[str], now: float) -> None:
+        """Ranks below len(hosts) were launched by bootstrap (incarnation 1); the rest are spare."""
+        if not 1 <= len(hosts) <= topology.size:
+            raise ValueError("between 1 and size ranks are launched")
+        self.topology = topology
+        self.generation = 0
+        self.entries = [
+            RankEntry(rank, RankState.OFFLINE, 1, host, None, now)
+            for rank, host in enumerate(hosts)
+        ]
+        spares = range(len(hosts), topology.size)
+        self.entries += [
+            RankEntry(rank, RankState.VACANT, 0, f"extra{rank - len(hosts)}", None, now)
+            for rank in spares
+        ]
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    def entry(self, rank: int) -> RankEntry:
+        return self.entries[rank]
+
+    def apply(self, event: Event, now: float) -> Outcome:
+        if not 0 <= event.rank < self.size:
+            return refused(f"rank {event.rank} is not in this instance of size {self.size}")
+        entry = self.entries[event.rank]
+        if event.incarnation != entry.incarnation:
+            return refused(
+                f"rank {event.rank} incarnation {event.incarnation} is not current "
+                f"({entry.incarnation})"
+            )
+        match event:
+            case Online():
+                outcome = self._online(entry, event, now)
+            case Lost():
+                outcome = self._end(entry, RankState.LOST, now)
+            case Departed():
+                outcome = self._end(entry, RankState.VACANT, now)
+            case Torpid():
+                outcome = self._torpid(entry, event.torpid)
+        if outcome.changed:
+            self.generation += 1
+        return outcome
+
+    def _online(self, entry: RankEntry, event: Online, now: float) -> Outcome:
+        if entry.state is RankState.ONLINE and entry.pid == event.pid:
+            return Outcome(True)
+        if entry.state not in (RankState.OFFLINE, RankState.RESERVED):
+            return refused(f"rank {entry.rank} is {entry.state}, it cannot come online")
+        if entry.rank != 0 and not self._parent_connected(entry.rank):
+            return refused(f"rank {entry.rank}'s parent is not online")
+        self._set(entry, RankState.ONLINE, now)
+        entry.host, entry.pid, entry.torpid = event.host, event.pid, False
+        return Outcome(True, (entry.rank,))
+
+    def _end(self, entry: RankEntry, state: RankState, now: float) -> Outcome:
+        """The broker of `entry` is gone, and so are those below it: they exit when they lose it."""
+        if entry.state not in (*CONNECTED, RankState.OFFLINE):
+            return refused(f"rank {entry.rank} is already {entry.state}")
+        if entry.rank == 0:
+            return refused("rank 0 cannot leave its own table")
+        changed = [entry.rank]
+        self._set(entry, state, now)
+        for rank in self.topology.descendants(entry.rank):
+            below = self.entries[rank]
+            if below.state in (*CONNECTED, RankState.OFFLINE):
+                self._set(below, RankState.LOST, now)
+                changed.append(rank)
+        return Outcome(True, tuple(changed))
+
+    def _torpid(self, entry: RankEntry, torpid: bool) -> Outcome:
+        if entry.state not in CONNECTED:
+            return refused(f"rank {entry.rank} is {entry.state}")
+        if entry.torpid == torpid:
+            return Outcome(True)
+        entry.torpid = torpid
+        return Outcome(True, (entry.rank,))
+
+    def _parent_connected(self, rank: int) -> bool:
+        parent = self.topology.parent(rank)
+        return parent is not None and self.entries[parent].state in CONNECTED
+
+    @staticmethod
+    def _set(entry: RankEntry, state: RankState, now: float) -> None:
+        entry.state, entry.since = state, now
+        if state not in CONNECTED:
+            entry.pid, entry.torpid = None, False
+
+    # --- views -----------------------------------------------------------------------------
+
+    def up(self) -> bool:
+        """Every launched rank is online: the instance is ready for its initial program."""
+        return not any(entry.state is RankState.OFFLINE for entry in self.entries)
+
+    def subtree_statuses(self) -> list[SubtreeStatus]:
+        """Each rank's subtree status, rolled up from the leaves as Flux does.
+
+        Lost beats partial."""
+        statuses: list[SubtreeStatus] = [SubtreeStatus.FULL] * self.size
+        below_lost = [False] * self.size
+        below_short = [False] * self.size
+        for rank in range(self.size - 1, -1, -1):
+            entry = self.entries[rank]
+            if entry.state is RankState.LOST:
+                statuses[rank] = SubtreeStatus.LOST
+            elif entry.state not in CONNECTED:
+                statuses[rank] = SubtreeStatus.OFFLINE
+            elif below_lost[rank]:
+                statuses[rank] = SubtreeStatus.DEGRADED
+            elif below_short[rank] or entry.state is RankState.RETIRING:
+                statuses[rank] = SubtreeStatus.PARTIAL
+            parent = self.topology.parent(rank)
+            if parent is not None:
+                lost_here = entry.state is RankState.LOST or below_lost[rank]
+                short_here = entry.state is not RankState.ONLINE or below_short[rank]
+                below_lost[parent] = below_lost[parent] or lost_here
+                below_short[parent] = below_short[parent] or short_here
+        return statuses
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The `tbon status --json` object (design.md); field names are a public contract."""
+        statuses = self.subtree_statuses()
+        ranks = []
+        for entry, status in zip(self.entries, statuses, strict=True):
+            ranks.append(
+                {
+                    "rank": entry.rank,
+                    "state": entry.state.value,
+                    "host": entry.host,
+                    "pid": entry.pid,
+                    "incarnation": entry.incarnation,
+                    "parent": self.topology.parent(entry.rank),
+                    "children": list(self.topology.children(entry.rank)),
+                    "subtree": status.value,
+                    "torpid": entry.torpid,
+                    "since": round(max(0.0, now - entry.since), 3),
+                }
+            )
+        return {"size": self.size, "topo": self.topology.spec, "ranks": ranks}
