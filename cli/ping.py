@@ -1,0 +1,72 @@
+"""`tbon ping`: round-trip times to a rank, through the tree."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from tbon.cli.common import URI_HELP, duration, print_json
+from tbon.overlay.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ping")
+    def ping(
+        words: list[str] = typer.Argument(
+            ..., metavar="[URI] RANK", help=f"The rank to ping. {URI_HELP}"
+        ),
+        count: int = typer.Option(1, "--count", "-c", min=1, help="How many pings to send."),
+        interval: str = typer.Option(
+            "0s", "--interval", "-i", metavar="DURATION", help="Pause between pings (e.g. 100ms)."
+        ),
+        timeout: str = typer.Option(
+            "10s",
+            "--timeout",
+            "-t",
+            metavar="DURATION",
+            help="Give up on a ping after DURATION and exit 1.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    ) -> None:
+        """Send a request to RANK and report how long the answer took, and how many hops."""
+        from tbon.overlay.client import connect
+
+        if len(words) > 2:
+            raise UsageError("expected [URI] RANK")
+        uri, rank_text = (None, words[0]) if len(words) == 1 else (words[0], words[1])
+        if not rank_text.isdigit():
+            raise UsageError(f"invalid rank {rank_text!r}: use a whole number")
+        rank = int(rank_text)
+        pause = duration(interval, "--interval") or 0.0
+        limit = duration(timeout, "--timeout")
+        times: list[float] = []
+        reply: dict = {}
+        with connect(uri) as client:
+            for seq in range(count):
+                if seq and pause:
+                    time.sleep(pause)  # the user asked for this pace
+                started = time.perf_counter()
+                reply = client.rpc("broker.ping", {"seq": seq}, nodeid=rank, timeout=limit)
+                times.append(time.perf_counter() - started)
+                if not as_json:
+                    typer.echo(
+                        f"rank {rank} ({reply['hostname']}): seq={seq} "
+                        f"time={times[-1] * 1000:.3f} ms hops={reply['hops']}"
+                    )
+        result = {
+            "rank": rank,
+            "host": reply["hostname"],
+            "hops": reply["hops"],
+            "rtt_ms": [round(t * 1000, 3) for t in times],
+            "min_ms": round(min(times) * 1000, 3),
+            "avg_ms": round(sum(times) / len(times) * 1000, 3),
+            "max_ms": round(max(times) * 1000, 3),
+        }
+        if as_json:
+            print_json(result)
+        elif count > 1:
+            typer.echo(
+                f"{count} pings: min/avg/max = {result['min_ms']:.3f}/"
+                f"{result['avg_ms']:.3f}/{result['max_ms']:.3f} ms"
+            )

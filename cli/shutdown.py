@@ -1,0 +1,49 @@
+"""`tbon shutdown`: stop an instance cleanly, leaves first, and wait until it is gone."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import nullcontext
+
+import typer
+from rich.console import Console
+
+from tbon.cli.common import URI_HELP, duration, interactive
+from tbon.overlay.errors import TbonError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("shutdown")
+    def shutdown(
+        uri: str = typer.Argument(None, metavar="[URI]", help=URI_HELP),
+        timeout: str = typer.Option(
+            "60s",
+            "--timeout",
+            "-t",
+            metavar="DURATION",
+            help="Give up waiting after DURATION and exit 1.",
+        ),
+        no_wait: bool = typer.Option(False, "--no-wait", help="Return once rank 0 has agreed."),
+    ) -> None:
+        """Shut the instance down: every broker stops its children, then itself."""
+        from tbon.overlay.client import connect
+
+        limit = duration(timeout, "--timeout") or 60.0
+        with connect(uri) as client:
+            path = client.uri.path
+            client.rpc("instance.shutdown", nodeid=0, timeout=limit)
+        if no_wait:
+            return
+        deadline = time.monotonic() + limit
+        console = Console(stderr=True)
+        with (
+            console.status("waiting for the instance to shut down")
+            if interactive()
+            else nullcontext()
+        ):
+            # Rank 0 removes its socket as the very last thing it does.
+            while os.path.exists(path):
+                if time.monotonic() > deadline:
+                    raise TbonError(f"the instance did not shut down within {limit:g}s")
+                time.sleep(0.02)

@@ -1,0 +1,173 @@
+"""`tbon start`: a local instance of N brokers, for testing and for single-node jobs.
+
+The work is done by the launcher (tbon.overlay.launch), a lean process that serves PMI and forks
+the brokers; this command sets it up, waits, and owns the clean-up of everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+import typer
+from rich.console import Console
+
+from tbon.cli.common import duration, interactive
+from tbon.overlay.errors import TbonError, UsageError
+from tbon.overlay.local import local_uri
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "start",
+        context_settings={"allow_interspersed_args": False},
+    )
+    def start(
+        command: list[str] = typer.Argument(
+            None,
+            metavar="[COMMAND]...",
+            help="Run on rank 0 once every broker is online, with TBON_URI set; the exit status "
+            "is COMMAND's. Default: $SHELL on a terminal, else wait for a signal.",
+        ),
+        test_size: int = typer.Option(
+            ..., "--test-size", "-s", min=1, metavar="N", help="How many local brokers to start."
+        ),
+        setattr_: list[str] = typer.Option(
+            [],
+            "--setattr",
+            "-S",
+            metavar="NAME=VALUE",
+            help="Set a broker attribute, e.g. -S tbon.fanout=2 (repeatable).",
+        ),
+        broker_opts: list[str] = typer.Option(
+            [],
+            "--broker-opts",
+            "-o",
+            metavar="OPTS",
+            help="Comma-separated options for every broker, e.g. -o -Stbon.topo=binomial.",
+        ),
+        exit_timeout: str = typer.Option(
+            "10s",
+            "--test-exit-timeout",
+            metavar="DURATION",
+            help="Once the instance is over, kill brokers still running after DURATION.",
+        ),
+    ) -> None:
+        """Start a local instance of N brokers and run COMMAND in it."""
+        duration(exit_timeout, "--test-exit-timeout")
+        attributes = list(setattr_) + _broker_attributes(broker_opts)
+        if not any(a.startswith("tbon.endpoint=") for a in attributes):
+            attributes.append("tbon.endpoint=tcp://127.0.0.1:*")
+        program = list(command or [])
+        waiting = not program
+        if waiting and sys.stdin.isatty() and sys.stdout.isatty():
+            program, waiting = [os.environ.get("SHELL", "/bin/sh")], False
+        raise typer.Exit(run(test_size, attributes, exit_timeout, program, waiting))
+
+
+def _broker_attributes(options: list[str]) -> list[str]:
+    """`-o -Sa=b,-Sc=d` in the style of `flux start -o`: only attribute settings are taken."""
+    attributes = []
+    for group in options:
+        for option in filter(None, group.split(",")):
+            for prefix in ("--setattr=", "-S"):
+                if option.startswith(prefix) and "=" in option[len(prefix) :]:
+                    attributes.append(option[len(prefix) :])
+                    break
+            else:
+                raise UsageError(f"unsupported broker option {option!r}: use -SNAME=VALUE")
+    return attributes
+
+
+def run(
+    size: int, attributes: list[str], exit_timeout: str, program: list[str], waiting: bool
+) -> int:
+    rundir = tempfile.mkdtemp(prefix="tbon-start-")
+    argv = [
+        sys.executable,
+        "-m",
+        "tbon.overlay.launch",
+        "--size",
+        str(size),
+        "--rundir",
+        rundir,
+        "--exit-timeout",
+        exit_timeout,
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    for attribute in attributes:
+        argv += ["-S", attribute]
+    launcher = subprocess.Popen([*argv, "--", *program])
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    stop = _Stop(launcher)
+    try:
+        signal.signal(signal.SIGTERM, stop)
+        if waiting:
+            signal.signal(signal.SIGINT, stop)
+            uri = local_uri(os.path.join(rundir, "0"))
+            if _wait_up(launcher, uri, size):
+                print(uri, flush=True)
+        else:
+            # Ctrl-C on the terminal belongs to COMMAND; the instance ends when it does.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return _wait(launcher)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+class _Stop:
+    """On SIGTERM (or Ctrl-C while waiting), shut the instance down through the launcher."""
+
+    def __init__(self, launcher: subprocess.Popen[bytes]) -> None:
+        self.launcher = launcher
+
+    def __call__(self, _signum: int, _frame: object) -> None:
+        if self.launcher.poll() is None:
+            self.launcher.send_signal(signal.SIGTERM)
+
+
+def _wait(launcher: subprocess.Popen[bytes]) -> int:
+    while True:
+        try:
+            return launcher.wait()
+        except InterruptedError:
+            continue
+
+
+def _wait_up(launcher: subprocess.Popen[bytes], uri: str, size: int) -> bool:
+    """Wait for every broker to be online (False if the launcher gave up first)."""
+    from tbon.overlay.client import Client
+
+    console = Console(stderr=True)
+    path = uri[len("local://") :]
+    with console.status(f"starting {size} brokers") if interactive() else nullcontext():
+        while not os.path.exists(path):
+            if launcher.poll() is not None:
+                return False
+            time.sleep(0.01)  # the socket appears within the launcher's first second
+        try:
+            with Client(uri) as client:
+                tag = client.send("status.watch", {}, nodeid=0)
+                while launcher.poll() is None:
+                    reply = client.receive(0.5)
+                    if reply is None or reply.tag != tag:
+                        continue
+                    if reply.errnum:
+                        return False
+                    if not any(r["state"] == "offline" for r in reply.payload["ranks"]):
+                        return True
+        except TbonError:
+            return False
+    return False

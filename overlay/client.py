@@ -1,0 +1,158 @@
+"""A connection to an instance, for commands: requests, responses and streams.
+
+A request names a target rank; the broker it reaches routes it through the tree and the answer
+comes back the same way. Errors arrive as one-line TbonErrors.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+
+from tbon.overlay.errors import TbonError
+from tbon.overlay.message import ANY_RANK, Kind, Message, MessageError, decode, encode
+from tbon.overlay.uri import Uri, parse_uri
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class RequestError(TbonError):
+    """The instance answered a request with an error."""
+
+    def __init__(self, errnum: int, message: str) -> None:
+        super().__init__(message)
+        self.errnum = errnum
+
+
+class Client:
+    def __init__(self, uri: str | Uri) -> None:
+        self.uri = parse_uri(uri) if isinstance(uri, str) else uri
+        if self.uri.scheme != "local":
+            raise TbonError(
+                f"cannot connect to {self.uri}: ssh:// URIs are not supported yet; "
+                "run the command on that host with its local:// URI"
+            )
+        _probe(self.uri.path, str(self.uri))
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.rcvhwm = 0
+        self.socket.connect(f"ipc://{self.uri.path}")
+        self._tags = itertools.count(1)
+
+    def send(
+        self, topic: str, payload: dict[str, Any] | None = None, nodeid: int = ANY_RANK
+    ) -> int:
+        tag = next(self._tags)
+        message = Message(Kind.REQUEST, topic, payload or {}, nodeid=nodeid, tag=tag)
+        self.socket.send_multipart(encode(message))
+        return tag
+
+    def receive(self, timeout: float | None) -> Message | None:
+        """The next response, or None if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.socket.poll(None if left is None else int(left * 1000)):
+                return None
+            try:
+                return decode(self.socket.recv_multipart())
+            except MessageError:
+                continue  # not ours to answer: skip it
+
+    def rpc(
+        self,
+        topic: str,
+        payload: dict[str, Any] | None = None,
+        nodeid: int = ANY_RANK,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> dict[str, Any]:
+        tag = self.send(topic, payload, nodeid)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            reply = self.receive(left)
+            if reply is None:
+                where = f"rank {nodeid}" if nodeid != ANY_RANK else str(self.uri)
+                raise TbonError(f"no answer from {where} within {timeout:g}s")
+            if reply.tag == tag:
+                return _payload(reply)
+
+    def stream(
+        self,
+        topic: str,
+        payload: dict[str, Any] | None = None,
+        nodeid: int = 0,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> Iterator[dict[str, Any]]:
+        """Each response of a streaming request; `timeout` bounds the wait for the first one."""
+        tag = self.send(topic, payload, nodeid)
+        first = True
+        while True:
+            reply = self.receive(timeout if first else None)
+            if reply is None:
+                raise TbonError(f"no answer from rank {nodeid} within {timeout:g}s")
+            if reply.tag != tag:
+                continue
+            first = False
+            if not reply.streaming and reply.errnum == errno.ENODATA:
+                return
+            yield _payload(reply)
+            if not reply.streaming:
+                return
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self._context.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _payload(reply: Message) -> dict[str, Any]:
+    if reply.errnum:
+        raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+    return reply.payload
+
+
+def _probe(path: str, uri: str) -> None:
+    """Fail fast and clearly on a URI nobody serves: ZeroMQ would wait forever instead."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except FileNotFoundError:
+        raise TbonError(
+            f"cannot connect to {uri}: no such socket (is the instance running?)"
+        ) from None
+    except PermissionError:
+        raise TbonError(f"cannot connect to {uri}: permission denied") from None
+    except ConnectionRefusedError:
+        raise TbonError(
+            f"cannot connect to {uri}: connection refused (the broker is gone)"
+        ) from None
+    except OSError as error:
+        raise TbonError(f"cannot connect to {uri}: {error.strerror}") from None
+    finally:
+        probe.close()
+
+
+def connect(uri: str | None) -> Client:
+    """A client for `uri`, or for $TBON_URI when none is given."""
+    text = uri or os.environ.get("TBON_URI")
+    if not text:
+        raise TbonError(
+            "no URI given and TBON_URI is not set: pass the instance's URI, or run "
+            "inside an instance",
+            exit_code=2,
+        )
+    return Client(text)
