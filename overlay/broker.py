@@ -31,7 +31,7 @@ from tbon.overlay.local import LocalServer
 from tbon.overlay.message import ANY_RANK, Kind, Message
 from tbon.overlay.parent import LinkEnded, ParentLink
 from tbon.overlay.pmi_client import PmiClient
-from tbon.overlay.ranktable import Event, Online, RankTable
+from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable
 from tbon.overlay.reports import encode_event
 from tbon.overlay.topology import Topology
 
@@ -58,6 +58,7 @@ class Broker:
         self._created_rundir: str | None = None
         self._signals: list[int] = []
         self._cut = False
+        self.endpoint = ""
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -111,7 +112,8 @@ class Broker:
     def _bind(self, topology: Topology, rank: int) -> str:
         self.children = Children(self.context, rank, topology, self.config, self._secret)
         address = host_address(self.config.hostname)
-        return self.children.bind(self.config.endpoint.replace("%h", address))
+        self.endpoint = self.children.bind(self.config.endpoint.replace("%h", address))
+        return self.endpoint
 
     def _authorize(self, rank: int, incarnation: int, public_key: str) -> None:
         assert self.children is not None
@@ -307,6 +309,11 @@ class Broker:
                 )
             )
             return
+        if self.instance is not None:
+            state = self.instance.table.entry(target).state
+            if state not in CONNECTED:
+                self._respond(message.fail(errno.EHOSTUNREACH, f"rank {target} is {state}"))
+                return
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
             assert self.parent is not None
@@ -315,9 +322,8 @@ class Broker:
             self._respond(message.fail(errno.EHOSTUNREACH, self._unreachable(target, hop)))
 
     def _unreachable(self, target: int, hop: int) -> str:
-        if self.instance is not None:
-            state = self.instance.table.entry(target).state
-            return f"rank {target} is {state}"
+        if hop == target:
+            return f"rank {target} is not connected"
         return f"rank {target} is unreachable: rank {hop} is not connected"
 
     def _respond(self, reply: Message) -> bool:
@@ -356,6 +362,8 @@ class Broker:
                     "size": self.topology.size,
                     "topo": self.topology.spec,
                     "uri": self.uri,
+                    "endpoint": self.endpoint,
+                    "public_key": self.public,
                     "parent": self.topology.parent(self.rank),
                     "children": list(self.topology.children(self.rank)),
                     "attributes": self.config.attributes,

@@ -42,7 +42,7 @@ See tbon-broker(1).
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        print(f"tbon broker: {message}\nTry 'tbon broker --help' for help.", file=sys.stderr)
+        print(f"tbon broker: {message} (try 'tbon broker --help')", file=sys.stderr)
         sys.exit(exitcodes.USAGE)
 
 

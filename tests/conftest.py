@@ -1,0 +1,168 @@
+"""Real instances for tests: started with the real `tbon` script, always reaped.
+
+Every helper waits on a condition with a deadline (pushed status updates, process exits); none
+sleeps and hopes. Teardown kills, by PID, anything an instance left behind, and fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tbon.overlay.client import Client
+
+TBON = str(Path(sys.executable).parent / "tbon")
+DEADLINE = 20.0  # generous: the machine is shared and noisy
+
+
+def tbon(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real console script and capture what a user would see."""
+    return subprocess.run(
+        [TBON, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env() if env is None else env,
+        input=input,
+    )
+
+
+def process_gone(pid: int) -> bool:
+    """True once `pid` has exited and been reaped (or is a zombie nobody will run again)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Wait for a condition that only the passage of events can make true (process exits)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Instance:
+    """`tbon start --test-size=N` in wait mode: it prints the URI and runs until SIGTERM."""
+
+    def __init__(self, size: int, *attributes: str, exit_timeout: str = "5s") -> None:
+        self.size = size
+        self.stderr_file = tempfile.TemporaryFile(mode="w+")
+        argv = [TBON, "start", f"--test-size={size}", f"--test-exit-timeout={exit_timeout}"]
+        for attribute in attributes:
+            argv += ["-S", attribute]
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=self.stderr_file, text=True, env=child_env()
+        )
+        self.broker_pids: set[int] = set()
+        try:
+            self.uri = self._read_uri()
+            self.broker_pids = {r["pid"] for r in self.status()["ranks"] if r["pid"]}
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read_uri(self) -> str:
+        assert self.process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if not selector.select(DEADLINE):
+                raise AssertionError(f"no URI from tbon start within {DEADLINE}s: {self.stderr()}")
+        line = self.process.stdout.readline().strip()
+        if not line.startswith("local://"):
+            raise AssertionError(f"tbon start printed {line!r}; stderr: {self.stderr()}")
+        return line
+
+    def client(self) -> Client:
+        return Client(self.uri)
+
+    def status(self) -> dict[str, Any]:
+        with self.client() as client:
+            return client.rpc("status.get", nodeid=0)
+
+    def pid(self, rank: int) -> int:
+        pid = self.status()["ranks"][rank]["pid"]
+        assert pid, f"rank {rank} has no broker"
+        return pid
+
+    def wait_status(
+        self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = DEADLINE
+    ) -> dict[str, Any]:
+        """The first pushed status that satisfies `predicate` (rank 0 pushes every change)."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        with self.client() as client:
+            tag = client.send("status.watch", {}, nodeid=0)
+            while time.monotonic() < deadline:
+                reply = client.receive(deadline - time.monotonic())
+                if reply is None:
+                    break
+                if reply.tag != tag:
+                    continue
+                assert not reply.errnum, reply.errstr
+                last = reply.payload
+                if predicate(last):
+                    return last
+        raise AssertionError(f"timed out waiting for {what}; last status: {json.dumps(last)}")
+
+    def rank_state(self, status: dict[str, Any], rank: int) -> str:
+        return status["ranks"][rank]["state"]
+
+    def stderr(self) -> str:
+        self.stderr_file.seek(0)
+        return self.stderr_file.read()
+
+    def stop(self) -> int:
+        """Shut down as a user would (SIGTERM), then make sure nothing is left."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        leaked = [pid for pid in self.broker_pids if not process_gone(pid)]
+        for pid in leaked:
+            os.kill(pid, signal.SIGKILL)
+        assert not leaked, f"brokers left running after tbon start exited: {leaked}"
+        return code
+
+
+@pytest.fixture
+def instance() -> Iterator[Callable[..., Instance]]:
+    """A factory of instances, every one of them stopped and checked at teardown."""
+    started: list[Instance] = []
+
+    def start(size: int, *attributes: str, **options: str) -> Instance:
+        started.append(Instance(size, *attributes, **options))
+        return started[-1]
+
+    yield start
+    for inst in started:
+        inst.stop()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a user whose shell has tbon on PATH and no instance around it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TBON_", "PMI_"))}
+    env["PATH"] = os.pathsep.join([os.path.dirname(TBON), env.get("PATH", "")])
+    env.update(extra)
+    return env

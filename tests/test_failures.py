@@ -1,0 +1,196 @@
+"""Brokers that die, stall, or are impersonated; bytes that are not our protocol."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+
+import pytest
+import zmq
+from conftest import process_gone, tbon, wait_for
+from zmq.utils.monitor import recv_monitor_message
+
+from tbon.keys.cert import generate_keypair
+from tbon.overlay.message import Kind, Message, encode
+
+
+def healthy(inst, size: int) -> None:
+    """Every rank online with the broker it started with, and reachable by ping."""
+    status = inst.status()
+    assert [r["state"] for r in status["ranks"]] == ["online"] * size
+    assert {r["pid"] for r in status["ranks"]} == inst.broker_pids
+    for rank in range(size):
+        assert tbon("ping", inst.uri, str(rank)).returncode == 0
+
+
+def test_killed_leaf_is_lost_at_once_and_its_parent_degraded(instance) -> None:
+    inst = instance(4, "tbon.fanout=2", "tbon.timeout=0")  # no timeout: only the drop can tell
+    pid = inst.pid(3)
+    os.kill(pid, signal.SIGKILL)
+    status = inst.wait_status(lambda s: s["ranks"][3]["state"] == "lost", "rank 3 lost")
+    assert status["ranks"][3]["pid"] is None
+    assert status["ranks"][1]["subtree"] == "degraded"
+    assert status["ranks"][0]["subtree"] == "degraded"
+    assert status["ranks"][2]["subtree"] == "full"
+    shown = tbon("status", inst.uri).stdout
+    assert re.search(r"^0 \S+: degraded$", shown, re.M)
+    assert re.search(r"3 \S+: lost$", shown, re.M)
+    ping = tbon("ping", inst.uri, "3")
+    assert ping.returncode == 1 and ping.stderr.strip() == "tbon ping: rank 3 is lost"
+    inst.stop()
+    assert f"rank 3 (pid {pid}) killed by signal SIGKILL" in inst.stderr()
+
+
+def test_killed_interior_broker_takes_its_subtree_and_children_exit_75(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
+    victim, orphans = inst.pid(1), [inst.pid(3), inst.pid(4)]
+    os.kill(victim, signal.SIGKILL)
+    status = inst.wait_status(
+        lambda s: [s["ranks"][r]["state"] for r in (1, 3, 4)] == ["lost"] * 3, "ranks 1,3,4 lost"
+    )
+    assert status["ranks"][0]["subtree"] == "degraded"
+    assert status["ranks"][2]["subtree"] == "full"
+    wait_for(lambda: all(process_gone(pid) for pid in orphans), "the orphans to exit")
+    inst.stop()
+    log = inst.stderr()
+    for rank, pid in zip((3, 4), orphans, strict=True):
+        assert f"rank {rank} (pid {pid}) exited with status 75" in log
+
+
+def test_silent_broker_goes_torpid_then_lost_and_exits_75_on_waking(instance) -> None:
+    inst = instance(3, "tbon.heartbeat=100ms", "tbon.torpid=400ms", "tbon.timeout=1500ms")
+    pid = inst.pid(2)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        torpid = inst.wait_status(lambda s: s["ranks"][2]["torpid"], "rank 2 torpid")
+        assert torpid["ranks"][2]["state"] == "online"
+        assert "(torpid)" in tbon("status", inst.uri).stdout
+        lost = inst.wait_status(lambda s: s["ranks"][2]["state"] == "lost", "rank 2 lost")
+        assert lost["ranks"][0]["subtree"] == "degraded"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: process_gone(pid), "the woken broker to exit")
+    assert inst.status()["ranks"][2]["state"] == "lost"
+    inst.stop()
+    assert f"rank 2 (pid {pid}) exited with status 75" in inst.stderr()
+
+
+def broker_info(inst, rank: int = 0) -> dict:
+    with inst.client() as client:
+        return client.rpc("broker.info", nodeid=rank)
+
+
+def handshake_outcome(endpoint: str, server_key: str) -> tuple[int, bool]:
+    """Connect with a fresh key pair and say hello as rank 1; (monitor event, got an answer)."""
+    public, secret = generate_keypair()
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.linger = 0
+    monitor = rogue.get_monitor_socket(
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    )
+    rogue.curve_publickey, rogue.curve_secretkey = public.encode(), secret.encode()
+    rogue.curve_serverkey = server_key.encode()
+    rogue.connect(endpoint)
+    hello = Message(
+        Kind.CONTROL,
+        "hello",
+        {"rank": 1, "incarnation": 1, "version": 1, "hostname": "rogue", "pid": 1},
+    )
+    rogue.send_multipart(encode(hello))
+    try:
+        assert monitor.poll(10_000), "no handshake outcome"
+        event = recv_monitor_message(monitor)["event"]
+        return event, bool(rogue.poll(200))
+    finally:
+        rogue.disable_monitor()
+        monitor.close()
+        rogue.close()
+        context.term()
+
+
+def test_unauthorized_key_is_refused_and_instance_undisturbed(instance) -> None:
+    inst = instance(3)
+    info = broker_info(inst)
+    # Worst case: the attacker knows rank 0's real public key (it is no secret).
+    event, answered = handshake_outcome(info["endpoint"], info["public_key"])
+    assert event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    assert not answered
+    # Without the server key, the handshake cannot even start.
+    event, answered = handshake_outcome(info["endpoint"], generate_keypair()[0])
+    assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED and not answered
+    healthy(inst, 3)
+    assert [r["incarnation"] for r in inst.status()["ranks"]] == [1, 1, 1]
+    inst.stop()
+    assert re.search(
+        r"refused a child from 127\.0\.0\.1: CURVE key \S+ is not authorized", inst.stderr()
+    )
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00" * 64,
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f" + os.urandom(200),  # a ZMTP-like start
+        os.urandom(4096),
+    ],
+    ids=["zeros", "http", "zmtp-like", "random"],
+)
+def test_garbage_on_the_tcp_port_leaves_every_broker_running(instance, garbage: bytes) -> None:
+    inst = instance(3)
+    host, port = broker_info(inst)["endpoint"][len("tcp://") :].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        # The broker may hang up mid-way: that is a fine answer to garbage.
+        with contextlib.suppress(OSError):
+            raw.sendall(garbage)
+            raw.shutdown(socket.SHUT_WR)
+            while raw.recv(4096):
+                pass
+    healthy(inst, 3)
+
+
+def test_garbage_on_the_local_socket_leaves_every_broker_running(instance) -> None:
+    inst = instance(3)
+    path = inst.uri[len("local://") :]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.connect(path)
+        raw.sendall(os.urandom(8192))
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.connect(f"ipc://{path}")
+    malformed = [
+        [b"only one frame"],
+        [b"{}", b"{}", b"three"],
+        [b"not json", b""],
+        [b"[1,2]", b""],
+        [b'{"v":1,"k":"request"}', b""],
+        [b'{"v":1,"k":"request","t":"broker.ping","n":"zero"}', b""],
+        [b'{"v":1,"k":"request","t":"broker.ping","r":[1,2]}', b""],
+        [b'{"v":1,"k":"bogus","t":"x"}', b""],
+        [b'{"v":1,"k":"request","t":"broker.ping"}', b"[not an object]"],
+        [b'{"v":1,"k":"request","t":"broker.ping","n":99999}', b""],
+        [b'{"v":1,"k":"request","t":"no.such.topic","n":2,"g":5}', b""],
+        [b'{"v":1,"k":"response","t":"x","r":["c1","p","zz"]}', b"{}"],
+        [b'{"v":1,"k":"control","t":"hello"}', b"{}"],
+        [b'{"v":1,"k":"request","t":"broker.ping","n":1}', b"x" * (5 * 1024 * 1024)],
+    ]
+    try:
+        for frames in malformed:
+            dealer.send_multipart(frames)
+        # The two well-formed requests get errors; nothing else gets an answer.
+        answers = []
+        while dealer.poll(1000):
+            answers.append(dealer.recv_multipart())
+        assert len(answers) == 2
+    finally:
+        dealer.close()
+        context.term()
+    healthy(inst, 3)
