@@ -71,7 +71,8 @@ class Launch:
     exit_timeout: float
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
     kill_at: float | None = None
-    started: bool = False
+    started: bool = False  # every broker has finalized PMI: it was welcomed into the tree
+    failed: bool = False  # a broker failed before that: the instance never came up
 
     def start(self) -> SocketPmiServer:
         server = SocketPmiServer(self.size)
@@ -121,20 +122,23 @@ class Launch:
                     f"{PROG}: rank {broker.rank} (pid {pid}) {_describe(wait_status)}",
                     file=sys.stderr,
                 )
-            if broker.rank == 0 or not self.started:
+            if broker.status != 0 and not self.started and self.kill_at is None:
+                self.failed = True
+                self.kill_at = now  # nothing to wait for: the instance never came up
+            elif broker.rank == 0:
                 self.end(now)
 
     def end(self, now: float) -> None:
-        """The instance is over (or failed to start): give the rest exit_timeout, then kill."""
+        """The instance is over: give the other brokers exit_timeout to finish, then kill."""
         if self.kill_at is None:
-            self.kill_at = now + (self.exit_timeout if self.started else 0.0)
+            self.kill_at = now + self.exit_timeout
 
     def kill_stragglers(self, now: float) -> None:
         if self.kill_at is None or now < self.kill_at:
             return
         for broker in self.brokers.values():
             if broker.running:
-                if self.started:
+                if not self.failed:
                     print(
                         f"{PROG}: killing rank {broker.rank} (pid {broker.pid}): it did not "
                         "exit in time",
@@ -145,7 +149,7 @@ class Launch:
     def terminate(self, now: float) -> None:
         """Shut the instance down through rank 0, which takes its subtree down leaves first."""
         root = next((b for b in self.brokers.values() if b.rank == 0), None)
-        if root is not None and root.running and self.started:
+        if root is not None and root.running:
             os.kill(root.pid, signal.SIGTERM)
         self.end(now)
 
@@ -207,7 +211,7 @@ def serve(launch: Launch) -> int:
             if broker.running:
                 os.kill(broker.pid, signal.SIGKILL)
                 os.waitpid(broker.pid, 0)
-    if not launch.started:
+    if launch.failed:
         print(f"{PROG}: the instance failed to start", file=sys.stderr)
         return exitcodes.INTERNAL
     return launch.root_status()
