@@ -62,7 +62,9 @@ def run(args: list[str]) -> int:
     except click_exceptions.UsageError as error:
         where = error.ctx.command_path if error.ctx else prog
         message = error.format_message().rstrip(".")
-        print(f"{where}: {message[:1].lower()}{message[1:]} (try '{where} --help')", file=sys.stderr)
+        print(
+            f"{where}: {message[:1].lower()}{message[1:]} (try '{where} --help')", file=sys.stderr
+        )
         return 2
     except click_exceptions.ClickException as error:
         print(f"{prog}: {error.format_message()}", file=sys.stderr)

@@ -8,6 +8,7 @@ import typer
 
 from tbon.cli.common import URI_HELP, duration, print_json
 from tbon.overlay.errors import UsageError
+from tbon.overlay.numbers import is_decimal
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
         if len(words) > 2:
             raise UsageError("expected [URI] RANK")
         uri, rank_text = (None, words[0]) if len(words) == 1 else (words[0], words[1])
-        if not rank_text.isdigit():
+        if not is_decimal(rank_text):
             raise UsageError(f"invalid rank {rank_text!r}: use a whole number")
         rank = int(rank_text)
         pause = duration(interval, "--interval") or 0.0

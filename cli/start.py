@@ -114,6 +114,11 @@ def run(
             uri = local_uri(os.path.join(rundir, "0"))
             if _wait_up(launcher, uri, size):
                 print(uri, flush=True)
+            elif launcher.poll() is None:
+                print(
+                    "tbon start: lost contact with rank 0; stopping the instance", file=sys.stderr
+                )
+                launcher.send_signal(signal.SIGTERM)
         else:
             # Ctrl-C on the terminal belongs to COMMAND; the instance ends when it does.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -147,7 +152,8 @@ def _wait(launcher: subprocess.Popen[bytes]) -> int:
 
 
 def _wait_up(launcher: subprocess.Popen[bytes], uri: str, size: int) -> bool:
-    """Wait for every broker to be online (False if the launcher gave up first)."""
+    """Wait for every broker to be online; False if the launcher gave up first, or rank 0
+    stopped answering."""
     from tbon.overlay.client import Client
 
     console = Console(stderr=True)

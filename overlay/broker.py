@@ -29,6 +29,7 @@ from tbon.overlay.errors import TbonError
 from tbon.overlay.instance import Instance
 from tbon.overlay.local import LocalServer
 from tbon.overlay.message import ANY_RANK, Kind, Message
+from tbon.overlay.numbers import is_decimal
 from tbon.overlay.parent import LinkEnded, ParentLink
 from tbon.overlay.pmi_client import PmiClient
 from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable
@@ -333,7 +334,7 @@ class Broker:
         if hop == "p" and self.parent is not None:
             self.parent.send(reply)
             return True
-        if hop.startswith("c") and hop[1:].isdigit() and self.children is not None:
+        if hop.startswith("c") and is_decimal(hop[1:]) and self.children is not None:
             return self.children.send(int(hop[1:]), reply)
         if hop.startswith("l"):
             if self.local.send(hop, reply):

@@ -65,10 +65,14 @@ def judge_hello(
         return Refusal(
             f"rank {sender.rank} is not a child of rank {parent_rank}", exitcodes.REFUSED
         )
-    if current.get(sender.rank) != sender.incarnation:
+    now = current.get(sender.rank)
+    if now is None:
         return Refusal(
-            f"superseded: rank {sender.rank} is now incarnation {current.get(sender.rank)}",
-            exitcodes.REFUSED,
+            f"rank {sender.rank} has no incarnation expecting a broker", exitcodes.REFUSED
+        )
+    if now != sender.incarnation:
+        return Refusal(
+            f"superseded: rank {sender.rank} is now incarnation {now}", exitcodes.REFUSED
         )
     if shutting_down:
         return Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
@@ -229,15 +233,18 @@ class Children:
         now: float,
         inbound: Inbound,
     ) -> None:
-        current = {rank: s.identity.incarnation for rank, s in self.sessions.items() if not s.ended}
-        refusal = judge_hello(
-            hello.payload, sender, self.rank, self.topology, current, self.shutting_down
-        )
         session = self.sessions.get(sender.rank)
-        if refusal is None and session is not None and session.ended:
-            refusal = Refusal(
+        if session is not None and session.identity == sender and session.ended:
+            # This very incarnation was lost (or left): it may not come back, but a new broker
+            # may take the rank by FLUB, so the exit code says "lost", not "refused".
+            refusal: Refusal | None = Refusal(
                 f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}",
                 exitcodes.LOST,
+            )
+        else:
+            current = {r: s.identity.incarnation for r, s in self.sessions.items() if not s.ended}
+            refusal = judge_hello(
+                hello.payload, sender, self.rank, self.topology, current, self.shutting_down
             )
         if refusal is not None or session is None:
             refusal = refusal or Refusal("not expected", exitcodes.REFUSED)

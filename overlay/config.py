@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tbon.overlay.duration import parse_duration
 from tbon.overlay.errors import UsageError
+from tbon.overlay.numbers import is_decimal
 from tbon.overlay.topology import DEFAULT_SPEC, parse_spec, spec_from_fanout
 
 DEFAULTS: dict[str, str] = {
@@ -58,7 +59,7 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
     size = None
     if "size" in values:
         text = values["size"]
-        if not text.isdigit() or int(text) < 1:
+        if not is_decimal(text) or int(text) < 1:
             raise UsageError(f"invalid size {text!r}: use a whole number >= 1")
         size = int(text)
     level = values["log-stderr-level"].lower()

@@ -20,12 +20,14 @@ def parse_duration(text: str, what: str = "duration") -> float:
 
 def format_duration(seconds: float) -> str:
     """A short human form, the inverse of parse_duration up to rounding."""
-    if seconds < 1:
-        return f"{seconds * 1000:.3g}ms"
-    if seconds < 60:
-        return f"{seconds:.3g}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.3g}m"
-    if seconds < 86400:
-        return f"{seconds / 3600:.3g}h"
+    # Each unit covers what rounds to under 1000 of it at 3 significant digits, so that the
+    # result never turns exponential (0.9996s is "1s", not "1e+03ms").
+    for unit, size, limit in (
+        ("ms", 0.001, 999.5),
+        ("s", 1, 59.95),
+        ("m", 60, 59.95),
+        ("h", 3600, 23.95),
+    ):
+        if seconds / size < limit:
+            return f"{seconds / size:.3g}{unit}"
     return f"{seconds / 86400:.3g}d"

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils import z85
 
+from tbon.overlay.numbers import is_decimal
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
@@ -24,7 +26,7 @@ class Identity:
     @staticmethod
     def parse(user_id: str) -> Identity | None:
         rank, dot, incarnation = user_id.partition(".")
-        if not dot or not rank.isdigit() or not incarnation.isdigit():
+        if not dot or not is_decimal(rank) or not is_decimal(incarnation):
             return None
         return Identity(int(rank), int(incarnation))
 

@@ -36,10 +36,12 @@ class LocalServer:
         self.socket.rcvhwm = 0
         self.socket.router_mandatory = 1
         self.socket.maxmsgsize = 8 * 1024 * 1024
-        if os.path.exists(self.path):
-            os.unlink(self.path)
-        self.socket.bind(f"ipc://{self.path}")
-        os.chmod(self.path, 0o600)
+        # Bind under a temporary name and rename: once the socket's name exists it is listening,
+        # so a client that sees the file never meets a refused connection.
+        staging = f"{self.path}.{os.getpid()}"
+        self.socket.bind(f"ipc://{staging}")
+        os.chmod(staging, 0o600)
+        os.replace(staging, self.path)
         self.uri = f"local://{self.path}"
 
     def read(self) -> tuple[str, Message] | None:

@@ -95,8 +95,8 @@ def decode(frames: list[bytes]) -> Message:
     try:
         header = json.loads(head_bytes)
         payload = json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MessageError(f"not JSON: {error}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise MessageError(f"not JSON: {type(error).__name__}") from None
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise MessageError("header and payload must be JSON objects")
     version = header.get("v")

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from types import TracebackType
 
 from tbon.overlay.errors import TbonError
+from tbon.overlay.numbers import is_decimal
 from tbon.overlay.pmi_wire import LineBuffer, PmiProtocolError, format_command, parse_line
 
 __all__ = ["WIRE_LINE_MAX", "PmiClient", "PmiError"]
@@ -163,7 +164,7 @@ class PmiClient:
         port_spec = env["PMI_PORT"]
         host, sep, port_text = port_spec.strip().rpartition(":")
         host = host.strip("[]")
-        if not sep or not host or not port_text.isdigit():
+        if not sep or not host or not is_decimal(port_text):
             raise PmiError(f"PMI_PORT={_show(port_spec)} is not host:port")
         pmi_id = _env_int(env, "PMI_ID", "") if "PMI_ID" in env else None
         if pmi_id is None:

@@ -35,10 +35,10 @@ def decode_event(payload: dict[str, Any]) -> Event:
     """The event in a report payload, or MessageError if any field is missing or mistyped."""
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]
-        _require(isinstance(rank, int) and isinstance(incarnation, int), "rank and incarnation")
+        _require(_is_int(rank) and _is_int(incarnation), "rank and incarnation")
         if kind == "online":
             host, pid = payload["host"], payload["pid"]
-            _require(isinstance(host, str) and isinstance(pid, int), "host and pid")
+            _require(isinstance(host, str) and _is_int(pid), "host and pid")
             return Online(rank, incarnation, host, pid)
         if kind == "lost":
             reason = payload["reason"]
@@ -53,6 +53,10 @@ def decode_event(payload: dict[str, Any]) -> Event:
     except KeyError as missing:
         raise MessageError(f"report without {missing}") from None
     raise MessageError(f"unknown report {kind!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(condition: bool, what: str) -> None:

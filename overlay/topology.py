@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tbon.overlay.errors import UsageError
+from tbon.overlay.numbers import is_decimal
 
 DEFAULT_SPEC = "kary:32"
 _KARY = re.compile(r"^kary:(\d+)$")
@@ -32,7 +33,7 @@ def parse_spec(spec: str) -> str:
 
 def spec_from_fanout(fanout: str) -> str:
     """`tbon.fanout=K` is an alias for `tbon.topo=kary:K`."""
-    if not fanout.strip().isdigit():
+    if not is_decimal(fanout.strip()):
         raise UsageError(f"invalid tbon.fanout {fanout!r}: use a whole number K >= 0")
     return f"kary:{int(fanout)}"
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from tbon.overlay.errors import TbonError, UsageError
 from tbon.overlay.local import SOCKET_NAME
+from tbon.overlay.numbers import is_decimal
 
+_BOUND_NAME = re.compile(rf"{SOCKET_NAME}(\.\d+)?")
 _SSH = re.compile(r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>\d+))?(?P<path>/.*)$")
 
 
@@ -57,7 +59,7 @@ def resolve_target(target: str) -> Uri:
     """A URI from what `tbon uri` accepts: a URI, a run directory, or pid:PID."""
     if target.startswith("pid:"):
         pid = target[4:]
-        if not pid.isdigit():
+        if not is_decimal(pid):
             raise UsageError(f"invalid target {target!r}: use pid:PID")
         return uri_of_pid(int(pid))
     if "://" in target:
@@ -98,8 +100,11 @@ def _broker_socket(pid: int) -> Uri | None:
             for line in table:
                 fields = line.split()
                 if len(fields) >= 8 and fields[6] in inodes:
-                    path = fields[7]
-                    if os.path.basename(path) == SOCKET_NAME and os.path.exists(path):
+                    # The kernel lists the name the socket was bound under, which the broker
+                    # then renamed to SOCKET_NAME (overlay/local.py).
+                    bound = os.path.basename(fields[7])
+                    path = os.path.join(os.path.dirname(fields[7]), SOCKET_NAME)
+                    if _BOUND_NAME.fullmatch(bound) and os.path.exists(path):
                         return Uri("local", path)
     except OSError:
         return None

@@ -63,7 +63,8 @@ class Instance:
 
     def __init__(self, size: int, *attributes: str, exit_timeout: str = "5s") -> None:
         self.size = size
-        self.stderr_file = tempfile.TemporaryFile(mode="w+")
+        # Lives as long as the instance: closed in stop().
+        self.stderr_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         argv = [TBON, "start", f"--test-size={size}", f"--test-exit-timeout={exit_timeout}"]
         for attribute in attributes:
             argv += ["-S", attribute]
@@ -125,6 +126,9 @@ class Instance:
         return status["ranks"][rank]["state"]
 
     def stderr(self) -> str:
+        """What tbon start and its brokers wrote to stderr (all of it, once stopped)."""
+        if self.stderr_file.closed:
+            return self._stderr_text
         self.stderr_file.seek(0)
         return self.stderr_file.read()
 
@@ -139,6 +143,9 @@ class Instance:
             code = self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+        if not self.stderr_file.closed:
+            self._stderr_text = self.stderr()
+            self.stderr_file.close()
         leaked = [pid for pid in self.broker_pids if not process_gone(pid)]
         for pid in leaked:
             os.kill(pid, signal.SIGKILL)

@@ -146,13 +146,15 @@ def test_unauthorized_key_is_refused_and_instance_undisturbed(instance) -> None:
 def test_garbage_on_the_tcp_port_leaves_every_broker_running(instance, garbage: bytes) -> None:
     inst = instance(3)
     host, port = broker_info(inst)["endpoint"][len("tcp://") :].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as raw:
-        # The broker may hang up mid-way: that is a fine answer to garbage.
-        with contextlib.suppress(OSError):
-            raw.sendall(garbage)
-            raw.shutdown(socket.SHUT_WR)
-            while raw.recv(4096):
-                pass
+    # The broker may hang up mid-way: that is a fine answer to garbage.
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as raw,
+        contextlib.suppress(OSError),
+    ):
+        raw.sendall(garbage)
+        raw.shutdown(socket.SHUT_WR)
+        while raw.recv(4096):
+            pass
     healthy(inst, 3)
 
 

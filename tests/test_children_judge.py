@@ -1,0 +1,607 @@
+"""Pure decisions around a parent's links: the hello judge, the key ring, rank-table reports, and
+the broker attributes (config and durations) they are tuned by."""
+
+from __future__ import annotations
+
+import math
+import socket
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zmq.utils import z85
+
+from tbon.overlay import exitcodes
+from tbon.overlay.children import Children, ChildSession, Inbound, Refusal, judge_hello
+from tbon.overlay.config import DEFAULTS, KNOWN, broker_config, parse_assignments
+from tbon.overlay.duration import format_duration, parse_duration
+from tbon.overlay.errors import UsageError
+from tbon.overlay.keyring import Identity, KeyRing
+from tbon.overlay.message import PROTOCOL_VERSION, Kind, Message, MessageError
+from tbon.overlay.ranktable import Departed, Lost, Online, Torpid
+from tbon.overlay.reports import decode_event, encode_event
+from tbon.overlay.topology import Topology
+
+FAST = settings(max_examples=80, deadline=None)
+
+#        0
+#      1   2
+#     3 4 5 6
+TOPOLOGY = Topology("kary:2", 7)
+CHILD = Identity(3, 1)
+
+
+def hello(rank: Any = 3, incarnation: Any = 1, version: Any = PROTOCOL_VERSION) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "incarnation": incarnation,
+        "version": version,
+        "hostname": "node3",
+        "pid": 4242,
+    }
+
+
+def judge(
+    payload: dict[str, Any],
+    sender: Identity = CHILD,
+    parent_rank: int = 1,
+    current: dict[int, int] | None = None,
+    shutting_down: bool = False,
+) -> Refusal | None:
+    current = {3: 1, 4: 2} if current is None else current
+    return judge_hello(payload, sender, parent_rank, TOPOLOGY, current, shutting_down)
+
+
+def public_key(seed: int) -> str:
+    return z85.encode(bytes([seed]) * 32).decode()
+
+
+# --- judge_hello --------------------------------------------------------------------------------
+
+
+def test_welcome_for_the_right_child() -> None:
+    assert judge(hello()) is None
+    assert judge(hello(4, 2), sender=Identity(4, 2)) is None
+    assert judge(hello(5, 1), sender=Identity(5, 1), parent_rank=2, current={5: 1}) is None
+
+
+def test_welcome_ignores_extra_fields() -> None:
+    assert judge({**hello(), "future": [1, 2]}) is None
+
+
+@pytest.mark.parametrize("version", [0, 2, 99, "1", None, [1], {"v": 1}])
+def test_wrong_version_is_refused(version: Any) -> None:
+    refusal = judge(hello(version=version))
+    assert refusal is not None
+    assert refusal.exit_code == exitcodes.REFUSED == 77
+    assert "incompatible protocol version" in refusal.reason
+    assert repr(version) in refusal.reason
+    assert f"speaks {PROTOCOL_VERSION}" in refusal.reason
+
+
+def test_missing_version_is_refused() -> None:
+    payload = hello()
+    del payload["version"]
+    refusal = judge(payload)
+    assert refusal is not None and refusal.exit_code == exitcodes.REFUSED
+    assert "incompatible protocol version None" in refusal.reason
+
+
+def test_version_is_judged_first() -> None:
+    """A peer of another version learns that, whatever else is wrong with its hello."""
+    refusal = judge({"version": 2}, sender=Identity(6, 9), current={}, shutting_down=True)
+    assert refusal is not None and "incompatible protocol version 2" in refusal.reason
+
+
+@pytest.mark.parametrize(
+    ("claimed_rank", "claimed_incarnation"),
+    [(4, 1), (3, 2), (3, 0), (None, 1), (3, None), ("3", 1), (3, "1"), (5, 1)],
+)
+def test_claims_must_match_the_keys_identity(claimed_rank: Any, claimed_incarnation: Any) -> None:
+    refusal = judge(hello(claimed_rank, claimed_incarnation))
+    assert refusal is not None
+    assert refusal.exit_code == exitcodes.REFUSED
+    assert "key is authorized for rank 3 incarnation 1" in refusal.reason
+    assert f"not for rank {claimed_rank} incarnation {claimed_incarnation}" in refusal.reason
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 5, 6, 7, 100])
+def test_not_my_child_is_refused(rank: int) -> None:
+    refusal = judge(hello(rank, 1), sender=Identity(rank, 1), current={rank: 1})
+    assert refusal is not None
+    assert refusal.exit_code == exitcodes.REFUSED
+    assert f"rank {rank} is not a child of rank 1" in refusal.reason
+
+
+def test_superseded_incarnation_is_refused() -> None:
+    refusal = judge(hello(4, 1), sender=Identity(4, 1))
+    assert refusal == Refusal("superseded: rank 4 is now incarnation 2", exitcodes.REFUSED)
+
+
+def test_rank_without_a_current_incarnation_is_refused() -> None:
+    refusal = judge(hello(), current={})
+    assert refusal is not None and refusal.exit_code == exitcodes.REFUSED
+
+
+def test_refusal_for_a_rank_without_a_current_incarnation_names_no_none() -> None:
+    refusal = judge(hello(), current={})
+    assert refusal is not None and "None" not in refusal.reason
+
+
+def test_shutting_down_refuses_with_exit_zero() -> None:
+    refusal = judge(hello(), shutting_down=True)
+    assert refusal == Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
+    assert refusal.exit_code == 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+
+
+@given(
+    payload=st.dictionaries(
+        st.sampled_from(["rank", "incarnation", "version", "hostname", "pid", "x"]), json_values
+    ),
+    sender=st.builds(Identity, st.integers(0, 9), st.integers(0, 3)),
+    parent_rank=st.integers(0, 6),
+    current=st.dictionaries(st.integers(0, 9), st.integers(0, 3)),
+    shutting_down=st.booleans(),
+)
+@FAST
+def test_judge_hello_welcomes_exactly_the_expected_child(
+    payload: dict[str, Any],
+    sender: Identity,
+    parent_rank: int,
+    current: dict[int, int],
+    shutting_down: bool,
+) -> None:
+    refusal = judge_hello(payload, sender, parent_rank, TOPOLOGY, current, shutting_down)
+    expected = (
+        payload.get("version") == PROTOCOL_VERSION
+        and payload.get("rank") == sender.rank
+        and payload.get("incarnation") == sender.incarnation
+        and sender.rank < TOPOLOGY.size
+        and TOPOLOGY.parent(sender.rank) == parent_rank
+        and current.get(sender.rank) == sender.incarnation
+        and not shutting_down
+    )
+    assert (refusal is None) == expected
+    if refusal is not None:
+        assert refusal.exit_code in (exitcodes.REFUSED, exitcodes.SHUTDOWN)
+        assert refusal.reason and "\n" not in refusal.reason
+
+
+def bare_children(topology: Topology, rank: int) -> tuple[Children, list[Message]]:
+    """A Children with no sockets, recording what it would send: enough to drive `_hello`."""
+    children = object.__new__(Children)
+    children.rank = rank
+    children.topology = topology
+    children.config = broker_config({"hostname": "test"})
+    children.keyring = KeyRing()
+    children.sessions = {}
+    children._by_routing = {}
+    children._by_fd = {}
+    children._fd_open = {}
+    children._fd_generation = {}
+    children._closed = []
+    children.shutting_down = False
+    sent: list[Message] = []
+    children._send_raw = lambda _routing_id, message: sent.append(message) or True  # type: ignore[method-assign]
+    return children, sent
+
+
+def hello_message(identity: Identity) -> Message:
+    return Message(Kind.CONTROL, "hello", hello(identity.rank, identity.incarnation))
+
+
+def test_hello_is_welcomed_through_children() -> None:
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(Identity(3, 1))
+    inbound = Inbound()
+    children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
+    assert [(m.topic, m.payload) for m in sent] == [("welcome", {"rank": 3, "size": 7})]
+    assert inbound.reports == [Online(3, 1, "node3", 4242)]
+
+
+def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(Identity(3, 1), ended="was lost: silent for 61.0s")
+    inbound = Inbound()
+    children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
+    assert inbound.reports == []
+    assert [m.topic for m in sent] == ["refuse"]
+    assert sent[0].payload["exit_code"] == exitcodes.LOST
+    assert "was lost" in sent[0].payload["reason"]
+
+
+# --- keyring ------------------------------------------------------------------------------------
+
+
+def test_identity_user_id_and_parse() -> None:
+    identity = Identity(12, 3)
+    assert identity.user_id == "12.3"
+    assert Identity.parse("12.3") == identity
+    assert Identity.parse("0.0") == Identity(0, 0)
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**40))
+@FAST
+def test_identity_round_trip(rank: int, incarnation: int) -> None:
+    identity = Identity(rank, incarnation)
+    assert Identity.parse(identity.user_id) == identity
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", ".", "3", "3.", ".2", "a.1", "1.b", "-1.2", "1.-2", "1.2.3", " 1.2", "1 .2", "1.2 "],
+)
+def test_identity_parse_refuses(text: str) -> None:
+    assert Identity.parse(text) is None
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=8))
+@FAST
+def test_identity_parse_never_raises_on_ascii(text: str) -> None:
+    parsed = Identity.parse(text)
+    assert parsed is None or Identity.parse(parsed.user_id) == parsed
+
+
+def test_identity_parse_refuses_non_decimal_digits() -> None:
+    assert Identity.parse("².1") is None
+
+
+def test_keyring_authorize_lookup_revoke() -> None:
+    ring = KeyRing()
+    key3, key4 = public_key(3), public_key(4)
+    assert ring.lookup(z85.decode(key3)) is None
+    ring.authorize(key3, Identity(3, 1))
+    ring.authorize(key4, Identity(4, 1))
+    assert ring.lookup(z85.decode(key3)) == Identity(3, 1)
+    assert ring.lookup(z85.decode(key4)) == Identity(4, 1)
+    ring.revoke(Identity(3, 2))  # not the bound incarnation: nothing happens
+    assert ring.lookup(z85.decode(key3)) == Identity(3, 1)
+    ring.revoke(Identity(3, 1))
+    assert ring.lookup(z85.decode(key3)) is None
+    assert ring.lookup(z85.decode(key4)) == Identity(4, 1)
+    ring.revoke(Identity(3, 1))  # twice is harmless
+
+
+def test_keyring_new_incarnation_revokes_the_old_key() -> None:
+    ring = KeyRing()
+    old, new = public_key(1), public_key(2)
+    ring.authorize(old, Identity(5, 1))
+    ring.authorize(new, Identity(5, 2))
+    assert ring.lookup(z85.decode(old)) is None
+    assert ring.lookup(z85.decode(new)) == Identity(5, 2)
+
+
+def test_keyring_revoke_rank() -> None:
+    ring = KeyRing()
+    ring.authorize(public_key(1), Identity(5, 1))
+    ring.authorize(public_key(2), Identity(6, 1))
+    ring.revoke_rank(5)
+    assert ring.lookup(z85.decode(public_key(1))) is None
+    assert ring.lookup(z85.decode(public_key(2))) == Identity(6, 1)
+
+
+def test_keyring_lookup_of_an_unknown_or_odd_key() -> None:
+    ring = KeyRing()
+    ring.authorize(public_key(1), Identity(1, 1))
+    assert ring.lookup(b"") is None
+    assert ring.lookup(b"\x01" * 31) is None
+    assert ring.lookup(b"\x02" * 32) is None
+
+
+# --- reports ------------------------------------------------------------------------------------
+
+events = st.one_of(
+    st.builds(
+        Online,
+        st.integers(0, 10**6),
+        st.integers(0, 10**6),
+        st.text(max_size=20),
+        st.integers(0, 2**31),
+    ),
+    st.builds(Lost, st.integers(0, 10**6), st.integers(0, 10**6), st.text(max_size=40)),
+    st.builds(Departed, st.integers(0, 10**6), st.integers(0, 10**6)),
+    st.builds(Torpid, st.integers(0, 10**6), st.integers(0, 10**6), st.booleans()),
+)
+
+
+@given(events)
+@FAST
+def test_report_round_trip(event: Online | Lost | Departed | Torpid) -> None:
+    payload = encode_event(event)
+    assert payload["rank"] == event.rank and payload["incarnation"] == event.incarnation
+    assert decode_event(payload) == event
+
+
+def test_report_payloads() -> None:
+    assert encode_event(Online(3, 2, "h", 9)) == {
+        "event": "online",
+        "rank": 3,
+        "incarnation": 2,
+        "host": "h",
+        "pid": 9,
+    }
+    assert encode_event(Lost(3, 2, "why")) == {
+        "event": "lost",
+        "rank": 3,
+        "incarnation": 2,
+        "reason": "why",
+    }
+    assert encode_event(Departed(3, 2)) == {"event": "departed", "rank": 3, "incarnation": 2}
+    assert encode_event(Torpid(3, 2, True)) == {
+        "event": "torpid",
+        "rank": 3,
+        "incarnation": 2,
+        "torpid": True,
+    }
+
+
+def test_encode_event_refuses_other_objects() -> None:
+    with pytest.raises(TypeError):
+        encode_event("online")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"rank": 1, "incarnation": 1},
+        {"event": "online", "incarnation": 1, "host": "h", "pid": 1},
+        {"event": "online", "rank": 1, "host": "h", "pid": 1},
+        {"event": "online", "rank": "1", "incarnation": 1, "host": "h", "pid": 1},
+        {"event": "online", "rank": 1, "incarnation": None, "host": "h", "pid": 1},
+        {"event": "online", "rank": 1.0, "incarnation": 1, "host": "h", "pid": 1},
+        {"event": "online", "rank": 1, "incarnation": 1, "pid": 1},
+        {"event": "online", "rank": 1, "incarnation": 1, "host": "h"},
+        {"event": "online", "rank": 1, "incarnation": 1, "host": 5, "pid": 1},
+        {"event": "online", "rank": 1, "incarnation": 1, "host": "h", "pid": "1"},
+        {"event": "lost", "rank": 1, "incarnation": 1},
+        {"event": "lost", "rank": 1, "incarnation": 1, "reason": None},
+        {"event": "torpid", "rank": 1, "incarnation": 1},
+        {"event": "torpid", "rank": 1, "incarnation": 1, "torpid": 1},
+        {"event": "torpid", "rank": 1, "incarnation": 1, "torpid": "yes"},
+        {"event": "retired", "rank": 1, "incarnation": 1},
+        {"event": None, "rank": 1, "incarnation": 1},
+        {"event": ["online"], "rank": 1, "incarnation": 1},
+    ],
+)
+def test_bad_reports_raise_message_error(payload: dict[str, Any]) -> None:
+    with pytest.raises(MessageError):
+        decode_event(payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"event": "departed", "rank": True, "incarnation": 1},
+        {"event": "departed", "rank": 1, "incarnation": False},
+        {"event": "online", "rank": 1, "incarnation": 1, "host": "h", "pid": True},
+    ],
+)
+def test_boolean_numbers_in_reports_are_refused(payload: dict[str, Any]) -> None:
+    try:
+        decode_event(payload)
+    except MessageError:
+        return
+    raise AssertionError(f"accepted {payload}")
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["event", "rank", "incarnation", "host", "pid", "reason", "torpid"]),
+        st.one_of(json_values, st.sampled_from(["online", "lost", "departed", "torpid"])),
+    )
+)
+@FAST
+def test_decode_event_raises_only_message_error(payload: dict[str, Any]) -> None:
+    try:
+        event = decode_event(payload)
+    except MessageError:
+        return
+    assert isinstance(event, Online | Lost | Departed | Torpid)
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def test_parse_assignments() -> None:
+    assert parse_assignments([]) == {}
+    assert parse_assignments(["size=4", "tbon.topo=binomial", "hostname=a=b"]) == {
+        "size": "4",
+        "tbon.topo": "binomial",
+        "hostname": "a=b",
+    }
+    assert parse_assignments(["size=4", "size=8"]) == {"size": "8"}
+    assert parse_assignments(["hostname="]) == {"hostname": ""}
+
+
+@pytest.mark.parametrize("text", ["size", "", "=4", "tbon.topo"])
+def test_parse_assignments_needs_name_equals_value(text: str) -> None:
+    with pytest.raises(UsageError, match="use -S NAME=VALUE"):
+        parse_assignments([text])
+
+
+@pytest.mark.parametrize("name", ["sizes", "tbon.fanouts", "Size", "broker.rank2", "x"])
+def test_parse_assignments_refuses_unknown_attributes(name: str) -> None:
+    with pytest.raises(UsageError, match="unknown attribute") as caught:
+        parse_assignments([f"{name}=1"])
+    assert repr(name) in str(caught.value)
+    assert "tbon.topo" in str(caught.value)  # it lists the known ones
+    assert caught.value.exit_code == exitcodes.USAGE
+
+
+def test_every_known_attribute_is_accepted() -> None:
+    assert set(parse_assignments([f"{name}=1" for name in KNOWN])) == KNOWN
+
+
+def test_broker_config_defaults() -> None:
+    config = broker_config({})
+    assert config.size is None
+    assert config.topo == "kary:32"
+    assert (config.heartbeat, config.torpid, config.timeout) == (2.0, 10.0, 60.0)
+    assert config.endpoint == "tcp://%h:*"
+    assert config.shutdown_timeout == 10.0
+    assert config.rundir is None
+    assert config.hostname == socket.gethostname()
+    assert config.log_level == "warning"
+    assert config.attributes == {}
+    assert set(DEFAULTS) <= KNOWN
+
+
+def test_broker_config_values() -> None:
+    attributes = {
+        "size": "16",
+        "tbon.topo": "binomial",
+        "tbon.heartbeat": "250ms",
+        "tbon.torpid": "0",
+        "tbon.timeout": "5m",
+        "tbon.endpoint": "tcp://127.0.0.1:5555",
+        "broker.shutdown-timeout": "1.5",
+        "broker.rundir": "/tmp/x",
+        "hostname": "node7",
+        "log-stderr-level": "DEBUG",
+    }
+    config = broker_config(attributes)
+    assert config.size == 16
+    assert config.topo == "binomial"
+    assert (config.heartbeat, config.torpid, config.timeout) == (0.25, 0.0, 300.0)
+    assert config.endpoint == "tcp://127.0.0.1:5555"
+    assert config.shutdown_timeout == 1.5
+    assert config.rundir == "/tmp/x"
+    assert config.hostname == "node7"
+    assert config.log_level == "debug"
+    assert config.attributes == attributes
+    assert config.attributes is not attributes
+
+
+def test_empty_hostname_means_this_host() -> None:
+    assert broker_config({"hostname": ""}).hostname == socket.gethostname()
+
+
+def test_fanout_is_an_alias_for_kary() -> None:
+    assert broker_config({"tbon.fanout": "4"}).topo == "kary:4"
+    assert broker_config({"tbon.fanout": "0"}).topo == "kary:0"
+    # an explicit tbon.topo wins over the alias
+    assert broker_config({"tbon.fanout": "4", "tbon.topo": "binomial"}).topo == "binomial"
+
+
+@pytest.mark.parametrize(
+    ("attributes", "match"),
+    [
+        ({"tbon.fanout": "x"}, "tbon.fanout"),
+        ({"tbon.fanout": "-2"}, "tbon.fanout"),
+        ({"tbon.topo": "ring"}, "invalid topology"),
+        ({"size": "0"}, "invalid size"),
+        ({"size": "-3"}, "invalid size"),
+        ({"size": "four"}, "invalid size"),
+        ({"size": ""}, "invalid size"),
+        ({"size": "1.5"}, "invalid size"),
+        ({"log-stderr-level": "verbose"}, "log-stderr-level"),
+        ({"log-stderr-level": ""}, "log-stderr-level"),
+        ({"tbon.endpoint": "ipc:///tmp/x"}, "tbon.endpoint"),
+        ({"tbon.endpoint": "tcp://host"}, "tbon.endpoint"),
+        ({"tbon.endpoint": "host:5"}, "tbon.endpoint"),
+        ({"tbon.heartbeat": "0"}, "tbon.heartbeat"),
+        ({"tbon.heartbeat": "0ms"}, "tbon.heartbeat"),
+        ({"tbon.heartbeat": "fast"}, "tbon.heartbeat"),
+        ({"tbon.torpid": "-1s"}, "tbon.torpid"),
+        ({"tbon.timeout": "2 minutes"}, "tbon.timeout"),
+        ({"broker.shutdown-timeout": "10x"}, "broker.shutdown-timeout"),
+    ],
+)
+def test_broker_config_refuses(attributes: dict[str, str], match: str) -> None:
+    with pytest.raises(UsageError, match=match) as caught:
+        broker_config(attributes)
+    assert caught.value.exit_code == exitcodes.USAGE
+    assert "\n" not in str(caught.value)
+
+
+def test_broker_config_refuses_non_decimal_size() -> None:
+    with pytest.raises(UsageError):
+        broker_config({"size": "²"})
+
+
+# --- durations ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("250ms", 0.25),
+        ("2s", 2.0),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("1d", 86400.0),
+        ("1.5", 1.5),
+        ("0", 0.0),
+        (".5s", 0.5),
+        ("1.", 1.0),
+        (" 2 s ", 2.0),
+        ("10", 10.0),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " ",
+        "s",
+        "ms",
+        "-1s",
+        "+1s",
+        "2x",
+        "2ss",
+        "2S",
+        "1e3",
+        "inf",
+        "nan",
+        "1.2.3",
+        "2 m s",
+        ".",
+    ],
+)
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_duration(text, "tbon.timeout")
+    message = str(caught.value)
+    assert message.startswith(f"invalid tbon.timeout {text!r}")
+    assert "250ms" in message
+
+
+@given(st.text(max_size=10))
+@FAST
+def test_parse_duration_raises_only_usage_error(text: str) -> None:
+    try:
+        seconds = parse_duration(text)
+    except UsageError:
+        return
+    assert seconds >= 0 and not math.isnan(seconds)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.25, "250ms"), (2, "2s"), (90, "1.5m"), (7200, "2h"), (3 * 86400, "3d"), (0, "0ms")],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@given(st.floats(0.001, 10**6, allow_nan=False).filter(lambda s: not 0.9995 <= s < 1))
+@FAST
+def test_format_duration_parses_back(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, rel=0.006)
+
+
+def test_format_duration_just_under_a_second() -> None:
+    assert parse_duration(format_duration(0.9996)) == pytest.approx(1.0, rel=0.001)

@@ -1,0 +1,133 @@
+"""Tests of `tbon.overlay.liveness`: how long a peer has been silent, and what that makes it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tbon.overlay.liveness import Liveness, Verdict
+
+
+def test_starts_alive() -> None:
+    liveness = Liveness(10, 60, now=100)
+    assert liveness.verdict is Verdict.ALIVE
+    assert liveness.last_heard == 100
+    assert liveness.check(100) is None
+    assert liveness.check(109.999) is None
+
+
+def test_alive_torpid_lost() -> None:
+    liveness = Liveness(10, 60, now=100)
+    assert liveness.check(110) is Verdict.TORPID  # the limit itself counts
+    assert liveness.verdict is Verdict.TORPID
+    assert liveness.check(120) is None  # reported once
+    assert liveness.check(159.9) is None
+    assert liveness.check(160) is Verdict.LOST
+    assert liveness.verdict is Verdict.LOST
+    assert liveness.check(1000) is None  # reported once, and final
+
+
+def test_straight_to_lost_when_both_limits_pass() -> None:
+    liveness = Liveness(10, 60, now=0)
+    assert liveness.check(61) is Verdict.LOST
+
+
+def test_heard_clears_torpid() -> None:
+    liveness = Liveness(10, 60, now=0)
+    assert liveness.heard(5) is None  # alive stays alive: nothing to report
+    assert liveness.check(14) is None  # silence counts from the last sign of life
+    assert liveness.check(15) is Verdict.TORPID
+    assert liveness.heard(20) is Verdict.ALIVE
+    assert liveness.verdict is Verdict.ALIVE
+    assert liveness.last_heard == 20
+    assert liveness.heard(21) is None
+    assert liveness.check(30.5) is None
+    assert liveness.check(31) is Verdict.TORPID
+
+
+def test_heard_does_not_revive_the_lost() -> None:
+    liveness = Liveness(10, 60, now=0)
+    assert liveness.check(60) is Verdict.LOST
+    assert liveness.heard(61) is None
+    assert liveness.verdict is Verdict.LOST
+    assert liveness.check(62) is None
+    assert liveness.deadline() is None
+
+
+def test_zero_torpid_disables_torpid() -> None:
+    liveness = Liveness(0, 60, now=0)
+    assert liveness.deadline() == 60
+    assert liveness.check(59) is None
+    assert liveness.verdict is Verdict.ALIVE
+    assert liveness.check(60) is Verdict.LOST
+
+
+def test_zero_timeout_disables_lost() -> None:
+    liveness = Liveness(10, 0, now=0)
+    assert liveness.check(10) is Verdict.TORPID
+    assert liveness.deadline() is None
+    assert liveness.check(10**9) is None
+    assert liveness.verdict is Verdict.TORPID
+
+
+def test_both_zero_never_judges() -> None:
+    liveness = Liveness(0, 0, now=0)
+    assert liveness.deadline() is None
+    assert liveness.check(10**9) is None
+    assert liveness.verdict is Verdict.ALIVE
+
+
+def test_deadline_values() -> None:
+    liveness = Liveness(10, 60, now=100)
+    assert liveness.deadline() == 110  # alive: the nearer of torpid and lost
+    liveness.heard(105)
+    assert liveness.deadline() == 115
+    liveness.check(115)
+    assert liveness.deadline() == 165  # torpid: only lost is left
+    liveness.heard(120)
+    assert liveness.deadline() == 130
+    liveness.check(180)
+    assert liveness.deadline() is None
+
+
+def test_deadline_when_torpid_is_longer_than_timeout() -> None:
+    liveness = Liveness(90, 60, now=0)
+    assert liveness.deadline() == 60
+    assert liveness.check(60) is Verdict.LOST
+
+
+@given(
+    torpid=st.sampled_from([0, 0.25, 1, 10]),
+    lost=st.sampled_from([0, 0.5, 2, 60]),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.floats(0, 100, allow_nan=False)), min_size=1, max_size=30
+    ),
+)
+@settings(max_examples=100, deadline=None)
+def test_check_changes_nothing_before_the_deadline(
+    torpid: float, lost: float, steps: list[tuple[bool, float]]
+) -> None:
+    """The broker sleeps until deadline(): no verdict may change earlier than that."""
+    now = 0.0
+    liveness = Liveness(torpid, lost, now)
+    for hear, delay in steps:
+        now += delay
+        deadline = liveness.deadline()
+        before = liveness.verdict
+        if hear:
+            result = liveness.heard(now)
+            expected = Verdict.ALIVE if before is Verdict.TORPID else None
+            assert result is expected
+            continue
+        result = liveness.check(now)
+        if deadline is None or now < deadline:
+            assert result is None
+            assert liveness.verdict is before
+        else:
+            assert result is not None and result is liveness.verdict
+        if result is Verdict.LOST:
+            assert lost and now - liveness.last_heard >= lost
+        if result is Verdict.TORPID:
+            assert torpid and now - liveness.last_heard >= torpid
+        if liveness.verdict is Verdict.LOST:
+            assert before is not Verdict.LOST or result is None

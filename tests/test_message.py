@@ -1,0 +1,356 @@
+"""Tests of `tbon.overlay.message`: the two-frame JSON codec, strict on input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tbon.overlay.message import (
+    ANY_RANK,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    Kind,
+    Message,
+    MessageError,
+    decode,
+    encode,
+)
+
+FAST = settings(max_examples=80, deadline=None)
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+payloads = st.dictionaries(st.text(max_size=10), json_values, max_size=5)
+hops = st.one_of(
+    st.just("p"),
+    st.integers(0, 10_000).map(lambda r: f"c{r}"),
+    st.binary(min_size=1, max_size=8).map(lambda b: "l" + b.hex()),
+    st.text(max_size=6),
+)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> Message:
+    errnum = draw(st.integers(-(2**31), 2**31))
+    return Message(
+        draw(st.sampled_from(list(Kind))),
+        draw(st.text(min_size=1, max_size=30)),
+        draw(payloads),
+        nodeid=draw(st.integers(ANY_RANK, 2**40)),
+        tag=draw(st.integers(-(2**40), 2**40)),
+        route=draw(st.lists(hops, max_size=6)),
+        errnum=errnum,
+        # the header carries errstr only with a non-zero errnum
+        errstr=draw(st.text(max_size=30)) if errnum else "",
+        streaming=draw(st.booleans()),
+        version=draw(st.integers(1, 10)),
+    )
+
+
+def header(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def good(**overrides: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "k": "request", "t": "broker.ping", **overrides}
+
+
+# --- round trip ---------------------------------------------------------------------------------
+
+
+@given(messages())
+@settings(max_examples=200, deadline=None)
+def test_round_trip(message: Message) -> None:
+    frames = encode(message)
+    assert len(frames) == 2
+    assert all(isinstance(frame, bytes) for frame in frames)
+    assert decode(frames) == message
+    # and decoding is stable: re-encoding the decoded message gives the same bytes
+    assert encode(decode(frames)) == frames
+
+
+def test_minimal_encoding() -> None:
+    head, body = encode(Message(Kind.REQUEST, "broker.ping"))
+    assert json.loads(head) == {"v": PROTOCOL_VERSION, "k": "request", "t": "broker.ping"}
+    assert body == b""
+    assert decode([head, body]).payload == {}
+
+
+def test_full_encoding_uses_the_documented_keys() -> None:
+    message = Message(
+        Kind.RESPONSE,
+        "status.watch",
+        {"a": 1},
+        nodeid=3,
+        tag=7,
+        route=["l0a", "c3"],
+        errnum=2,
+        errstr="no",
+        streaming=True,
+    )
+    head, body = encode(message)
+    assert json.loads(head) == {
+        "v": 1,
+        "k": "response",
+        "t": "status.watch",
+        "n": 3,
+        "g": 7,
+        "r": ["l0a", "c3"],
+        "e": 2,
+        "es": "no",
+        "s": True,
+    }
+    assert json.loads(body) == {"a": 1}
+
+
+def test_defaults_when_keys_are_absent() -> None:
+    message = decode([header(v=1, k="event", t="x"), b""])
+    assert message.kind is Kind.EVENT
+    assert message.nodeid == ANY_RANK
+    assert (message.tag, message.route, message.errnum, message.errstr) == (0, [], 0, "")
+    assert message.streaming is False
+    assert message.payload == {}
+
+
+@pytest.mark.parametrize("version", [2, 3, 99, 2**40])
+def test_other_protocol_versions_decode_with_their_version(version: int) -> None:
+    message = decode([header(**good(v=version, k="control", t="hello")), b'{"rank":1}'])
+    assert message.version == version
+    assert message.topic == "hello"
+    assert message.payload == {"rank": 1}
+    assert json.loads(encode(message)[0])["v"] == version
+
+
+def test_a_newer_peer_may_add_header_keys() -> None:
+    message = decode([header(**good(v=2, extra={"x": 1})), b""])
+    assert message.version == 2
+
+
+# --- respond / fail -----------------------------------------------------------------------------
+
+
+@given(messages(), payloads, st.booleans())
+@FAST
+def test_respond_copies_route_tag_and_nodeid(
+    original: Message, payload: dict[str, Any], streaming: bool
+) -> None:
+    reply = original.respond(payload, streaming=streaming)
+    assert reply.kind is Kind.RESPONSE
+    assert reply.topic == original.topic
+    assert reply.payload == payload
+    assert (reply.tag, reply.route, reply.nodeid) == (original.tag, original.route, original.nodeid)
+    assert reply.streaming is streaming
+    assert (reply.errnum, reply.errstr) == (0, "")
+    assert reply.version == PROTOCOL_VERSION
+    # the route is a copy: popping a hop from the reply leaves the request alone
+    before = list(original.route)
+    reply.route.append("x")
+    assert original.route == before
+
+
+@given(messages(), st.integers(1, 200), st.text(max_size=20))
+@FAST
+def test_fail_copies_route_and_tag(original: Message, errnum: int, errstr: str) -> None:
+    reply = original.fail(errnum, errstr)
+    assert reply.kind is Kind.RESPONSE
+    assert (reply.tag, reply.route, reply.nodeid) == (original.tag, original.route, original.nodeid)
+    assert reply.route is not original.route
+    assert (reply.errnum, reply.errstr) == (errnum, errstr)
+    assert reply.payload == {}
+    assert reply.streaming is False
+    assert decode(encode(reply)) == reply
+
+
+def test_respond_without_payload_is_empty() -> None:
+    original = Message(Kind.REQUEST, "t", {"x": 1}, tag=4, route=["p"])
+    assert original.respond().payload == {}
+    assert original.respond(None).payload == {}
+
+
+# --- malformed input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [header(**good())],
+        [header(**good()), b"", b""],
+        [b"", b""],
+        [b"not json", b""],
+        [b"\xff\xfe\x00", b""],
+        [header(**good()), b"not json"],
+        [header(**good()), b"\xff"],
+        [b"[]", b""],
+        [b"null", b""],
+        [b'"text"', b""],
+        [header(**good()), b"[1, 2]"],
+        [header(**good()), b"null"],
+        [header(**good()), b"0"],
+        [header(**good(v=0)), b""],
+        [header(**good(v=-1)), b""],
+        [header(**good(v="1")), b""],
+        [header(**good(v=1.0)), b""],
+        [header(**good(v=True)), b""],
+        [header(**good(v=None)), b""],
+        [header(k="request", t="x"), b""],
+        [header(**good(k="req")), b""],
+        [header(**good(k="REQUEST")), b""],
+        [header(**good(k=None)), b""],
+        [header(**good(k=["request"])), b""],
+        [header(**good(k={"a": 1})), b""],
+        [header(v=1, k="request"), b""],
+        [header(**good(t="")), b""],
+        [header(**good(t=5)), b""],
+        [header(**good(t=None)), b""],
+        [header(**good(n="3")), b""],
+        [header(**good(n=-2)), b""],
+        [header(**good(n=1.5)), b""],
+        [header(**good(n=True)), b""],
+        [header(**good(g="7")), b""],
+        [header(**good(g=False)), b""],
+        [header(**good(e="2")), b""],
+        [header(**good(e=None)), b""],
+        [header(**good(r="p")), b""],
+        [header(**good(r=[1])), b""],
+        [header(**good(r=["p", None])), b""],
+        [header(**good(r={"p": 1})), b""],
+        [header(**good(es=3)), b""],
+        [b'{"v":1,"k":"request","t":"x","n":1e400}', b""],
+        [b'{"v":NaN,"k":"request","t":"x"}', b""],
+        [b'{"v":Infinity,"k":"request","t":"x"}', b""],
+        [b'{"v":1,"k":"request","t":"x","n":' + b"9" * 5000 + b"}", b""],
+    ],
+)
+def test_malformed_frames_raise_message_error(frames: list[bytes]) -> None:
+    with pytest.raises(MessageError):
+        decode(frames)
+
+
+def test_message_error_is_a_value_error() -> None:
+    assert issubclass(MessageError, ValueError)
+
+
+def assert_decodes_or_message_error(frames: list[bytes]) -> None:
+    try:
+        message = decode(frames)
+    except MessageError:
+        return
+    # whatever decodes is a well-formed message that survives a round trip
+    assert isinstance(message, Message)
+    assert isinstance(message.kind, Kind)
+    assert isinstance(message.topic, str) and message.topic
+    assert isinstance(message.payload, dict)
+    assert message.version >= 1 and message.nodeid >= ANY_RANK
+    # it survives forwarding (decode, encode, decode), but for an errstr without an errnum,
+    # which the encoder leaves out
+    again = decode(encode(message))
+    if not message.errnum:
+        message.errstr = ""
+    assert again == message
+
+
+@given(st.lists(st.binary(max_size=40), max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_arbitrary_bytes_never_raise_anything_but_message_error(frames: list[bytes]) -> None:
+    assert_decodes_or_message_error(frames)
+
+
+header_values = st.one_of(
+    json_values,
+    st.sampled_from(list(Kind)).map(str),
+    st.integers(-3, 3),
+    st.lists(st.text(max_size=4), max_size=3),
+)
+headers = st.dictionaries(
+    st.sampled_from(["v", "k", "t", "n", "g", "r", "e", "es", "s", "x"]),
+    header_values,
+    max_size=9,
+)
+
+
+@given(st.one_of(headers, json_values), st.one_of(payloads, json_values, st.just("")))
+@settings(max_examples=200, deadline=None)
+def test_arbitrary_json_headers_never_raise_anything_but_message_error(
+    head: Any, body: Any
+) -> None:
+    body_bytes = b"" if body == "" else json.dumps(body).encode()
+    assert_decodes_or_message_error([json.dumps(head).encode(), body_bytes])
+
+
+@given(
+    st.fixed_dictionaries(
+        {"v": st.integers(1, 3), "k": st.sampled_from(list(Kind)).map(str)},
+        optional={
+            "t": st.text(max_size=5),
+            "n": st.integers(-5, 5),
+            "g": st.integers(-5, 5),
+            "r": st.lists(st.text(max_size=3), max_size=3),
+            "e": st.integers(-5, 5),
+            "es": st.text(max_size=5),
+            "s": json_scalars,
+        },
+    )
+)
+@FAST
+def test_nearly_valid_headers(head: dict[str, Any]) -> None:
+    assert_decodes_or_message_error([json.dumps(head).encode(), b""])
+
+
+@pytest.mark.parametrize("depth", [100_000])
+@pytest.mark.parametrize("where", ["header", "payload"])
+@pytest.mark.parametrize("bracket", [b"[", b'{"a":'])
+def test_deeply_nested_json_raises_message_error(depth: int, where: str, bracket: bytes) -> None:
+    nested = bracket * depth
+    frames = [nested, b""] if where == "header" else [header(**good()), nested]
+    assert len(b"".join(frames)) <= MAX_MESSAGE_BYTES
+    with pytest.raises(MessageError):
+        decode(frames)
+
+
+# --- size limit ---------------------------------------------------------------------------------
+
+
+def padded(total: int) -> list[bytes]:
+    """A valid message of exactly `total` bytes (header plus payload)."""
+    head = header(**good())
+    skeleton = b'{"pad":""}'
+    filler = total - len(head) - len(skeleton)
+    return [head, b'{"pad":"' + b"x" * filler + b'"}']
+
+
+def test_message_at_the_limit_is_accepted() -> None:
+    frames = padded(MAX_MESSAGE_BYTES)
+    assert sum(map(len, frames)) == MAX_MESSAGE_BYTES
+    assert len(decode(frames).payload["pad"]) > MAX_MESSAGE_BYTES - 100
+
+
+def test_oversize_message_is_refused() -> None:
+    frames = padded(MAX_MESSAGE_BYTES + 1)
+    with pytest.raises(MessageError, match="too large"):
+        decode(frames)
+
+
+def test_oversize_header_alone_is_refused() -> None:
+    with pytest.raises(MessageError, match="too large"):
+        decode([b" " * (MAX_MESSAGE_BYTES + 1), b""])
+
+
+def test_limit_is_four_mebibytes() -> None:
+    assert MAX_MESSAGE_BYTES == 4 * 1024 * 1024

@@ -1,0 +1,94 @@
+"""`tbon start` on a terminal, driven through a pseudo-terminal as a person would use it."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import time
+
+from conftest import DEADLINE, TBON, child_env
+
+
+class Terminal:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.master, slave = pty.openpty()
+        self.process = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+            preexec_fn=lambda: _take_terminal(slave),
+        )
+        os.close(slave)
+        self.screen = ""
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def expect(self, pattern: str, timeout: float = DEADLINE) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            match = re.search(pattern, self.screen)
+            if match:
+                return match
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {pattern!r} on the terminal; it shows:\n{self.screen}")
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    self.screen += os.read(self.master, 4096).decode(errors="replace")
+                except OSError:  # the other side closed
+                    raise AssertionError(f"terminal closed; it showed:\n{self.screen}") from None
+
+    def close(self) -> int:
+        try:
+            return self.process.wait(timeout=DEADLINE)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            os.close(self.master)
+
+
+def _take_terminal(fd: int) -> None:
+    import fcntl
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
+
+
+def test_start_without_command_runs_a_shell_on_a_terminal() -> None:
+    env = child_env(SHELL="/bin/sh", PS1="tbon$ ", TERM="dumb")
+    term = Terminal([TBON, "start", "--test-size=3"], env)
+    try:
+        term.expect(r"tbon\$ ")
+        term.type("tbon status --no-pretty; echo rank=$TBON_RANK\n")
+        term.expect(r"rank=0")
+        assert re.search(r"0 \S+: full", term.screen)
+        term.type("exit 5\n")
+    finally:
+        code = term.close()
+    assert code == 5
+
+
+def test_ctrl_c_stops_the_command_not_the_instance() -> None:
+    env = child_env(TERM="dumb")
+    term = Terminal(
+        [TBON, "start", "--test-size=3", "sh", "-c", "echo ready; sleep 60; echo not-interrupted"],
+        env,
+    )
+    try:
+        term.expect("ready")
+        term.type("\x03")  # Ctrl-C: SIGINT to the terminal's foreground process group
+    finally:
+        code = term.close()
+    assert code == 128 + signal.SIGINT
+    assert "not-interrupted" not in term.screen
+    assert "Traceback" not in term.screen and "exited with status" not in term.screen
