@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -211,6 +212,8 @@ def serve(launch: Launch) -> int:
             if broker.running:
                 os.kill(broker.pid, signal.SIGKILL)
                 os.waitpid(broker.pid, 0)
+        # The run directory is this instance's alone; remove it even if tbon start was killed.
+        shutil.rmtree(launch.rundir, ignore_errors=True)
     if launch.failed:
         print(f"{PROG}: the instance failed to start", file=sys.stderr)
         return exitcodes.INTERNAL

@@ -133,6 +133,8 @@ def test_killing_tbon_start_leaves_nothing_behind() -> None:
         process.kill()  # no chance to clean up: the launcher must notice by itself
         process.wait()
         wait_for(lambda: all(process_gone(pid) for pid in pids), "orphaned brokers to exit")
+        rundir = os.path.dirname(os.path.dirname(uri[len("local://") :]))
+        wait_for(lambda: not os.path.exists(rundir), "the run directory to be removed")
     finally:
         if process.poll() is None:
             process.kill()
