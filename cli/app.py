@@ -15,7 +15,7 @@ from typer._click import exceptions as click_exceptions
 
 from tbon.overlay.errors import TbonError
 
-COMMAND_MODULES = ("start", "broker", "status", "keygen", "uri", "ping", "shutdown")
+COMMAND_MODULES = ("start", "broker", "status", "expand", "keygen", "uri", "ping", "shutdown")
 
 app = typer.Typer(
     name="tbon",

@@ -29,10 +29,16 @@ def line(entry: dict[str, Any], verbose: bool, rtt: float | None) -> Text:
     state = shown_state(entry)
     text = Text(f"{entry['rank']} {entry['host']}: ")
     text.append(state, style=STYLE.get(state, ""))
+    if entry["state"] == "reserved" and "joiner" in entry:
+        text.append(
+            f" (joiner {entry['joiner']}, {format_duration(entry['expires'])} left)",
+            style="bright_black",
+        )
     if entry["torpid"]:
         text.append(" (torpid)", style="bold red")
     if verbose:
-        text.append(f" for {format_duration(entry['since'])}", style="bright_black")
+        text.append(f" for {format_duration(entry['since'])} incarnation {entry['incarnation']}",
+                    style="bright_black")
         if rtt is not None:
             text.append(f" rtt {rtt * 1000:.3f}ms", style="bright_black")
     return text

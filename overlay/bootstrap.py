@@ -50,17 +50,23 @@ class Wireup:
     topology: Topology
     parent: BusinessCard | None = None
     hosts: list[str] = field(default_factory=list)
+    incarnation: int = FIRST_INCARNATION
 
 
 def card_key(rank: int) -> str:
     return f"tbon-card-{rank}"
 
 
-def instance_size(requested: int | None, launched: int) -> int:
+def instance_size(requested: int | None, launched: int, by_pmi: bool = True) -> int:
+    """The instance's size: the brokers launched, or more with `-S size=S` (the rest spares)."""
     if requested is None:
         return launched
-    if requested < launched:
-        raise UsageError(f"size={requested} is smaller than the {launched} brokers launched")
+    if by_pmi and requested <= launched:
+        raise UsageError(
+            f"size={requested} must exceed the {launched} brokers launched by PMI "
+            "(the extra ranks are spares); leave size out for exactly "
+            f"{launched}"
+        )
     return requested
 
 
@@ -101,7 +107,7 @@ def singleton_wireup(
     topo: str, requested_size: int | None, hostname: str, bind: Callable[[Topology, int], str]
 ) -> Wireup:
     """No PMI: this broker is rank 0 of an instance it launched alone (others may join later)."""
-    topology = Topology(topo, instance_size(requested_size, 1))
+    topology = Topology(topo, instance_size(requested_size, 1, by_pmi=False))
     if topology.children(0):
         bind(topology, 0)
     return Wireup(0, topology.size, 1, topology, hosts=[hostname])

@@ -7,7 +7,9 @@ and those objects, and keeps the clock.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import itertools
 import logging
 import os
 import shutil
@@ -16,23 +18,25 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from tbon.keys.cert import generate_keypair
+from tbon.keys.cert import decode_key, fingerprint, generate_keypair
 from tbon.overlay import exitcodes
 from tbon.overlay.bootstrap import Wireup, pmi_wireup, singleton_wireup
 from tbon.overlay.children import Children
 from tbon.overlay.config import BrokerConfig, host_address
 from tbon.overlay.errors import TbonError
+from tbon.overlay.flub import flub_wireup
 from tbon.overlay.instance import Instance
 from tbon.overlay.local import LocalServer
 from tbon.overlay.message import ANY_RANK, Kind, Message
 from tbon.overlay.numbers import is_decimal
 from tbon.overlay.parent import LinkEnded, ParentLink
 from tbon.overlay.pmi_client import PmiClient
-from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable
+from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable, Reserve
 from tbon.overlay.reports import encode_event
 from tbon.overlay.topology import Topology
 
@@ -60,6 +64,9 @@ class Broker:
         self._signals: list[int] = []
         self._cut = False
         self.endpoint = ""
+        self.incarnation = 1
+        self._pending: dict[int, Callable[[Message], None]] = {}
+        self._tags = itertools.count(1)
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -81,7 +88,17 @@ class Broker:
         self.public, secret = generate_keypair()
         self._secret = secret
         self.pmi = PmiClient.from_environment()
-        if self.pmi is not None:
+        if config.boot_server is not None:
+            wireup, attributes = flub_wireup(
+                config.boot_server,
+                config.requested_rank,
+                config.hostname,
+                self.public,
+                config.join_timeout,
+                self._bind,
+            )
+            self._adopt(attributes)
+        elif self.pmi is not None:
             wireup = pmi_wireup(
                 self.pmi,
                 config.topo,
@@ -95,6 +112,7 @@ class Broker:
             wireup = singleton_wireup(config.topo, config.size, config.hostname, self._bind)
         self.wireup: Wireup = wireup
         self.rank, self.topology = wireup.rank, wireup.topology
+        self.incarnation = wireup.incarnation
         set_log_rank(self.rank)
         self.local = LocalServer(self.context, self.rundir)
         self.uri = self.local.uri
@@ -106,9 +124,31 @@ class Broker:
             self._finalize_pmi()
         else:
             assert wireup.parent is not None
-            self.parent = ParentLink(self.context, self.rank, 1, config, (self.public, secret))
+            self.parent = ParentLink(
+                self.context, self.rank, self.incarnation, self.config, (self.public, secret)
+            )
             self.parent.connect(wireup.parent.endpoint, wireup.parent.public_key, now)
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
+
+    def _adopt(self, attributes: dict[str, Any]) -> None:
+        """Take the instance's liveness settings, so that both ends of each link agree."""
+        self.config = dataclasses.replace(
+            self.config,
+            heartbeat=float(attributes["tbon.heartbeat"]),
+            torpid=float(attributes["tbon.torpid"]),
+            timeout=float(attributes["tbon.timeout"]),
+            join_timeout=float(attributes["broker.join-timeout"]),
+        )
+        if self.children is not None:
+            self.children.config = self.config
+
+    def _instance_attributes(self) -> dict[str, Any]:
+        return {
+            "tbon.heartbeat": self.config.heartbeat,
+            "tbon.torpid": self.config.torpid,
+            "tbon.timeout": self.config.timeout,
+            "broker.join-timeout": self.config.join_timeout,
+        }
 
     def _bind(self, topology: Topology, rank: int) -> str:
         self.children = Children(self.context, rank, topology, self.config, self._secret)
@@ -191,6 +231,7 @@ class Broker:
             for d in (
                 self.children.next_deadline() if self.children else None,
                 self.parent.next_deadline() if self.parent else None,
+                self.instance.table.next_expiry() if self.instance else None,
                 self.stop_deadline,
             )
             if d is not None
@@ -206,6 +247,7 @@ class Broker:
             self._cut_off(ended)
             return
         if self.instance is not None:
+            self._expire_leases(now)
             self._push_status(now)
             waiting_to_start = self.command and self.program is None and not self.stopping
             if waiting_to_start and self.instance.table.up():
@@ -327,10 +369,21 @@ class Broker:
             return f"rank {target} is not connected"
         return f"rank {target} is unreachable: rank {hop} is not connected"
 
+    def _call(self, request: Message, on_reply: Callable[[Message], None]) -> None:
+        """Send a request of this broker's own; `on_reply` gets the response."""
+        request.tag = next(self._tags)
+        self._pending[request.tag] = on_reply
+        self._route(request, "s", time.monotonic())
+
     def _respond(self, reply: Message) -> bool:
         if not reply.route:
             return False
         hop = reply.route.pop()
+        if hop == "s":
+            on_reply = self._pending.pop(reply.tag, None)
+            if on_reply is not None:
+                on_reply(reply)
+            return on_reply is not None
         if hop == "p" and self.parent is not None:
             self.parent.send(reply)
             return True
@@ -374,6 +427,10 @@ class Broker:
             if self.instance is not None:
                 self.instance.forget(request.route)
             return None
+        if topic == "flub.kex":
+            return self._kex(request)
+        if topic == "flub.revoke":
+            return self._revoke(request)
         if self.instance is None:
             return request.fail(errno.ENOSYS, f"unknown request {topic!r}")
         if topic == "status.get":
@@ -382,12 +439,145 @@ class Broker:
             if self.stopping:
                 return request.fail(errno.ENODATA, "the instance is shutting down")
             return self.instance.watch(request, now)
+        if topic == "flub.allocate":
+            return self._allocate(request, now)
+        if topic == "flub.verify":
+            payload = request.payload
+            why = self.instance.table.verify(
+                payload.get("rank", -1),
+                payload.get("incarnation", -1),
+                payload.get("public_key", ""),
+            )
+            return request.fail(errno.EPERM, why) if why else request.respond({})
         if topic == "instance.shutdown":
             self._respond(request.respond({"rank": self.rank}))
             self._terminate_program()
             self.begin_shutdown(now)
             return None
         return request.fail(errno.ENOSYS, f"unknown request {topic!r}")
+
+    # --- FLUB -------------------------------------------------------------------------------
+
+    def _allocate(self, request: Message, now: float) -> Message:
+        """Rank 0: reserve a rank for a joining broker's key (atomic: one table, one thread)."""
+        assert self.instance is not None
+        payload = request.payload
+        key, host, rank = payload.get("public_key"), payload.get("hostname"), payload.get("rank")
+        if not isinstance(key, str) or not _valid_key(key) or not isinstance(host, str):
+            return request.fail(errno.EINVAL, "flub.allocate needs public_key and hostname")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+            return request.fail(errno.EINVAL, "flub.allocate: rank must be a whole number")
+        if self.stopping:
+            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
+        table = self.instance.table
+        grant = table.reserve(Reserve(key, host, rank, self.config.join_timeout), now)
+        if not grant.granted:
+            log.info("FLUB: refused a joiner on %s: %s", host, grant.reason)
+            errnum = errno.ENOSPC if rank is None else errno.EBUSY
+            return request.fail(errnum, grant.reason)
+        if not grant.repeated:
+            log.info(
+                "FLUB: rank %d incarnation %d reserved for %s (key %s)",
+                grant.rank,
+                grant.incarnation,
+                host,
+                fingerprint(key),
+            )
+        return request.respond(
+            {
+                "rank": grant.rank,
+                "incarnation": grant.incarnation,
+                "size": self.topology.size,
+                "topo": self.topology.spec,
+                "parent": self.topology.parent(grant.rank),
+                "lease": self.config.join_timeout,
+                "attributes": self._instance_attributes(),
+            }
+        )
+
+    def _kex(self, request: Message) -> Message | None:
+        """A parent: check a joiner's key with rank 0, then authorize it for that incarnation."""
+        payload = request.payload
+        rank, incarnation, key = (
+            payload.get("rank"),
+            payload.get("incarnation"),
+            payload.get("public_key"),
+        )
+        if not (
+            _is_int(rank) and _is_int(incarnation) and isinstance(key, str) and _valid_key(key)
+        ):
+            return request.fail(errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
+            return request.fail(errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
+        if self.children is None or self.stopping:
+            return request.fail(errno.EPERM, f"rank {self.rank} takes no children now")
+
+        def verified(reply: Message) -> None:
+            if reply.errnum:
+                log.warning("refused a key exchange for rank %d: %s", rank, reply.errstr)
+                self._respond(request.fail(errno.EPERM, reply.errstr))
+                return
+            assert self.children is not None
+            self.children.authorize(rank, incarnation, key)
+            self._respond(
+                request.respond(
+                    {
+                        "endpoint": self.endpoint,
+                        "public_key": self.public,
+                        "hostname": self.config.hostname,
+                    }
+                )
+            )
+
+        self._call(
+            Message(
+                Kind.REQUEST,
+                "flub.verify",
+                {"rank": rank, "incarnation": incarnation, "public_key": key},
+                nodeid=0,
+            ),
+            verified,
+        )
+        return None
+
+    def _revoke(self, request: Message) -> Message | None:
+        """A parent, told by rank 0 that an incarnation of its child is void: cut it off."""
+        payload = request.payload
+        rank, incarnation = payload.get("rank"), payload.get("incarnation")
+        if request.route[-1:] not in (["p"], ["s"]):  # from the parent, or rank 0 itself
+            return request.fail(errno.EPERM, "flub.revoke comes from rank 0 only")
+        if self.children is not None and _is_int(rank) and _is_int(incarnation):
+            assert isinstance(rank, int) and isinstance(incarnation, int)
+            self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
+        return None
+
+    def _void(self, rank: int, incarnation: int, reason: str) -> None:
+        """Rank 0: make the parent of `rank` drop that incarnation's key and connection."""
+        parent = self.topology.parent(rank)
+        if parent is None:
+            return
+        notice = Message(
+            Kind.REQUEST,
+            "flub.revoke",
+            {"rank": rank, "incarnation": incarnation, "reason": reason},
+            nodeid=parent,
+        )
+        self._call(notice, lambda _reply: None)
+
+    def _expire_leases(self, now: float) -> None:
+        assert self.instance is not None
+        for expiry in self.instance.table.expired(now):
+            entry = self.instance.table.entry(expiry.rank)
+            host = entry.host
+            if self.instance.apply(expiry, now).applied:
+                log.warning(
+                    "FLUB: the reservation of rank %d incarnation %d for %s expired",
+                    expiry.rank,
+                    expiry.incarnation,
+                    host,
+                )
+                self._void(expiry.rank, expiry.incarnation, "the reservation expired")
 
     def _identity(self) -> dict[str, Any]:
         return {"rank": self.rank, "hostname": self.config.hostname, "pid": os.getpid()}
@@ -403,7 +593,9 @@ class Broker:
     def _report(self, events: list[Event], now: float) -> None:
         for event in events:
             if self.instance is not None:
-                self.instance.apply(event, now)
+                outcome = self.instance.apply(event, now)
+                if isinstance(event, Online) and not outcome.applied:
+                    self._void(event.rank, event.incarnation, outcome.reason)
             elif self.parent is not None:
                 self.parent.send(Message(Kind.CONTROL, "report", encode_event(event)))
 
@@ -485,6 +677,18 @@ class Broker:
         signal.set_wakeup_fd(-1)
         if self._created_rundir is not None:
             shutil.rmtree(self._created_rundir, ignore_errors=True)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _valid_key(key: str) -> bool:
+    try:
+        decode_key(key)
+    except ValueError:
+        return False
+    return True
 
 
 class _RankFormatter(logging.Formatter):

@@ -86,6 +86,7 @@ class ChildSession:
     fd: int | None = None
     liveness: Liveness | None = None
     ended: str = ""  # why this incarnation ended; empty while it may still connect
+    end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
 
     @property
     def connected(self) -> bool:
@@ -239,7 +240,7 @@ class Children:
             # may take the rank by FLUB, so the exit code says "lost", not "refused".
             refusal: Refusal | None = Refusal(
                 f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}",
-                exitcodes.LOST,
+                session.end_code,
             )
         else:
             current = {r: s.identity.incarnation for r, s in self.sessions.items() if not s.ended}
@@ -286,7 +287,9 @@ class Children:
         session = self.sessions.get(sender.rank)
         if session is not None and session.identity == sender and session.ended:
             reason = f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}"
-            self._send_raw(routing_id, _control("refuse", reason=reason, exit_code=exitcodes.LOST))
+            self._send_raw(
+                routing_id, _control("refuse", reason=reason, exit_code=session.end_code)
+            )
         elif session is not None and session.identity.incarnation > sender.incarnation:
             reason = (
                 f"superseded: rank {sender.rank} is now incarnation {session.identity.incarnation}"
@@ -312,6 +315,21 @@ class Children:
             return Lost(identity.rank, identity.incarnation, why)
         log.info("rank %d departed", identity.rank)
         return Departed(identity.rank, identity.incarnation)
+
+    def revoke(self, rank: int, incarnation: int, reason: str) -> None:
+        """Rank 0 voided this incarnation (say, its reservation expired): drop its key, and cut
+        its broker off if it got in. Nothing is reported: rank 0 already knows."""
+        identity = Identity(rank, incarnation)
+        self.keyring.revoke(identity)
+        session = self.sessions.get(rank)
+        if session is None or session.identity != identity or session.ended:
+            return
+        if session.connected and session.routing_id is not None:
+            self._send_raw(
+                session.routing_id, _control("refuse", reason=reason, exit_code=exitcodes.REFUSED)
+            )
+        session.ended, session.end_code = f"was revoked: {reason}", exitcodes.REFUSED
+        log.warning("rank %d incarnation %d revoked: %s", rank, incarnation, reason)
 
     # --- output -----------------------------------------------------------------------------
 

@@ -17,9 +17,20 @@ DEFAULTS: dict[str, str] = {
     "tbon.timeout": "60s",
     "tbon.endpoint": "tcp://%h:*",
     "broker.shutdown-timeout": "10s",
+    "broker.join-timeout": "30s",
     "log-stderr-level": "warning",
 }
-KNOWN = frozenset({*DEFAULTS, "size", "tbon.fanout", "broker.rundir", "hostname"})
+KNOWN = frozenset(
+    {
+        *DEFAULTS,
+        "size",
+        "tbon.fanout",
+        "broker.rundir",
+        "hostname",
+        "broker.boot-server",
+        "broker.rank",
+    }
+)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -35,6 +46,9 @@ class BrokerConfig:
     rundir: str | None
     hostname: str
     log_level: str
+    join_timeout: float = 30.0
+    boot_server: str | None = None
+    requested_rank: int | None = None
     attributes: dict[str, str] = field(default_factory=dict)
 
 
@@ -68,6 +82,19 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
     endpoint = values["tbon.endpoint"]
     if not endpoint.startswith("tcp://") or ":" not in endpoint[6:]:
         raise UsageError(f"invalid tbon.endpoint {endpoint!r}: use tcp://HOST:PORT (%h, * allowed)")
+    requested_rank = None
+    if "broker.rank" in values:
+        if not is_decimal(values["broker.rank"]):
+            raise UsageError(f"invalid broker.rank {values['broker.rank']!r}: use a whole number")
+        requested_rank = int(values["broker.rank"])
+        if "broker.boot-server" not in values:
+            raise UsageError("broker.rank only makes sense with broker.boot-server")
+    boot_server = values.get("broker.boot-server")
+    if boot_server is not None and not boot_server.startswith(("local://", "ssh://")):
+        raise UsageError(
+            f"invalid broker.boot-server {boot_server!r}: use local://PATH or "
+            "ssh://[user@]host[:port]/PATH"
+        )
     heartbeat = parse_duration(values["tbon.heartbeat"], "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
@@ -84,6 +111,9 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
         rundir=values.get("broker.rundir"),
         hostname=values.get("hostname") or socket.gethostname(),
         log_level=level,
+        join_timeout=parse_duration(values["broker.join-timeout"], "broker.join-timeout"),
+        boot_server=boot_server,
+        requested_rank=requested_rank,
         attributes=dict(attributes),
     )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from tbon.keys.cert import fingerprint
 from tbon.overlay.topology import Topology
 
 
@@ -34,6 +35,9 @@ class SubtreeStatus(StrEnum):
 CONNECTED = frozenset({RankState.ONLINE, RankState.RETIRING})
 """States whose broker holds a live connection to its parent."""
 
+ALLOCATABLE = (RankState.VACANT, RankState.LOST)
+"""States FLUB may hand to a joining broker (design.md)."""
+
 
 @dataclass(slots=True)
 class RankEntry:
@@ -44,6 +48,9 @@ class RankEntry:
     pid: int | None
     since: float
     torpid: bool = False
+    joiner: str | None = None  # public key (Z85) a reservation was made for
+    lease_until: float | None = None  # when that reservation expires
+    host_before: str = ""  # the host shown before the reservation, restored if it expires
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +89,36 @@ class Torpid:
     torpid: bool
 
 
-Event = Online | Lost | Departed | Torpid
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """A reservation's lease (broker.join-timeout) ran out before its joiner said hello."""
+
+    rank: int
+    incarnation: int
+
+
+Event = Online | Lost | Departed | Torpid | Expire
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """A joining broker asks for a rank (FLUB): a specific one, or None for any available."""
+
+    public_key: str
+    host: str
+    rank: int | None
+    lease: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The answer to Reserve: a rank and its new incarnation, or why there is none."""
+
+    granted: bool
+    rank: int = -1
+    incarnation: int = 0
+    reason: str = ""
+    repeated: bool = False  # the same key asked before and gets the same reservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +132,17 @@ class Outcome:
 
 def refused(reason: str) -> Outcome:
     return Outcome(False, (), reason)
+
+
+def describe(entry: RankEntry) -> str:
+    """Who holds a rank, for a refusal that names them."""
+    if entry.state in CONNECTED:
+        return f"{entry.state} (host {entry.host}, pid {entry.pid})"
+    if entry.state is RankState.RESERVED and entry.joiner is not None:
+        return f"reserved for a joiner on {entry.host} (key {fingerprint(entry.joiner)})"
+    if entry.state is RankState.OFFLINE:
+        return f"offline, expected from bootstrap on {entry.host}"
+    return str(entry.state)
 
 
 class RankTable:
@@ -142,6 +189,8 @@ class RankTable:
                 outcome = self._end(entry, RankState.VACANT, now)
             case Torpid():
                 outcome = self._torpid(entry, event.torpid)
+            case Expire():
+                outcome = self._expire(entry, now)
         if outcome.changed:
             self.generation += 1
         return outcome
@@ -156,6 +205,76 @@ class RankTable:
         self._set(entry, RankState.ONLINE, now)
         entry.host, entry.pid, entry.torpid = event.host, event.pid, False
         return Outcome(True, (entry.rank,))
+
+    def _expire(self, entry: RankEntry, now: float) -> Outcome:
+        if entry.state is not RankState.RESERVED:
+            return refused(f"rank {entry.rank} is {entry.state}, not reserved")
+        if entry.lease_until is not None and now < entry.lease_until:
+            return refused(
+                f"rank {entry.rank}'s reservation has {entry.lease_until - now:.1f}s left"
+            )
+        entry.host = entry.host_before
+        self._set(entry, RankState.VACANT, now)
+        return Outcome(True, (entry.rank,))
+
+    # --- FLUB ---------------------------------------------------------------------------------
+
+    def reserve(self, request: Reserve, now: float) -> Reservation:
+        """Give a joiner a vacant or lost rank, atomically: it is reserved before anyone else
+        can be told about it, and a repeated request from the same key gets the same rank."""
+        for entry in self.entries:
+            mine = entry.state is RankState.RESERVED and entry.joiner == request.public_key
+            if mine and request.rank in (None, entry.rank):
+                return Reservation(True, entry.rank, entry.incarnation, repeated=True)
+        if request.rank is not None:
+            if not 0 <= request.rank < self.size:
+                return Reservation(
+                    False, reason=f"no rank {request.rank} in this instance of size {self.size}"
+                )
+            entry = self.entries[request.rank]
+            if entry.state not in ALLOCATABLE:
+                return Reservation(False, reason=f"rank {entry.rank} is taken: {describe(entry)}")
+        else:
+            free = [e for e in self.entries if e.state in ALLOCATABLE]
+            if not free:
+                return Reservation(False, reason="no available ranks")
+            entry = free[0]  # lowest first: interior ranks before the leaves below them
+        entry.incarnation += 1
+        entry.host_before, entry.host = entry.host, request.host
+        self._set(entry, RankState.RESERVED, now)
+        entry.joiner, entry.lease_until = request.public_key, now + request.lease
+        self.generation += 1
+        return Reservation(True, entry.rank, entry.incarnation)
+
+    def verify(self, rank: int, incarnation: int, public_key: str) -> str | None:
+        """Why `public_key` may not join as (rank, incarnation), or None if it was reserved so."""
+        if not 0 <= rank < self.size:
+            return f"no rank {rank} in this instance of size {self.size}"
+        entry = self.entries[rank]
+        if entry.state is not RankState.RESERVED or entry.incarnation != incarnation:
+            return (
+                f"rank {rank} incarnation {incarnation} is not reserved "
+                f"(rank {rank} is {entry.state}, incarnation {entry.incarnation})"
+            )
+        if entry.joiner != public_key:
+            return f"rank {rank} is reserved for another key"
+        return None
+
+    def expired(self, now: float) -> list[Expire]:
+        """Reservations whose lease has run out."""
+        return [
+            Expire(e.rank, e.incarnation)
+            for e in self.entries
+            if e.state is RankState.RESERVED and e.lease_until is not None and now >= e.lease_until
+        ]
+
+    def next_expiry(self) -> float | None:
+        leases = [
+            e.lease_until
+            for e in self.entries
+            if e.state is RankState.RESERVED and e.lease_until is not None
+        ]
+        return min(leases) if leases else None
 
     def _end(self, entry: RankEntry, state: RankState, now: float) -> Outcome:
         """The broker of `entry` is gone, and so are those below it: they exit when they lose it."""
@@ -189,6 +308,8 @@ class RankTable:
         entry.state, entry.since = state, now
         if state not in CONNECTED:
             entry.pid, entry.torpid = None, False
+        if state is not RankState.RESERVED:
+            entry.joiner = entry.lease_until = None
 
     # --- views -----------------------------------------------------------------------------
 
@@ -240,4 +361,7 @@ class RankTable:
                     "since": round(max(0.0, now - entry.since), 3),
                 }
             )
+            if entry.state is RankState.RESERVED and entry.joiner is not None:
+                ranks[-1]["joiner"] = fingerprint(entry.joiner)
+                ranks[-1]["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)
         return {"size": self.size, "topo": self.topology.spec, "ranks": ranks}

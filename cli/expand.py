@@ -1,0 +1,246 @@
+"""`tbon expand`: start brokers on this host that join a running instance by FLUB.
+
+Each new broker asks rank 0 for a rank itself; rank 0's table decides atomically, so running
+expand twice at once, or on a stale view, can never hand a rank out twice: the surplus brokers
+are told there is no rank (exit 69) and nothing that was online is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tbon.cli.common import URI_HELP, duration, interactive, print_json
+from tbon.overlay import exitcodes
+from tbon.overlay.errors import TbonError, UsageError
+from tbon.overlay.idset import format_idset, parse_idset
+
+
+@dataclass
+class Joiner:
+    """One broker this command started, and what became of it."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    wanted: int | None  # the rank it asked for, if any
+    rank: int | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+    @property
+    def pending(self) -> bool:
+        return self.rank is None and self.exit_code is None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("expand")
+    def expand(
+        uri: str = typer.Argument(None, metavar="[URI]", help=URI_HELP),
+        count: int = typer.Option(
+            None,
+            "--count",
+            "-n",
+            min=1,
+            help="Start COUNT brokers, each taking any available rank.",
+        ),
+        fill: bool = typer.Option(
+            False, "--fill", help="Start one broker per available (vacant or lost) rank."
+        ),
+        ranks: str = typer.Option(
+            None,
+            "--ranks",
+            "-r",
+            metavar="IDSET",
+            help="Start one broker for each of these ranks (e.g. 4,6-9).",
+        ),
+        timeout: str = typer.Option(
+            "60s",
+            "--timeout",
+            "-t",
+            metavar="DURATION",
+            help="Give up on brokers not online after DURATION.",
+        ),
+        setattr_: list[str] = typer.Option(
+            [],
+            "--setattr",
+            "-S",
+            metavar="NAME=VALUE",
+            help="Extra attribute for the new brokers (e.g. log-stderr-level=info).",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Report as JSON."),
+    ) -> None:
+        """Grow an instance: start brokers here that join it into vacant or lost ranks.
+
+        Exit status: 0 if every broker joined, 69 if some found no rank (the instance was
+        full), 1 if any failed otherwise.
+        """
+        from tbon.overlay.client import connect
+
+        if sum((count is not None, fill, ranks is not None)) != 1:
+            raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
+        limit = duration(timeout, "--timeout") or 60.0
+        with connect(uri) as client:
+            status = client.rpc("status.get", nodeid=0)
+            info = client.rpc("broker.info", nodeid=0)
+            wanted = _wanted(status, count, fill, ranks)
+            if not wanted:
+                _report([], as_json, "no available ranks: nothing to fill")
+                return
+            boot = str(client.uri)
+            joiners = _launch(boot, info, wanted, setattr_)
+            try:
+                _follow(client, joiners, limit)
+            finally:
+                for joiner in joiners:
+                    if joiner.pending and joiner.process.poll() is None:
+                        joiner.process.kill()  # ours, by PID: never leave a half-joined broker
+                        joiner.process.wait()
+                        joiner.exit_code, joiner.reason = -1, f"not online within {limit:g}s"
+        raise typer.Exit(_report(joiners, as_json))
+
+
+def _wanted(
+    status: dict[str, Any], count: int | None, fill: bool, ranks: str | None
+) -> list[int | None]:
+    if ranks is not None:
+        chosen = parse_idset(ranks)
+        beyond = [r for r in chosen if r >= status["size"]]
+        if beyond:
+            raise UsageError(
+                f"--ranks {ranks}: no rank {beyond[0]} in this instance of size {status['size']}"
+            )
+        return list(chosen)
+    if fill:
+        return [None] * sum(r["state"] in ("vacant", "lost") for r in status["ranks"])
+    assert count is not None
+    return [None] * count
+
+
+def _tbon_command() -> list[str]:
+    """The console script next to this interpreter, so `ps` and `pgrep` see `tbon broker`."""
+    script = Path(sys.executable).parent / "tbon"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("tbon")
+    return [found] if found else [sys.executable, "-m", "tbon.cli"]
+
+
+def _launch(
+    boot: str, info: dict[str, Any], wanted: list[int | None], extra: list[str]
+) -> list[Joiner]:
+    # Logs live in rank 0's run directory when it is here, and go when the instance goes.
+    rundir = (
+        os.path.dirname(info["uri"][len("local://") :]) if boot.startswith("local://") else None
+    )
+    logs = Path(rundir or os.environ.get("TMPDIR", "/tmp")) / "expand"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    attributes = [f"broker.boot-server={boot}", *extra]
+    if info.get("endpoint", "").startswith("tcp://127.") and not any(
+        a.startswith("tbon.endpoint=") for a in extra
+    ):
+        attributes.append("tbon.endpoint=tcp://127.0.0.1:*")  # the instance lives on loopback
+    joiners = []
+    for index, rank in enumerate(wanted):
+        argv = [*_tbon_command(), "broker"]
+        for attribute in [*attributes, *([f"broker.rank={rank}"] if rank is not None else [])]:
+            argv += ["-S", attribute]
+        log = logs / f"broker-{os.getpid()}-{index}.log"
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True
+            )
+        joiners.append(Joiner(process, log, rank))
+    return joiners
+
+
+def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
+    """Watch rank 0's pushed status and our processes until each joiner is online or gone."""
+    deadline = time.monotonic() + limit
+    by_pid = {j.process.pid: j for j in joiners}
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("joining"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with progress if interactive() else nullcontext():
+        task = progress.add_task("join", total=len(joiners))
+        tag = client.send("status.watch", {}, nodeid=0)
+        while any(j.pending for j in joiners) and time.monotonic() < deadline:
+            reply = client.receive(0.1)
+            if reply is not None and reply.tag == tag:
+                if reply.errnum:
+                    raise TbonError(f"status stream ended: {reply.errstr}")
+                for entry in reply.payload["ranks"]:
+                    joiner = by_pid.get(entry["pid"])
+                    if joiner is not None and entry["state"] == "online" and joiner.pending:
+                        joiner.rank = entry["rank"]
+            for joiner in joiners:
+                if joiner.pending and joiner.process.poll() is not None:
+                    joiner.exit_code = joiner.process.returncode
+                    joiner.reason = _last_line(joiner.log)
+            progress.update(task, completed=sum(not j.pending for j in joiners))
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines:
+        return "exited without a word"
+    text = lines[-1]
+    return text.split(": ", 2)[-1] if text.startswith("tbon-broker") else text
+
+
+def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:
+    joined = sorted((j for j in joiners if j.rank is not None), key=lambda j: j.rank or 0)
+    failed = [j for j in joiners if j.rank is None]
+    if as_json:
+        print_json(
+            {
+                "joined": [{"rank": j.rank, "pid": j.process.pid} for j in joined],
+                "failed": [
+                    {
+                        "pid": j.process.pid,
+                        "rank": j.wanted,
+                        "exit_code": j.exit_code,
+                        "reason": j.reason,
+                        "log": str(j.log),
+                    }
+                    for j in failed
+                ],
+            }
+        )
+    else:
+        if joined:
+            ranks = format_idset([j.rank for j in joined if j.rank is not None])
+            typer.echo(
+                f"joined: {len(joined)} broker{'s' * (len(joined) != 1)}, "
+                f"rank{'s' * (len(joined) != 1)} {ranks}"
+            )
+        if note:
+            typer.echo(note)
+        for joiner in failed:
+            print(
+                f"tbon expand: broker pid {joiner.process.pid}"
+                f"{f' (rank {joiner.wanted})' if joiner.wanted is not None else ''}: "
+                f"{joiner.reason} (exit {joiner.exit_code}; log {joiner.log})",
+                file=sys.stderr,
+            )
+    if not failed:
+        return 0
+    if all(j.exit_code == exitcodes.NO_RANK for j in failed):
+        return exitcodes.NO_RANK
+    return 1

@@ -1,0 +1,123 @@
+"""FLUB, the joining side: ask a running instance for a rank, swap keys with the parent, go.
+
+1. Ask rank 0 (through the boot server's local socket) for a rank: it reserves a vacant or lost
+   one for this broker's public key, with a new incarnation and a lease (broker.join-timeout).
+2. Wait, if need be, for the parent rank to come online: ranks may join in any order.
+3. Key exchange with the parent, routed through the tree: the parent checks the reservation
+   with rank 0, authorizes this key for (rank, incarnation) only, and answers with its own key
+   and endpoint. The broker then connects and says hello like any other.
+docs/flub.md has the whole protocol and its security argument.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tbon.overlay import exitcodes
+from tbon.overlay.bootstrap import BusinessCard, Wireup
+from tbon.overlay.client import Client, RequestError
+from tbon.overlay.errors import TbonError
+from tbon.overlay.topology import Topology
+
+log = logging.getLogger("tbon.flub")
+
+INSTANCE_ATTRIBUTES = ("tbon.heartbeat", "tbon.torpid", "tbon.timeout", "broker.join-timeout")
+"""Attributes a joiner takes from the instance, so that both ends of a link agree."""
+
+
+def flub_wireup(
+    boot_server: str,
+    requested_rank: int | None,
+    hostname: str,
+    public_key: str,
+    timeout: float,
+    bind: Callable[[Topology, int], str],
+) -> tuple[Wireup, dict[str, Any]]:
+    """Join through `boot_server`; returns the wire-up and the instance's attributes."""
+    try:
+        client = Client(boot_server)
+    except TbonError as error:
+        raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
+    try:
+        with client:
+            grant = _allocate(client, requested_rank, hostname, public_key, timeout)
+            rank, incarnation = grant["rank"], grant["incarnation"]
+            topology = Topology(grant["topo"], grant["size"])
+            log.info("FLUB: reserved rank %d incarnation %d", rank, incarnation)
+            if topology.children(rank):
+                bind(topology, rank)
+            parent = topology.parent(rank)
+            assert parent is not None  # rank 0 is never allocatable
+            _wait_online(client, rank, parent, grant["lease"])
+            card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
+    except RequestError as error:
+        raise TbonError(f"FLUB: {error}", exitcodes.INTERNAL) from None
+    wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
+    return wireup, grant["attributes"]
+
+
+def _allocate(
+    client: Client, rank: int | None, hostname: str, public_key: str, timeout: float
+) -> dict[str, Any]:
+    try:
+        return client.rpc(
+            "flub.allocate",
+            {"public_key": public_key, "hostname": hostname, "rank": rank},
+            nodeid=0,
+            timeout=timeout,
+        )
+    except RequestError as error:
+        if error.errnum in (errno.ENOSPC, errno.EBUSY, errno.ENOENT):
+            raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
+        if error.errnum == errno.ESHUTDOWN:
+            raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
+        raise
+
+
+def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:
+    """Wait for the parent rank to be online, at most as long as the reservation lasts."""
+    deadline = time.monotonic() + lease
+    tag = client.send("status.watch", {}, nodeid=0)
+    told = False
+    while True:
+        left = deadline - time.monotonic()
+        reply = client.receive(max(0.0, left)) if left > 0 else None
+        if reply is None:
+            raise TbonError(
+                f"FLUB: parent rank {parent} did not come online within "
+                f"{lease:g}s; the reservation of rank {rank} lapses",
+                exitcodes.LOST,
+            )
+        if reply.tag != tag:
+            continue
+        if reply.errnum:
+            raise TbonError(f"FLUB: {reply.errstr}", exitcodes.LOST)
+        state = reply.payload["ranks"][parent]["state"]
+        if state == "online":
+            return
+        if not told:
+            log.warning(
+                "rank %d: waiting for parent rank %d (%s) to come online", rank, parent, state
+            )
+            told = True
+
+
+def _key_exchange(
+    client: Client, rank: int, incarnation: int, parent: int, public_key: str, timeout: float
+) -> BusinessCard:
+    try:
+        reply = client.rpc(
+            "flub.kex",
+            {"rank": rank, "incarnation": incarnation, "public_key": public_key},
+            nodeid=parent,
+            timeout=timeout,
+        )
+    except RequestError as error:
+        if error.errnum == errno.EPERM:
+            raise TbonError(f"FLUB: refused by rank {parent}: {error}", exitcodes.REFUSED) from None
+        raise
+    return BusinessCard(reply.get("hostname", ""), reply["public_key"], reply["endpoint"])
