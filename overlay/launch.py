@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from tbon.overlay import exitcodes
+from tbon.overlay.bootstrap import instance_size
 from tbon.overlay.broker import run_broker
 from tbon.overlay.config import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.duration import parse_duration
@@ -251,6 +252,7 @@ def main(argv: list[str]) -> int:
         if args.size < 1:
             raise TbonError("--test-size must be at least 1", exitcodes.USAGE)
         config = broker_config(parse_assignments(args.setattr))
+        instance_size(config.size, args.size)  # refuse a bad size once, before forking
         launch = Launch(
             args.size,
             args.rundir,

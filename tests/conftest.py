@@ -72,6 +72,7 @@ class Instance:
             argv, stdout=subprocess.PIPE, stderr=self.stderr_file, text=True, env=child_env()
         )
         self.broker_pids: set[int] = set()
+        self.joiners: list[subprocess.Popen[str]] = []
         try:
             self.uri = self._read_uri()
             self.broker_pids = {r["pid"] for r in self.status()["ranks"] if r["pid"]}
@@ -122,6 +123,29 @@ class Instance:
                     return last
         raise AssertionError(f"timed out waiting for {what}; last status: {json.dumps(last)}")
 
+    def join(self, *attributes: str) -> subprocess.Popen[str]:
+        """Start `tbon broker` that joins this instance by FLUB (reaped by stop())."""
+        argv = [
+            TBON,
+            "broker",
+            "-S",
+            f"broker.boot-server={self.uri}",
+            "-S",
+            "tbon.endpoint=tcp://127.0.0.1:*",
+        ]
+        for attribute in attributes:
+            argv += ["-S", attribute]
+        joiner = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        self.joiners.append(joiner)
+        return joiner
+
     def rank_state(self, status: dict[str, Any], rank: int) -> str:
         return status["ranks"][rank]["state"]
 
@@ -146,6 +170,16 @@ class Instance:
         if not self.stderr_file.closed:
             self._stderr_text = self.stderr()
             self.stderr_file.close()
+        for joiner in self.joiners:  # joined brokers leave with the instance
+            try:
+                joiner.wait(timeout=DEADLINE)
+            except subprocess.TimeoutExpired:
+                joiner.kill()
+                joiner.wait()
+                raise AssertionError(f"joined broker {joiner.pid} outlived its instance") from None
+            finally:
+                if joiner.stderr is not None:
+                    joiner.stderr.close()
         leaked = [pid for pid in self.broker_pids if not process_gone(pid)]
         for pid in leaked:
             os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,315 @@
+"""Spare ranks, FLUB joins, replacement and `tbon expand`, with real brokers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+import zmq
+from conftest import DEADLINE, TBON, child_env, process_gone, tbon, wait_for
+
+from tbon.keys.cert import generate_keypair
+from tbon.overlay.client import Client, RequestError
+
+
+def finished(joiner: subprocess.Popen[str]) -> tuple[int, str]:
+    """A joiner's exit status and what it said on stderr."""
+    _, err = joiner.communicate(timeout=DEADLINE)
+    return joiner.returncode, err
+
+
+def states(status: dict) -> list[str]:
+    return [r["state"] for r in status["ranks"]]
+
+
+def online(*ranks: int):
+    return lambda s: all(s["ranks"][r]["state"] == "online" for r in ranks)
+
+
+# --- spare ranks ---------------------------------------------------------------------------
+
+
+def test_spare_ranks_start_vacant_with_placeholder_hosts(instance) -> None:
+    inst = instance(2, "size=6", "tbon.fanout=2")
+    status = inst.status()
+    assert status["size"] == 6
+    assert states(status) == ["online", "online", "vacant", "vacant", "vacant", "vacant"]
+    assert [r["host"] for r in status["ranks"][2:]] == ["extra0", "extra1", "extra2", "extra3"]
+    assert [r["incarnation"] for r in status["ranks"]] == [1, 1, 0, 0, 0, 0]
+    assert status["ranks"][0]["subtree"] == "partial"
+    shown = tbon("status", inst.uri).stdout
+    assert re.search(r"^└─ 2 extra0: vacant$", shown, re.M), shown
+
+
+def test_the_command_runs_once_the_launched_brokers_are_online() -> None:
+    result = tbon("start", "--test-size=2", "-S", "size=5", "tbon", "status", "--summary")
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"0 \S+: partial \(5 ranks: 2 online, 3 vacant\)\n", result.stdout)
+
+
+def test_size_not_above_the_launched_brokers_is_refused() -> None:
+    result = tbon("start", "--test-size=3", "-S", "size=3", "true")
+    assert result.returncode == 2
+    assert "size=3 must exceed the 3 brokers launched by PMI" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- joining -------------------------------------------------------------------------------
+
+
+def test_spares_fill_one_by_one_then_all_at_once(instance) -> None:
+    inst = instance(1, "size=8", "tbon.fanout=2")
+    for expected in (1, 2):
+        result = tbon("expand", inst.uri, "-n", "1", "--json")
+        assert result.returncode == 0, result.stderr
+        joined = json.loads(result.stdout)["joined"]
+        assert [j["rank"] for j in joined] == [expected]  # lowest vacant rank first
+    result = tbon("expand", inst.uri, "--fill")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "joined: 5 brokers, ranks 3-7"
+    status = inst.status()
+    assert states(status) == ["online"] * 8
+    assert status["ranks"][0]["subtree"] == "full"
+    assert all(not r["host"].startswith("extra") for r in status["ranks"])
+    assert [r["incarnation"] for r in status["ranks"]] == [1] * 8
+    assert (
+        tbon("expand", inst.uri, "--fill").stdout.strip() == "no available ranks: nothing to fill"
+    )
+
+
+def test_a_joined_broker_serves_requests_and_leaves_with_the_instance(instance) -> None:
+    inst = instance(1, "size=3", "tbon.fanout=2")
+    joiner = inst.join("broker.rank=2")
+    inst.wait_status(online(2), "rank 2 online")
+    ping = json.loads(tbon("ping", inst.uri, "2", "--json").stdout)
+    assert ping["hops"] == 1
+    assert inst.status()["ranks"][2]["pid"] == joiner.pid
+    inst.stop()
+    assert joiner.returncode == 0
+
+
+def test_interior_rank_may_join_after_its_children(instance) -> None:
+    inst = instance(1, "size=7", "tbon.fanout=2")
+    leaves = [inst.join(f"broker.rank={rank}") for rank in (3, 4)]
+    waiting = inst.wait_status(
+        lambda s: s["ranks"][3]["state"] == s["ranks"][4]["state"] == "reserved",
+        "ranks 3 and 4 reserved",
+    )
+    assert waiting["ranks"][3]["joiner"].startswith("SHA256:")
+    assert "reserved (joiner SHA256:" in tbon("status", inst.uri).stdout
+    assert all(leaf.poll() is None for leaf in leaves)
+    inst.join("broker.rank=1")
+    status = inst.wait_status(online(1, 3, 4), "ranks 1, 3, 4 online")
+    assert status["ranks"][1]["subtree"] == "full"
+
+
+def test_six_joiners_race_for_four_vacancies(instance) -> None:
+    inst = instance(1, "size=5", "tbon.fanout=2")
+    result = tbon("expand", inst.uri, "-n", "6", "--json")
+    assert result.returncode == 69, result.stderr
+    report = json.loads(result.stdout)
+    assert sorted(j["rank"] for j in report["joined"]) == [1, 2, 3, 4]
+    assert [f["exit_code"] for f in report["failed"]] == [69, 69]
+    assert all("no available ranks" in f["reason"] for f in report["failed"])
+    status = inst.status()
+    assert states(status) == ["online"] * 5
+    assert len({r["pid"] for r in status["ranks"]}) == 5
+
+
+def test_concurrent_expands_never_over_fill(instance) -> None:
+    inst = instance(1, "size=6", "tbon.fanout=2")
+    before = inst.status()["ranks"][0]["pid"]
+    runs = [
+        subprocess.Popen(
+            [TBON, "expand", inst.uri, "--fill", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        for _ in range(3)
+    ]
+    reports = []
+    for run in runs:
+        out, err = run.communicate(timeout=DEADLINE * 3)
+        assert run.returncode in (0, 69), err
+        reports.append(json.loads(out))
+    joined = [j["rank"] for report in reports for j in report["joined"]]
+    assert sorted(joined) == [1, 2, 3, 4, 5]  # each rank exactly once
+    failed = [f for report in reports for f in report["failed"]]
+    assert all(f["exit_code"] == 69 for f in failed)
+    status = inst.status()
+    assert states(status) == ["online"] * 6 and status["ranks"][0]["pid"] == before
+
+
+def test_requesting_a_taken_rank_names_its_holder(instance) -> None:
+    inst = instance(3)
+    joiner = inst.join("broker.rank=1")
+    code, err = finished(joiner)
+    assert code == 69
+    pid = inst.status()["ranks"][1]["pid"]
+    assert "rank 1 is taken: online (host " in err and f"pid {pid})" in err
+    assert states(inst.status()) == ["online"] * 3
+
+
+def test_no_vacancy_exits_69(instance) -> None:
+    inst = instance(2)
+    code, err = finished(inst.join())
+    assert code == 69 and "no available ranks" in err
+
+
+def test_unreachable_boot_server_is_a_clear_error(tmp_path) -> None:
+    result = tbon("broker", "-S", f"broker.boot-server=local://{tmp_path}/nothing")
+    assert result.returncode == 75
+    assert result.stderr.strip().endswith("no such socket (is the instance running?)")
+
+
+# --- replacement ---------------------------------------------------------------------------
+
+
+def test_killed_leaf_is_replaced_with_a_new_incarnation(instance) -> None:
+    inst = instance(4, "tbon.fanout=2", "tbon.timeout=0")
+    os.kill(inst.pid(3), signal.SIGKILL)
+    inst.wait_status(lambda s: s["ranks"][3]["state"] == "lost", "rank 3 lost")
+    result = tbon("expand", inst.uri, "-n", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [j["rank"] for j in json.loads(result.stdout)["joined"]] == [3]
+    status = inst.status()
+    assert states(status) == ["online"] * 4
+    assert status["ranks"][3]["incarnation"] == 2
+    assert status["ranks"][0]["subtree"] == "full"
+
+
+def test_killed_interior_broker_and_its_subtree_are_replaced(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
+    orphans = [inst.pid(3), inst.pid(4)]
+    os.kill(inst.pid(1), signal.SIGKILL)
+    inst.wait_status(
+        lambda s: [s["ranks"][r]["state"] for r in (1, 3, 4)] == ["lost"] * 3, "ranks 1, 3, 4 lost"
+    )
+    wait_for(lambda: all(process_gone(pid) for pid in orphans), "the orphans to exit 75")
+    result = tbon("expand", inst.uri, "--fill")
+    assert result.returncode == 0, result.stderr
+    status = inst.status()
+    assert states(status) == ["online"] * 7
+    assert [status["ranks"][r]["incarnation"] for r in (1, 3, 4)] == [2, 2, 2]
+
+
+def test_joiner_killed_after_reservation_gives_the_rank_back(instance) -> None:
+    inst = instance(1, "size=4", "tbon.fanout=2", "broker.join-timeout=1s")
+    joiner = inst.join("broker.rank=3")  # its parent, rank 1, is vacant: it waits
+    inst.wait_status(lambda s: s["ranks"][3]["state"] == "reserved", "rank 3 reserved")
+    joiner.kill()
+    joiner.wait()
+    status = inst.wait_status(
+        lambda s: s["ranks"][3]["state"] == "vacant", "the reservation to expire"
+    )
+    assert status["ranks"][3]["incarnation"] == 1 and status["ranks"][3]["host"] == "extra2"
+    result = tbon("expand", inst.uri, "--ranks", "1,3")
+    assert result.returncode == 0, result.stderr
+    assert inst.status()["ranks"][3]["incarnation"] == 2
+
+
+def test_stopped_broker_woken_after_replacement_exits_77(instance) -> None:
+    inst = instance(3, "tbon.heartbeat=100ms", "tbon.torpid=300ms", "tbon.timeout=1s")
+    old = inst.pid(2)
+    os.kill(old, signal.SIGSTOP)
+    try:
+        inst.wait_status(lambda s: s["ranks"][2]["state"] == "lost", "rank 2 lost")
+        new = inst.join("broker.rank=2")
+        replaced = inst.wait_status(online(2), "the replacement online")
+        assert replaced["ranks"][2]["pid"] == new.pid
+        assert replaced["ranks"][2]["incarnation"] == 2
+    finally:
+        os.kill(old, signal.SIGCONT)
+    wait_for(lambda: process_gone(old), "the superseded broker to exit")
+    status = inst.status()
+    assert status["ranks"][2]["pid"] == new.pid and status["ranks"][2]["state"] == "online"
+    assert tbon("ping", inst.uri, "2").returncode == 0
+    inst.stop()
+    assert f"rank 2 (pid {old}) exited with status 77" in inst.stderr()
+    assert new.returncode == 0
+
+
+# --- hostile requests ----------------------------------------------------------------------
+
+
+def test_hostile_key_exchange_for_someone_elses_rank_is_refused(instance) -> None:
+    inst = instance(1, "size=4", "tbon.fanout=2", "broker.join-timeout=30s")
+    owner = inst.join("broker.rank=1")
+    inst.wait_status(online(1), "rank 1 online")
+    waiting = inst.join("broker.rank=3")
+    inst.wait_status(online(3), "rank 3 online")
+    hostile_key = generate_keypair()[0]
+    with Client(inst.uri) as client:
+        # A vacant rank's reservation belongs to the key that asked for it.
+        grant = client.rpc(
+            "flub.allocate",
+            {"public_key": generate_keypair()[0], "hostname": "elsewhere", "rank": 2},
+            nodeid=0,
+        )
+        attempts = [
+            (
+                0,
+                {"rank": 2, "incarnation": grant["incarnation"], "public_key": hostile_key},
+                "reserved for another key",
+            ),
+            (1, {"rank": 3, "incarnation": 1, "public_key": hostile_key}, "is not reserved"),
+            (1, {"rank": 3, "incarnation": 2, "public_key": hostile_key}, "is not reserved"),
+            (
+                0,
+                {"rank": 3, "incarnation": 1, "public_key": hostile_key},
+                "rank 3 is not a child of rank 0",
+            ),
+            (
+                1,
+                {"rank": 1, "incarnation": 1, "public_key": hostile_key},
+                "rank 1 is not a child of rank 1",
+            ),
+        ]
+        for parent, payload, why in attempts:
+            try:
+                client.rpc("flub.kex", payload, nodeid=parent)
+            except RequestError as error:
+                assert why in str(error), (payload, str(error))
+            else:
+                raise AssertionError(f"kex {payload} was accepted")
+    status = inst.status()
+    assert states(status)[:2] == ["online", "online"] and states(status)[3] == "online"
+    assert status["ranks"][1]["pid"] == owner.pid and status["ranks"][3]["pid"] == waiting.pid
+    assert [status["ranks"][r]["incarnation"] for r in (1, 3)] == [1, 1]
+
+
+def test_hostile_hello_with_an_unauthorized_key_is_refused(instance) -> None:
+    inst = instance(1, "size=2")
+    with Client(inst.uri) as client:
+        info = client.rpc("broker.info", nodeid=0)
+        client.rpc(
+            "flub.allocate",
+            {"public_key": generate_keypair()[0], "hostname": "x", "rank": 1},
+            nodeid=0,
+        )
+    public, secret = generate_keypair()  # not the key rank 1 was reserved for
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.linger = 0
+    monitor = rogue.get_monitor_socket(
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    )
+    rogue.curve_publickey, rogue.curve_secretkey = public.encode(), secret.encode()
+    rogue.curve_serverkey = info["public_key"].encode()
+    rogue.connect(info["endpoint"])
+    try:
+        assert monitor.poll(DEADLINE * 1000)
+        from zmq.utils.monitor import recv_monitor_message
+
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    finally:
+        rogue.disable_monitor()
+        monitor.close()
+        rogue.close()
+        context.term()
+    assert inst.status()["ranks"][1]["state"] == "reserved"
