@@ -63,19 +63,49 @@ def flub_wireup(
 def _allocate(
     client: Client, rank: int | None, hostname: str, public_key: str, timeout: float
 ) -> dict[str, Any]:
+    request = {"public_key": public_key, "hostname": hostname, "rank": rank}
     try:
-        return client.rpc(
-            "flub.allocate",
-            {"public_key": public_key, "hostname": hostname, "rank": rank},
-            nodeid=0,
-            timeout=timeout,
-        )
+        return client.rpc("flub.allocate", request, nodeid=0, timeout=timeout)
     except RequestError as error:
+        if (
+            error.errnum == errno.EBUSY
+            and rank is not None
+            and _wait_release(client, rank, timeout)
+        ):
+            return _allocate(client, rank, hostname, public_key, timeout)
         if error.errnum in (errno.ENOSPC, errno.EBUSY, errno.ENOENT):
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
             raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
         raise
+
+
+def _wait_release(client: Client, rank: int, timeout: float) -> bool:
+    """A replacement that arrives while the old broker is torpid (silent, not yet declared
+    lost) waits, at most `timeout`, for the verdict instead of being turned away; the rank is
+    never held by two. True if the rank became available."""
+    deadline = time.monotonic() + timeout
+    tag = client.send("status.watch", {}, nodeid=0)
+    told = False
+    while (left := deadline - time.monotonic()) > 0:
+        reply = client.receive(left)
+        if reply is None or reply.errnum:
+            return False
+        if reply.tag != tag:
+            continue
+        entry = reply.payload["ranks"][rank]
+        if entry["state"] in ("vacant", "lost"):
+            return True
+        if not entry["torpid"]:
+            return False  # held by a live broker: no waiting for that
+        if not told:
+            log.warning(
+                "rank %d is held by a silent broker (pid %s): waiting for it to be declared lost",
+                rank,
+                entry["pid"],
+            )
+            told = True
+    return False
 
 
 def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:

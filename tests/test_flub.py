@@ -313,3 +313,23 @@ def test_hostile_hello_with_an_unauthorized_key_is_refused(instance) -> None:
         rogue.close()
         context.term()
     assert inst.status()["ranks"][1]["state"] == "reserved"
+
+
+def test_replacement_for_a_torpid_broker_waits_for_the_verdict(instance) -> None:
+    inst = instance(3, "tbon.heartbeat=100ms", "tbon.torpid=300ms", "tbon.timeout=2s")
+    old = inst.pid(2)
+    os.kill(old, signal.SIGSTOP)
+    try:
+        inst.wait_status(lambda s: s["ranks"][2]["torpid"], "rank 2 torpid")
+        new = inst.join("broker.rank=2")  # the old one is silent but not yet lost
+        seen = inst.wait_status(
+            lambda s: s["ranks"][2]["state"] != "online" or new.poll() is not None,
+            "rank 2 to change hands",
+        )
+        assert seen["ranks"][2]["state"] in ("lost", "reserved", "online"), seen["ranks"][2]
+        replaced = inst.wait_status(lambda s: s["ranks"][2]["pid"] == new.pid, "the replacement")
+        assert replaced["ranks"][2]["incarnation"] == 2
+    finally:
+        os.kill(old, signal.SIGCONT)
+    wait_for(lambda: process_gone(old), "the superseded broker to exit")
+    assert inst.status()["ranks"][2]["pid"] == new.pid
