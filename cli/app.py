@@ -7,13 +7,12 @@ own code for a `TbonError`, 1 for anything unexpected (with the traceback only u
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import typer
 from typer._click import exceptions as click_exceptions
 
-from tbon.overlay.errors import TbonError
+from tbon.overlay.errors import TbonError, debugging
 
 COMMAND_MODULES = ("start", "broker", "status", "expand", "keygen", "uri", "ping", "shutdown")
 
@@ -76,7 +75,7 @@ def run(args: list[str]) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # never leak a traceback to a user
-        if os.environ.get("TBON_DEBUG"):
+        if debugging():
             raise
         print(f"{_command_name(args)}: internal error: {error!r}", file=sys.stderr)
         return 1

@@ -89,7 +89,8 @@ def register(app: typer.Typer) -> None:
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
-        limit = duration(timeout, "--timeout") or 60.0
+        limit = duration(timeout, "--timeout")
+        limit = 60.0 if limit is None else limit
         with connect(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             info = client.rpc("broker.info", nodeid=0)
@@ -139,10 +140,8 @@ def _tbon_command() -> list[str]:
 def _launch(
     boot: str, info: dict[str, Any], wanted: list[int | None], extra: list[str]
 ) -> list[Joiner]:
-    # Logs live in rank 0's run directory when it is here, and go when the instance goes.
-    rundir = (
-        os.path.dirname(info["uri"][len("local://") :]) if boot.startswith("local://") else None
-    )
+    # Logs live in the boot broker's run directory (it is on this host), and go with it.
+    rundir = os.path.dirname(boot[len("local://") :]) if boot.startswith("local://") else None
     logs = Path(rundir or os.environ.get("TMPDIR", "/tmp")) / "expand"
     logs.mkdir(mode=0o700, exist_ok=True)
     attributes = [f"broker.boot-server={boot}", *extra]

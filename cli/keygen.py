@@ -24,9 +24,9 @@ HELP = "\n\n".join(
         " it is created with mode 0600 whatever the umask, and written to a temporary file that is"
         " then renamed, so it is never seen half-written. An existing PATH is left alone unless"
         " --force is given.",
-        "The certificate is meant for the `tbon broker -c` config bootstrap, where each broker is"
-        " given its own key pair. On success the public key and its fingerprint are printed;"
-        " the secret key never is.",
+        "Brokers bootstrapped by PMI or FLUB make their own key pairs; a certificate file is for"
+        " keys that must outlive a broker. On success the public key and its fingerprint are"
+        " printed; the secret key never is.",
     ]
 )
 

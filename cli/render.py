@@ -37,8 +37,10 @@ def line(entry: dict[str, Any], verbose: bool, rtt: float | None) -> Text:
     if entry["torpid"]:
         text.append(" (torpid)", style="bold red")
     if verbose:
-        text.append(f" for {format_duration(entry['since'])} incarnation {entry['incarnation']}",
-                    style="bright_black")
+        text.append(
+            f" for {format_duration(entry['since'])} incarnation {entry['incarnation']}",
+            style="bright_black",
+        )
         if rtt is not None:
             text.append(f" rtt {rtt * 1000:.3f}ms", style="bright_black")
     return text
@@ -73,12 +75,24 @@ def tree(
     return lines
 
 
+def subtree(status: dict[str, Any], root: int) -> list[int]:
+    """`root` and every rank below it."""
+    found, stack = [], [root]
+    while stack:
+        rank = stack.pop()
+        found.append(rank)
+        stack.extend(status["ranks"][rank]["children"])
+    return sorted(found)
+
+
 def summary(status: dict[str, Any], root: int = 0) -> Text:
-    """The root line and how many ranks are in each state."""
+    """The root line and how many ranks of its subtree are in each state."""
     counts: dict[str, int] = {}
-    for entry in status["ranks"]:
-        counts[entry["state"]] = counts.get(entry["state"], 0) + 1
+    ranks = subtree(status, root)
+    for rank in ranks:
+        state = status["ranks"][rank]["state"]
+        counts[state] = counts.get(state, 0) + 1
     text = line(status["ranks"][root], False, None)
     parts = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
-    text.append(f" ({status['size']} ranks: {parts})")
+    text.append(f" ({len(ranks)} ranks: {parts})")
     return text

@@ -29,9 +29,12 @@ def register(app: typer.Typer) -> None:
         """Shut the instance down: every broker stops its children, then itself."""
         from tbon.overlay.client import connect
 
-        limit = duration(timeout, "--timeout") or 60.0
+        limit = duration(timeout, "--timeout")
+        limit = 60.0 if limit is None else limit
         with connect(uri) as client:
-            path = client.uri.path
+            # Wait on rank 0's own socket, whichever broker URI names.
+            root = client.rpc("broker.info", nodeid=0, timeout=limit)["uri"]
+            path = root[len("local://") :]
             client.rpc("instance.shutdown", nodeid=0, timeout=limit)
         if no_wait:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -68,9 +69,9 @@ def register(app: typer.Typer) -> None:
                     print_json(table)
                 return
             if watch:
-                watch_live(client, rank, not no_pretty, verbose, summary)
+                watch_live(client, rank, not no_pretty, verbose, summary, as_json)
                 return
-            table = client.rpc("status.get", nodeid=0, timeout=limit or 30.0)
+            table = client.rpc("status.get", nodeid=0, timeout=30.0 if limit is None else limit)
             check_rank(table, rank)
             if as_json:
                 print_json(table)
@@ -112,7 +113,7 @@ def show(
 
 def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, float]:
     """Ping every online rank under `root` at once; rank -> seconds."""
-    wanted = [root, *_below(table, root)]
+    wanted = render.subtree(table, root)
     sent: dict[int, tuple[int, float]] = {}
     for rank in wanted:
         if table["ranks"][rank]["state"] == "online":
@@ -127,15 +128,6 @@ def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, floa
             rank, started = sent.pop(reply.tag)
             rtts[rank] = time.monotonic() - started
     return rtts
-
-
-def _below(table: dict[str, Any], root: int) -> list[int]:
-    found, stack = [], list(table["ranks"][root]["children"])
-    while stack:
-        rank = stack.pop()
-        found.append(rank)
-        stack.extend(table["ranks"][rank]["children"])
-    return found
 
 
 def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[str, Any]:
@@ -173,11 +165,17 @@ def _stream_until(client: Any, deadline: float | None) -> Any:
         yield reply.payload
 
 
-def watch_live(client: Any, rank: int, pretty: bool, verbose: bool, summary: bool) -> None:
+def watch_live(
+    client: Any, rank: int, pretty: bool, verbose: bool, summary: bool, as_json: bool = False
+) -> None:
     """Redraw on every pushed change (rank 0 pushes; we never poll) until Ctrl-C."""
     console = Console(highlight=False)
     try:
-        if console.is_terminal:
+        if as_json:  # one JSON object a line, for scripts
+            for table in _stream_until(client, None):
+                print_json(table)
+                sys.stdout.flush()
+        elif console.is_terminal:
             with Live(console=console, auto_refresh=False, transient=False) as live:
                 for table in _stream_until(client, None):
                     check_rank(table, rank)

@@ -241,8 +241,16 @@ class Broker:
     def _tick(self, now: float) -> None:
         if self.exit_code is not None:
             return
+        # Judge a peer's silence only on an empty queue: if this broker was the one stopped
+        # (SIGSTOP, a stalled node), what its peers sent meanwhile is waiting to be read.
         if self.children is not None:
+            if self.children.socket.poll(0) or self.children.monitor.poll(0):
+                self._read_children(now)
             self._report(self.children.tick(now), now)
+        if self.parent is not None and self.parent.socket.poll(0):
+            self._read_parent(now)
+            if self.exit_code is not None:
+                return
         if self.parent is not None and (ended := self.parent.tick(now)) is not None:
             self._cut_off(ended)
             return
@@ -490,10 +498,15 @@ class Broker:
                 "size": self.topology.size,
                 "topo": self.topology.spec,
                 "parent": self.topology.parent(grant.rank),
-                "lease": self.config.join_timeout,
+                "lease": self._lease_left(grant.rank, now),
                 "attributes": self._instance_attributes(),
             }
         )
+
+    def _lease_left(self, rank: int, now: float) -> float:
+        assert self.instance is not None
+        until = self.instance.table.entry(rank).lease_until
+        return max(0.0, (until or now) - now)
 
     def _kex(self, request: Message) -> Message | None:
         """A parent: check a joiner's key with rank 0, then authorize it for that incarnation."""
@@ -545,12 +558,20 @@ class Broker:
         """A parent, told by rank 0 that an incarnation of its child is void: cut it off."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if request.route[-1:] not in (["p"], ["s"]):  # from the parent, or rank 0 itself
+        if not self._from_rank0(request):
+            log.warning("refused flub.revoke for rank %s: not from rank 0", rank)
             return request.fail(errno.EPERM, "flub.revoke comes from rank 0 only")
         if self.children is not None and _is_int(rank) and _is_int(incarnation):
             assert isinstance(rank, int) and isinstance(incarnation, int)
             self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
         return None
+
+    def _from_rank0(self, request: Message) -> bool:
+        """Whether rank 0 itself sent `request`. Each broker on the way pushed the hop it came
+        from, and only the last level+1 hops were pushed by brokers we trust (our ancestors):
+        rank 0's own "s" followed by one "p" per level down to us."""
+        level = self.topology.level(self.rank)
+        return request.route[-(level + 1) :] == ["s"] + ["p"] * level
 
     def _void(self, rank: int, incarnation: int, reason: str) -> None:
         """Rank 0: make the parent of `rank` drop that incarnation's key and connection."""
@@ -563,7 +584,7 @@ class Broker:
             {"rank": rank, "incarnation": incarnation, "reason": reason},
             nodeid=parent,
         )
-        self._call(notice, lambda _reply: None)
+        self._route(notice, "s", time.monotonic())  # one-way: no tag, no answer awaited
 
     def _expire_leases(self, now: float) -> None:
         assert self.instance is not None
@@ -642,10 +663,16 @@ class Broker:
         if not self.stopping or self.exit_code is not None:
             return
         waiting = self.children.connected() if self.children is not None else []
-        if waiting and self.stop_deadline is not None and now < self.stop_deadline:
-            return
+        running = self.program is not None and self.program.poll() is None
+        if (waiting or running) and self.stop_deadline is not None and now < self.stop_deadline:
+            return  # children's goodbyes and the initial program's exit wake us up
         if waiting:
             log.warning("shutdown: gave up waiting for ranks %s", ",".join(map(str, waiting)))
+        if running and self.program is not None:
+            log.warning("shutdown: killing the initial program (pid %d)", self.program.pid)
+            self.program.kill()
+            self.program.wait()
+        self._reap_program()  # its status is the instance's exit status
         if self.parent is not None:
             self.parent.goodbye()
         if self.instance is not None:

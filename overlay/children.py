@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from tbon.overlay import exitcodes
 from tbon.overlay.config import BrokerConfig
 from tbon.overlay.keyring import Identity, KeyRing, ZapHandler
 from tbon.overlay.liveness import Liveness, Verdict
 from tbon.overlay.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
+from tbon.overlay.monitor import read_event
 from tbon.overlay.ranktable import Departed, Event, Lost, Online, Torpid
 from tbon.overlay.reports import decode_event
 from tbon.overlay.topology import Topology
@@ -140,9 +140,13 @@ class Children:
         return self.socket.last_endpoint.decode()
 
     def authorize(self, rank: int, incarnation: int, public_z85: str) -> None:
+        """Admit `public_z85` as (rank, incarnation). Asking again for the same incarnation
+        changes nothing: a repeated key exchange must not orphan a broker already connected."""
         identity = Identity(rank, incarnation)
-        self.keyring.authorize(public_z85, identity)
         old = self.sessions.get(rank)
+        if old is not None and old.identity == identity and not old.ended:
+            return
+        self.keyring.authorize(public_z85, identity)
         if old is not None and old.routing_id is not None:
             self._by_routing.pop(old.routing_id, None)
         self.sessions[rank] = ChildSession(identity)
@@ -156,15 +160,14 @@ class Children:
         """Take in pending connection events. A disconnect is only noted here: it is applied by
         `settle`, after the messages that the connection delivered before it closed (a goodbye)."""
         while self.monitor.poll(0):
-            event = parse_monitor_message(self.monitor.recv_multipart())
-            fd = event["value"]
-            if event["event"] == zmq.EVENT_ACCEPTED:
+            kind, fd = read_event(self.monitor.recv_multipart())
+            if kind == zmq.EVENT_ACCEPTED:
                 self._fd_generation[fd] = self._fd_generation.get(fd, 0) + 1
                 self._fd_open[fd] = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
+            elif kind == zmq.EVENT_DISCONNECTED:
                 self._fd_open[fd] = False
                 self._closed.append((fd, self._fd_generation.get(fd, 0)))
-            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 for address, key in self.zap.refusals:
                     log.warning(
                         "refused a child from %s: CURVE key %s is not authorized", address, key
@@ -257,7 +260,9 @@ class Children:
         if session.routing_id is not None:
             self._by_routing.pop(session.routing_id, None)
         session.routing_id, session.fd = routing_id, fd
-        session.liveness = Liveness(self.config.torpid, self.config.timeout, now)
+        session.liveness = Liveness(
+            self.config.torpid, self.config.timeout, now, pause_after=3 * self.config.heartbeat
+        )
         self._by_routing[routing_id] = session
         self._by_fd[(fd, self._fd_generation.get(fd, 0))] = session
         self._send_raw(routing_id, _control("welcome", rank=sender.rank, size=self.topology.size))

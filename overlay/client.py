@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from tbon.overlay.errors import TbonError
+from tbon.overlay.errors import TbonError, UsageError
 from tbon.overlay.message import ANY_RANK, Kind, Message, MessageError, decode, encode
 from tbon.overlay.uri import Uri, parse_uri
 
@@ -35,7 +35,7 @@ class Client:
     def __init__(self, uri: str | Uri) -> None:
         self.uri = parse_uri(uri) if isinstance(uri, str) else uri
         if self.uri.scheme != "local":
-            raise TbonError(
+            raise UsageError(
                 f"cannot connect to {self.uri}: ssh:// URIs are not supported yet; "
                 "run the command on that host with its local:// URI"
             )

@@ -90,11 +90,19 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
         if "broker.boot-server" not in values:
             raise UsageError("broker.rank only makes sense with broker.boot-server")
     boot_server = values.get("broker.boot-server")
-    if boot_server is not None and not boot_server.startswith(("local://", "ssh://")):
-        raise UsageError(
-            f"invalid broker.boot-server {boot_server!r}: use local://PATH or "
-            "ssh://[user@]host[:port]/PATH"
-        )
+    if boot_server is not None:
+        from tbon.overlay.uri import parse_uri
+
+        try:
+            parse_uri(boot_server)
+        except UsageError:
+            raise UsageError(
+                f"invalid broker.boot-server {boot_server!r}: use local://PATH or "
+                "ssh://[user@]host[:port]/PATH"
+            ) from None
+    join_timeout = parse_duration(values["broker.join-timeout"], "broker.join-timeout")
+    if join_timeout <= 0:
+        raise UsageError("broker.join-timeout must be greater than zero")
     heartbeat = parse_duration(values["tbon.heartbeat"], "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
@@ -111,7 +119,7 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
         rundir=values.get("broker.rundir"),
         hostname=values.get("hostname") or socket.gethostname(),
         log_level=level,
-        join_timeout=parse_duration(values["broker.join-timeout"], "broker.join-timeout"),
+        join_timeout=join_timeout,
         boot_server=boot_server,
         requested_rank=requested_rank,
         attributes=dict(attributes),

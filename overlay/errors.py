@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+
+def debugging() -> bool:
+    """TBON_DEBUG=1 (any value but empty or 0) shows tracebacks instead of one-line errors."""
+    return os.environ.get("TBON_DEBUG", "") not in ("", "0")
+
 
 class TbonError(Exception):
     """A failure to report on one line, with the process exit code that goes with it."""

@@ -41,7 +41,9 @@ def flub_wireup(
     try:
         client = Client(boot_server)
     except TbonError as error:
-        raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
+        # Unreachable: perhaps for now (exit 75: retry); a URI we cannot use: never (exit 2).
+        code = exitcodes.USAGE if error.exit_code == exitcodes.USAGE else exitcodes.LOST
+        raise TbonError(f"FLUB: {error}", code) from None
     try:
         with client:
             grant = _allocate(client, requested_rank, hostname, public_key, timeout)
@@ -93,6 +95,8 @@ def _wait_release(client: Client, rank: int, timeout: float) -> bool:
             return False
         if reply.tag != tag:
             continue
+        if not 0 <= rank < len(reply.payload["ranks"]):
+            return False
         entry = reply.payload["ranks"][rank]
         if entry["state"] in ("vacant", "lost"):
             return True
@@ -147,7 +151,12 @@ def _key_exchange(
             timeout=timeout,
         )
     except RequestError as error:
-        if error.errnum == errno.EPERM:
-            raise TbonError(f"FLUB: refused by rank {parent}: {error}", exitcodes.REFUSED) from None
+        codes = {
+            errno.EPERM: exitcodes.REFUSED,
+            errno.ESHUTDOWN: exitcodes.SHUTDOWN,
+            errno.EHOSTUNREACH: exitcodes.LOST,
+        }
+        if error.errnum in codes:
+            raise TbonError(f"FLUB: rank {parent}: {error}", codes[error.errnum]) from None
         raise
     return BusinessCard(reply.get("hostname", ""), reply["public_key"], reply["endpoint"])

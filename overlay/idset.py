@@ -5,6 +5,8 @@ from __future__ import annotations
 from tbon.overlay.errors import UsageError
 from tbon.overlay.numbers import is_decimal
 
+MAX_RANK = 1 << 20  # far beyond any instance; keeps a typo from eating the memory
+
 
 def parse_idset(text: str) -> list[int]:
     """Sorted, distinct ranks in `text` (e.g. "0,3-7,9"); a UsageError for anything else."""
@@ -16,6 +18,8 @@ def parse_idset(text: str) -> list[int]:
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
             raise UsageError(f"invalid rank set {text!r}: range {part.strip()} runs backwards")
+        if last >= MAX_RANK:
+            raise UsageError(f"invalid rank set {text!r}: ranks go up to {MAX_RANK - 1}")
         ranks.update(range(first, last + 1))
     return sorted(ranks)
 

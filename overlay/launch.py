@@ -130,10 +130,10 @@ class Launch:
             elif broker.rank == 0:
                 self.end(now)
 
-    def end(self, now: float) -> None:
-        """The instance is over: give the other brokers exit_timeout to finish, then kill."""
-        if self.kill_at is None:
-            self.kill_at = now + self.exit_timeout
+    def end(self, now: float, grace: float = 0.0) -> None:
+        """The instance is over: give the brokers exit_timeout (plus `grace`) to finish."""
+        deadline = now + self.exit_timeout + grace
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
 
     def kill_stragglers(self, now: float) -> None:
         if self.kill_at is None or now < self.kill_at:
@@ -153,7 +153,8 @@ class Launch:
         root = next((b for b in self.brokers.values() if b.rank == 0), None)
         if root is not None and root.running:
             os.kill(root.pid, signal.SIGTERM)
-        self.end(now)
+        # Rank 0 may take its shutdown timeout to bring the tree down, leaves first.
+        self.end(now, grace=self.config.shutdown_timeout)
 
     def running(self) -> bool:
         return any(broker.running for broker in self.brokers.values())

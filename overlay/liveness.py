@@ -2,6 +2,11 @@
 
 Any message counts as a sign of life. Past `torpid_after` the peer is torpid (still a member, but
 flagged); past `lost_after` it is lost. A limit of 0 disables that step.
+
+Silence is counted only over time the judge was awake to hear: when two checks are further apart
+than `pause_after` (the judge's own process was stopped or starved), that gap is not held against
+the peer. Otherwise a broker woken from SIGSTOP would condemn peers whose messages are still
+waiting, unread, in its own queues.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ class Verdict(StrEnum):
 
 
 class Liveness:
-    def __init__(self, torpid_after: float, lost_after: float, now: float) -> None:
+    def __init__(
+        self, torpid_after: float, lost_after: float, now: float, pause_after: float = 0.0
+    ) -> None:
         self.torpid_after = torpid_after
         self.lost_after = lost_after
+        self.pause_after = pause_after
         self.last_heard = now
+        self.last_check = now
         self.verdict = Verdict.ALIVE
 
     def heard(self, now: float) -> Verdict | None:
@@ -34,6 +43,9 @@ class Liveness:
         """Re-judge the peer at `now`; returns the new verdict only when it changed."""
         if self.verdict is Verdict.LOST:
             return None
+        if self.pause_after and now - self.last_check > self.pause_after:
+            self.last_heard += now - self.last_check  # we were not awake to hear it
+        self.last_check = now
         silent = now - self.last_heard
         if self.lost_after and silent >= self.lost_after:
             self.verdict = Verdict.LOST

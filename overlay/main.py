@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import NoReturn
 
 from tbon.overlay import exitcodes
-from tbon.overlay.errors import TbonError
+from tbon.overlay.errors import TbonError, debugging
 
 DESCRIPTION = """\
 Run one broker of a tbon instance. Started by a PMI launcher (tbon start, MPICH's mpiexec,
@@ -29,6 +28,9 @@ attributes (-S NAME=VALUE):
                        address, * a free port (default tcp://%h:*)
   broker.rundir        run directory for the local socket (default: a new 0700 temp dir)
   broker.shutdown-timeout  how long to wait for children at shutdown (default 10s)
+  broker.boot-server   join a running instance by FLUB through this URI (local://...)
+  broker.rank          with broker.boot-server: ask for this rank
+  broker.join-timeout  how long a FLUB reservation lasts (default 30s; rank 0's counts)
   hostname             the name this broker reports (default: the host name)
   log-stderr-level     debug | info | warning | error (default warning)
 
@@ -87,7 +89,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return exitcodes.INTERNAL
     except Exception as error:  # a broker reports, it does not print tracebacks at users
-        if os.environ.get("TBON_DEBUG"):
+        if debugging():
             raise
         print(f"tbon broker: internal error: {error!r}", file=sys.stderr)
         return exitcodes.INTERNAL

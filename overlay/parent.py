@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from tbon.overlay import exitcodes
 from tbon.overlay.config import BrokerConfig
 from tbon.overlay.liveness import Liveness, Verdict
 from tbon.overlay.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
+from tbon.overlay.monitor import read_event
 
 log = logging.getLogger("tbon.parent")
 
@@ -94,7 +94,7 @@ class ParentLink:
 
     def drain_monitor(self) -> LinkEnded | None:
         while self.monitor.poll(0):
-            event = parse_monitor_message(self.monitor.recv_multipart())["event"]
+            event, _fd = read_event(self.monitor.recv_multipart())
             if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 return LinkEnded(
                     exitcodes.REFUSED, f"parent at {self.endpoint} refused this broker's key"
@@ -119,7 +119,7 @@ class ParentLink:
             inbound.messages.append(message)
         elif message.topic == "welcome":
             self.welcomed = inbound.welcomed = True
-            self._liveness = Liveness(0, self.config.timeout, now)
+            self._liveness = Liveness(0, self.config.timeout, now, 3 * self.config.heartbeat)
         elif message.topic == "refuse":
             code = message.payload.get("exit_code", exitcodes.REFUSED)
             code = code if code in (exitcodes.SHUTDOWN, exitcodes.LOST) else exitcodes.REFUSED

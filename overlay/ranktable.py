@@ -223,8 +223,11 @@ class RankTable:
         """Give a joiner a vacant or lost rank, atomically: it is reserved before anyone else
         can be told about it, and a repeated request from the same key gets the same rank."""
         for entry in self.entries:
-            mine = entry.state is RankState.RESERVED and entry.joiner == request.public_key
-            if mine and request.rank in (None, entry.rank):
+            if entry.state is RankState.RESERVED and entry.joiner == request.public_key:
+                if request.rank not in (None, entry.rank):
+                    return Reservation(
+                        False, reason=f"this key already holds a reservation of rank {entry.rank}"
+                    )
                 return Reservation(True, entry.rank, entry.incarnation, repeated=True)
         if request.rank is not None:
             if not 0 <= request.rank < self.size:

@@ -605,3 +605,130 @@ def test_format_duration_parses_back(seconds: float) -> None:
 
 def test_format_duration_just_under_a_second() -> None:
     assert parse_duration(format_duration(0.9996)) == pytest.approx(1.0, rel=0.001)
+
+
+# --- FLUB attributes: broker.boot-server, broker.rank, broker.join-timeout ----------------------
+
+
+def test_flub_attributes_are_known_and_default_off() -> None:
+    assert {"broker.boot-server", "broker.rank", "broker.join-timeout"} <= KNOWN
+    config = broker_config({})
+    assert config.boot_server is None
+    assert config.requested_rank is None
+    assert config.join_timeout == 30.0
+    assert parse_assignments(["broker.boot-server=local:///r/local.sock", "broker.rank=3"]) == {
+        "broker.boot-server": "local:///r/local.sock",
+        "broker.rank": "3",
+    }
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "local:///tmp/tbon-1/local.sock",
+        "ssh://node7/tmp/tbon-1/local.sock",
+        "ssh://alice@node7:2222/tmp/tbon-1/local.sock",
+    ],
+)
+def test_boot_server_takes_local_and_ssh_uris(uri: str) -> None:
+    config = broker_config({"broker.boot-server": uri})
+    assert config.boot_server == uri
+    assert config.requested_rank is None
+    assert config.attributes == {"broker.boot-server": uri}
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "",
+        "tcp://127.0.0.1:5555",
+        "ipc:///tmp/x",
+        "/tmp/tbon-1/local.sock",
+        "local:/x",
+        "http://h/x",
+    ],
+)
+def test_boot_server_refuses_other_schemes(uri: str) -> None:
+    with pytest.raises(UsageError, match=r"invalid broker\.boot-server") as caught:
+        broker_config({"broker.boot-server": uri})
+    message = str(caught.value)
+    assert repr(uri) in message
+    assert "local://PATH" in message and "ssh://" in message
+    assert "\n" not in message
+    assert caught.value.exit_code == exitcodes.USAGE
+
+
+@pytest.mark.parametrize("uri", ["local://", "local://relative/local.sock", "ssh://", "ssh://h"])
+def test_boot_server_refuses_malformed_uris(uri: str) -> None:
+    with pytest.raises(UsageError):
+        broker_config({"broker.boot-server": uri})
+
+
+@pytest.mark.parametrize(("text", "rank"), [("0", 0), ("5", 5), ("007", 7), ("100000", 100000)])
+def test_broker_rank(text: str, rank: int) -> None:
+    config = broker_config({"broker.boot-server": "local:///r/local.sock", "broker.rank": text})
+    assert config.requested_rank == rank
+    assert config.boot_server == "local:///r/local.sock"
+
+
+@pytest.mark.parametrize("text", ["", "-1", "x", "1.5", "²", "٣", " 3", "+3", "1e3"])
+def test_broker_rank_must_be_a_decimal_rank(text: str) -> None:
+    with pytest.raises(UsageError, match=r"invalid broker\.rank") as caught:
+        broker_config({"broker.boot-server": "local:///r/local.sock", "broker.rank": text})
+    assert repr(text) in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert caught.value.exit_code == exitcodes.USAGE
+
+
+def test_broker_rank_needs_a_boot_server() -> None:
+    with pytest.raises(UsageError, match=r"broker\.rank only makes sense with broker\.boot-server"):
+        broker_config({"broker.rank": "3"})
+    with pytest.raises(UsageError, match=r"broker\.rank"):
+        broker_config({"broker.rank": "3", "size": "8"})
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("250ms", 0.25), ("2", 2.0), ("5m", 300.0), ("1.5s", 1.5), ("1h", 3600.0)]
+)
+def test_join_timeout_is_a_duration(text: str, seconds: float) -> None:
+    assert broker_config({"broker.join-timeout": text}).join_timeout == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-1s", "30 seconds", "5x", "1.2.3"])
+def test_join_timeout_refuses_what_is_not_a_duration(text: str) -> None:
+    with pytest.raises(UsageError, match=r"broker\.join-timeout") as caught:
+        broker_config({"broker.join-timeout": text})
+    assert "\n" not in str(caught.value)
+    assert caught.value.exit_code == exitcodes.USAGE
+
+
+# --- instance size: spare ranks ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("launched", "requested", "size"), [(4, None, 4), (1, None, 1), (4, 5, 5)])
+def test_instance_size_by_pmi(launched: int, requested: int | None, size: int) -> None:
+    from tbon.overlay.bootstrap import instance_size
+
+    assert instance_size(requested, launched) == size
+    assert instance_size(requested, launched, by_pmi=True) == size
+    assert instance_size(64, launched) == 64  # the rest are spares
+
+
+@pytest.mark.parametrize(("launched", "requested"), [(4, 4), (4, 3), (4, 1), (1, 1), (8, 2)])
+def test_instance_size_must_exceed_the_pmi_size(launched: int, requested: int) -> None:
+    from tbon.overlay.bootstrap import instance_size
+
+    with pytest.raises(UsageError) as caught:
+        instance_size(requested, launched)
+    message = str(caught.value)
+    assert f"size={requested}" in message
+    assert f"{launched} brokers launched by PMI" in message
+    assert "\n" not in message
+    assert caught.value.exit_code == exitcodes.USAGE
+
+
+@pytest.mark.parametrize(("requested", "size"), [(None, 1), (1, 1), (2, 2), (64, 64)])
+def test_instance_size_of_a_singleton(requested: int | None, size: int) -> None:
+    from tbon.overlay.bootstrap import instance_size
+
+    assert instance_size(requested, 1, by_pmi=False) == size

@@ -83,6 +83,34 @@ def test_start_returns_the_exit_status_of_its_command() -> None:
     assert "cannot run no-such-command-anywhere" in missing.stderr
 
 
+def test_sigterm_to_start_ends_the_command_and_returns_its_status() -> None:
+    process = subprocess.Popen(
+        [TBON, "start", "--test-size=3", "sh", "-c", "echo ready; exec sleep 60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=DEADLINE)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "killed" not in err
+
+
+def test_shutdown_from_inside_returns_the_commands_status() -> None:
+    for size in ("1", "3"):
+        result = tbon(
+            "start", f"--test-size={size}", "sh", "-c", "tbon shutdown --no-wait && sleep 60"
+        )
+        assert result.returncode == 128 + signal.SIGTERM, result.stderr
+
+
 def test_command_sees_the_instance_environment() -> None:
     result = tbon("start", "--test-size=2", "sh", "-c", 'echo "$TBON_URI $TBON_RANK $PMI_FD"')
     assert result.returncode == 0, result.stderr

@@ -163,8 +163,11 @@ def test_no_vacancy_exits_69(instance) -> None:
 
 def test_unreachable_boot_server_is_a_clear_error(tmp_path) -> None:
     result = tbon("broker", "-S", f"broker.boot-server=local://{tmp_path}/nothing")
-    assert result.returncode == 75
+    assert result.returncode == 75  # perhaps not up yet: a supervisor may retry
     assert result.stderr.strip().endswith("no such socket (is the instance running?)")
+    unusable = tbon("broker", "-S", "broker.boot-server=ssh://elsewhere/tmp/x/local")
+    assert unusable.returncode == 2  # retrying cannot help
+    assert "ssh:// URIs are not supported yet" in unusable.stderr
 
 
 # --- replacement ---------------------------------------------------------------------------
@@ -333,3 +336,26 @@ def test_replacement_for_a_torpid_broker_waits_for_the_verdict(instance) -> None
         os.kill(old, signal.SIGCONT)
     wait_for(lambda: process_gone(old), "the superseded broker to exit")
     assert inst.status()["ranks"][2]["pid"] == new.pid
+
+
+def test_only_rank_0_may_revoke_an_incarnation(instance) -> None:
+    inst = instance(4, "tbon.fanout=2")
+    before = inst.status()
+    with Client(inst.uri) as client:
+        try:  # a client of rank 0 forging rank 0's order to rank 3's parent
+            client.rpc("flub.revoke", {"rank": 3, "incarnation": 1, "reason": "forged"}, nodeid=1)
+        except RequestError as error:
+            assert "flub.revoke comes from rank 0 only" in str(error)
+        else:
+            raise AssertionError("a forged flub.revoke was obeyed")
+    assert tbon("ping", inst.uri, "3").returncode == 0
+    after = inst.status()
+    assert states(after) == ["online"] * 4
+    assert [r["pid"] for r in after["ranks"]] == [r["pid"] for r in before["ranks"]]
+
+
+def test_requesting_a_rank_beyond_the_instance_exits_69(instance) -> None:
+    inst = instance(1, "size=3")
+    code, err = finished(inst.join("broker.rank=7"))
+    assert code == 69 and "no rank 7 in this instance of size 3" in err
+    assert "Traceback" not in err and "internal error" not in err

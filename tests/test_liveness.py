@@ -131,3 +131,23 @@ def test_check_changes_nothing_before_the_deadline(
             assert torpid and now - liveness.last_heard >= torpid
         if liveness.verdict is Verdict.LOST:
             assert before is not Verdict.LOST or result is None
+
+
+def test_a_judge_that_was_paused_does_not_count_its_own_sleep() -> None:
+    # Checked every 0.1 s (a broker's loop runs at least once a heartbeat), then the judge itself
+    # is stopped for 5 s (SIGSTOP): on waking, the peer has been silent 5.3 s by the clock, but
+    # only 0.3 s of it while we were awake to hear.
+    live = Liveness(torpid_after=1.0, lost_after=2.0, now=0.0, pause_after=0.3)
+    for tick in range(1, 4):
+        assert live.check(tick / 10) is None
+    verdicts = {}
+    for tick in range(53, 80):  # awake again, checking every 0.1 s, still hearing nothing
+        verdict = live.check(tick / 10)
+        if verdict is not None:
+            verdicts[verdict] = tick / 10
+    assert verdicts == {Verdict.TORPID: 6.0, Verdict.LOST: 7.0}
+
+
+def test_without_pause_after_every_second_counts() -> None:
+    live = Liveness(torpid_after=1.0, lost_after=2.0, now=0.0)
+    assert live.check(5.0) is Verdict.LOST

@@ -30,8 +30,9 @@ def test_every_command_has_a_page() -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_page_renders_without_warnings(page: Path) -> None:
-    result = subprocess.run(["groff", "-ww", "-man", "-Tutf8", str(page)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        ["groff", "-ww", "-man", "-Tutf8", str(page)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", result.stderr
     shown = re.sub(".\x08", "", result.stdout)  # grotty's overstruck bold

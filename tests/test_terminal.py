@@ -12,6 +12,8 @@ import time
 
 from conftest import DEADLINE, TBON, child_env
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours and cursor movement
+
 
 class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
@@ -34,7 +36,7 @@ class Terminal:
     def expect(self, pattern: str, timeout: float = DEADLINE) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while True:
-            match = re.search(pattern, self.screen)
+            match = re.search(pattern, ANSI.sub("", self.screen))
             if match:
                 return match
             left = deadline - time.monotonic()
@@ -92,3 +94,18 @@ def test_ctrl_c_stops_the_command_not_the_instance() -> None:
     assert code == 128 + signal.SIGINT
     assert "not-interrupted" not in term.screen
     assert "Traceback" not in term.screen and "exited with status" not in term.screen
+
+
+def test_status_watch_redraws_live_until_ctrl_c(instance) -> None:
+    inst = instance(3)
+    term = Terminal([TBON, "status", inst.uri, "--watch"], child_env(TERM="xterm", COLUMNS="80"))
+    try:
+        term.expect(r"2 \S+: full")
+        os.kill(inst.pid(2), signal.SIGKILL)
+        term.expect(r"0 \S+: degraded")
+        term.expect(r"2 \S+: lost")
+        term.type("\x03")
+    finally:
+        code = term.close()
+    assert code == 0
+    assert "Traceback" not in term.screen
