@@ -63,6 +63,7 @@ class Broker:
         self._created_rundir: str | None = None
         self._signals: list[int] = []
         self._cut = False
+        self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.endpoint = ""
         self.incarnation = 1
         self._pending: dict[int, Callable[[Message], None]] = {}
@@ -215,11 +216,18 @@ class Broker:
         self._handle_signals(time.monotonic())
         while True:
             now = time.monotonic()
+            if now >= self._due:  # heartbeats, silence, leases: not on every message
+                self._timers(now)
             self._tick(now)
             if self.exit_code is not None:
                 return
-            timeout = self._next_deadline(now)
-            ready = dict(poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1)))
+            if now >= self._due:
+                timeout = self._next_deadline(now)
+                self._due = float("inf") if timeout is None else now + timeout
+            left = self._due - now
+            ready = dict(
+                poller.poll(None if left == float("inf") else max(0, int(left * 1000) + 1))
+            )
             now = time.monotonic()
             for sock, handler in handlers.items():
                 if sock in ready and self.exit_code is None:
@@ -238,16 +246,19 @@ class Broker:
         ]
         return max(0.0, min(deadlines) - now) if deadlines else None
 
-    def _tick(self, now: float) -> None:
+    def _timers(self, now: float) -> None:
+        """Heartbeats, judgements of silence and lease expiry: run when one falls due."""
         if self.exit_code is not None:
             return
         # Judge a peer's silence only on an empty queue: if this broker was the one stopped
         # (SIGSTOP, a stalled node), what its peers sent meanwhile is waiting to be read.
         if self.children is not None:
-            if self.children.socket.poll(0) or self.children.monitor.poll(0):
+            if self.children.verdict_due(now) and (
+                self.children.socket.poll(0) or self.children.monitor.poll(0)
+            ):
                 self._read_children(now)
             self._report(self.children.tick(now), now)
-        if self.parent is not None and self.parent.socket.poll(0):
+        if self.parent is not None and self.parent.verdict_due(now) and self.parent.socket.poll(0):
             self._read_parent(now)
             if self.exit_code is not None:
                 return
@@ -256,6 +267,12 @@ class Broker:
             return
         if self.instance is not None:
             self._expire_leases(now)
+
+    def _tick(self, now: float) -> None:
+        """After every batch of input: push status changes, start the program, finish."""
+        if self.exit_code is not None:
+            return
+        if self.instance is not None:
             self._push_status(now)
             waiting_to_start = self.command and self.program is None and not self.stopping
             if waiting_to_start and self.instance.table.up():
@@ -296,6 +313,8 @@ class Broker:
                 self._report(children.settle(), now)
                 break
             inbound = children.read(now)
+            if inbound.reports:
+                self._due = 0.0  # a child came, went or changed: its timers change too
             self._report(inbound.reports, now)
             for child, message in inbound.messages:
                 self._route(message, f"c{child}", now)
@@ -316,6 +335,7 @@ class Broker:
             if inbound.welcomed:
                 log.info("welcomed by the parent")
                 self._finalize_pmi()
+                self._due = 0.0  # heartbeats to the parent start now
             if inbound.ended is not None:
                 self._cut_off(inbound.ended)
                 return
@@ -483,6 +503,7 @@ class Broker:
             log.info("FLUB: refused a joiner on %s: %s", host, grant.reason)
             errnum = errno.ENOSPC if rank is None else errno.EBUSY
             return request.fail(errnum, grant.reason)
+        self._due = 0.0  # a new lease to watch
         if not grant.repeated:
             log.info(
                 "FLUB: rank %d incarnation %d reserved for %s (key %s)",
@@ -655,6 +676,7 @@ class Broker:
             return
         self.stopping = True
         self.stop_deadline = now + self.config.shutdown_timeout
+        self._due = 0.0
         if self.children is not None:
             self.children.shutdown()
         self._maybe_finish(now)

@@ -379,6 +379,14 @@ class Children:
                 reports.append(self._end(session, "lost", f"silent for {silent:.1f}s"))
         return reports
 
+    def verdict_due(self, now: float) -> bool:
+        """Whether some child's silence is about to be judged (torpid or lost) at `now`."""
+        return any(
+            (deadline := session.liveness.deadline()) is not None and deadline <= now
+            for session in self.sessions.values()
+            if session.connected and session.liveness is not None
+        )
+
     def next_deadline(self) -> float:
         deadlines = [self._next_heartbeat]
         for session in self.sessions.values():

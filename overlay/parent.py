@@ -146,6 +146,11 @@ class ParentLink:
             )
         return None
 
+    def verdict_due(self, now: float) -> bool:
+        """Whether the parent's silence is about to be judged at `now`."""
+        deadline = self._liveness.deadline() if self._liveness is not None else None
+        return deadline is not None and deadline <= now
+
     def next_deadline(self) -> float | None:
         deadlines = [self._next_heartbeat] if self.welcomed else []
         if self._liveness is not None and (deadline := self._liveness.deadline()) is not None:

@@ -196,3 +196,19 @@ def test_garbage_on_the_local_socket_leaves_every_broker_running(instance) -> No
         dealer.close()
         context.term()
     healthy(inst, 3)
+
+
+def test_healthy_brokers_never_turn_torpid(instance) -> None:
+    """Heartbeats start at once after the welcome: a quiet, healthy instance stays unflagged
+    for several torpid periods (watched through rank 0's pushed status)."""
+    inst = instance(
+        7, "tbon.fanout=2", "tbon.heartbeat=100ms", "tbon.torpid=400ms", "tbon.timeout=5s"
+    )
+    try:
+        flagged = inst.wait_status(
+            lambda s: any(r["torpid"] for r in s["ranks"]), "a torpid rank", timeout=2.0
+        )
+    except AssertionError:
+        flagged = None  # two seconds, five torpid periods, nobody flagged: as it should be
+    assert flagged is None, flagged
+    healthy(inst, 7)
