@@ -14,7 +14,17 @@ from typer._click import exceptions as click_exceptions
 
 from tbon.overlay.errors import TbonError, debugging
 
-COMMAND_MODULES = ("start", "broker", "status", "expand", "keygen", "uri", "ping", "shutdown")
+COMMAND_MODULES = (
+    "start",
+    "broker",
+    "status",
+    "expand",
+    "exec",
+    "keygen",
+    "uri",
+    "ping",
+    "shutdown",
+)
 
 app = typer.Typer(
     name="tbon",

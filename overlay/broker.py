@@ -29,6 +29,7 @@ from tbon.overlay.bootstrap import Wireup, pmi_wireup, singleton_wireup
 from tbon.overlay.children import Children
 from tbon.overlay.config import BrokerConfig, host_address
 from tbon.overlay.errors import TbonError
+from tbon.overlay.execd import ExecService
 from tbon.overlay.flub import flub_wireup
 from tbon.overlay.instance import Instance
 from tbon.overlay.local import LocalServer
@@ -64,6 +65,9 @@ class Broker:
         self._signals: list[int] = []
         self._cut = False
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
+        self._poller = zmq.Poller()
+        self._handlers: dict[Any, Callable[[float], None]] = {}
+        self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
         self.endpoint = ""
         self.incarnation = 1
         self._pending: dict[int, Callable[[Message], None]] = {}
@@ -117,6 +121,7 @@ class Broker:
         set_log_rank(self.rank)
         self.local = LocalServer(self.context, self.rundir)
         self.uri = self.local.uri
+        self.execd = ExecService(self.rank, self.uri, self._watch, self._unwatch, self._respond)
         now = time.monotonic()
         if self.rank == 0:
             table = RankTable(self.topology, wireup.hosts, now)
@@ -199,10 +204,20 @@ class Broker:
 
     # --- the loop ---------------------------------------------------------------------------
 
+    def _watch(self, fd: int, writing: bool, on_ready: Callable[[], None]) -> None:
+        """Have the loop call `on_ready` when `fd` (a pipe of an exec job) is ready."""
+        self._handlers[fd] = lambda _now: on_ready()
+        self._poller.register(fd, zmq.POLLOUT if writing else zmq.POLLIN)
+
+    def _unwatch(self, fd: int) -> None:
+        if self._handlers.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+
     def _loop(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
+        handlers = self._handlers
         # A plain socket comes back from zmq.Poller as its file descriptor.
-        handlers: dict[Any, Any] = {self._wakeup.fileno(): self._handle_signals}
+        handlers[self._wakeup.fileno()] = self._handle_signals
         handlers[self.local.socket] = self._read_local
         if self.children is not None:
             handlers[self.children.zap.socket] = self._read_zap
@@ -229,8 +244,9 @@ class Broker:
                 poller.poll(None if left == float("inf") else max(0, int(left * 1000) + 1))
             )
             now = time.monotonic()
-            for sock, handler in handlers.items():
-                if sock in ready and self.exit_code is None:
+            for sock in ready:
+                handler = handlers.get(sock)  # exec jobs' pipes come and go
+                if handler is not None and self.exit_code is None:
                     handler(now)
 
     def _next_deadline(self, now: float) -> float | None:
@@ -291,6 +307,7 @@ class Broker:
         for signum in signals:
             if signum == signal.SIGCHLD:
                 self._reap_program()
+                self.execd.reap()
             elif signum == signal.SIGINT and self._sigint_ignored:
                 log.debug("ignored SIGINT")
             else:
@@ -426,6 +443,9 @@ class Broker:
 
     def _client_gone(self, hop: str, origin: int) -> None:
         """Tell the rank serving a stream that its client went away, along the stream's route."""
+        if (hop, origin) in self._gone:
+            return
+        self._gone.add((hop, origin))
         notice = Message(Kind.REQUEST, "client.disconnect", nodeid=origin, route=[hop])
         self._request(notice, time.monotonic())
 
@@ -454,7 +474,13 @@ class Broker:
         if topic == "client.disconnect":
             if self.instance is not None:
                 self.instance.forget(request.route)
+            for job in list(self.execd.jobs.values()):
+                if job.request.route == request.route:
+                    log.info("exec %s: its client went away, killing it", job.id)
+                    self.execd.send_signal(job.id, signal.SIGKILL)
             return None
+        if topic in ("exec.start", "exec.stdin", "exec.signal"):
+            return self._fan_out(request)
         if topic == "flub.kex":
             return self._kex(request)
         if topic == "flub.revoke":
@@ -484,6 +510,62 @@ class Broker:
             return None
         return request.fail(errno.ENOSYS, f"unknown request {topic!r}")
 
+    # --- exec -------------------------------------------------------------------------------
+
+    def _fan_out(self, request: Message) -> Message | None:
+        """exec.*: act here if this rank is a target, and send one copy to each child whose
+        subtree holds targets. Answers travel back along the request's route, so one request
+        reaches every target and rank 0 never talks to more than its own children."""
+        targets = request.payload.get("targets")
+        if not isinstance(targets, list) or not all(_is_int(t) for t in targets):
+            return request.fail(errno.EINVAL, f"{request.topic} needs a list of target ranks")
+        below: dict[int, list[int]] = {}
+        for target in targets:
+            if 0 <= target < self.topology.size and self.topology.is_ancestor(self.rank, target):
+                below.setdefault(self.topology.next_hop(self.rank, target), []).append(target)
+        for child, ranks in below.items():
+            copy = Message(
+                Kind.REQUEST,
+                request.topic,
+                {**request.payload, "targets": ranks},
+                nodeid=child,
+                tag=request.tag,
+                route=list(request.route),
+            )
+            sent = self.children is not None and self.children.send(child, copy)
+            if not sent and request.topic == "exec.start":
+                for rank in ranks:
+                    self._respond(
+                        request.respond(
+                            {"rank": rank, "error": self._unreachable(rank, child)}, streaming=True
+                        )
+                    )
+        if self.rank in targets:
+            self._exec_here(request)
+        return None
+
+    def _exec_here(self, request: Message) -> None:
+        payload = request.payload
+        job_id = str(payload.get("id", ""))
+        if request.topic == "exec.stdin":
+            data, eof = payload.get("data", ""), bool(payload.get("eof"))
+            self.execd.write_stdin(job_id, data if isinstance(data, str) else "", eof)
+        elif request.topic == "exec.signal":
+            signum = payload.get("signal")
+            if _is_int(signum) and 0 < signum < signal.NSIG:
+                self.execd.send_signal(job_id, signum)
+        elif self.stopping:
+            self._respond(
+                request.respond(
+                    {"rank": self.rank, "error": f"rank {self.rank} is shutting down"},
+                    streaming=True,
+                )
+            )
+        elif (refused := self.execd.start(request)) is not None:
+            self._respond(
+                request.respond({"rank": self.rank, "error": refused.errstr}, streaming=True)
+            )
+
     # --- FLUB -------------------------------------------------------------------------------
 
     def _allocate(self, request: Message, now: float) -> Message:
@@ -502,6 +584,8 @@ class Broker:
         if not grant.granted:
             log.info("FLUB: refused a joiner on %s: %s", host, grant.reason)
             errnum = errno.ENOSPC if rank is None else errno.EBUSY
+            if rank is not None and not 0 <= rank < self.topology.size:
+                errnum = errno.ENOENT
             return request.fail(errnum, grant.reason)
         self._due = 0.0  # a new lease to watch
         if not grant.repeated:
@@ -544,8 +628,10 @@ class Broker:
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
             return request.fail(errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
-        if self.children is None or self.stopping:
-            return request.fail(errno.EPERM, f"rank {self.rank} takes no children now")
+        if self.stopping:
+            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
+        if self.children is None:
+            return request.fail(errno.EPERM, f"rank {self.rank} takes no children")
 
         def verified(reply: Message) -> None:
             if reply.errnum:
@@ -677,6 +763,7 @@ class Broker:
         self.stopping = True
         self.stop_deadline = now + self.config.shutdown_timeout
         self._due = 0.0
+        self.execd.kill_all(signal.SIGTERM)
         if self.children is not None:
             self.children.shutdown()
         self._maybe_finish(now)
@@ -686,11 +773,14 @@ class Broker:
             return
         waiting = self.children.connected() if self.children is not None else []
         running = self.program is not None and self.program.poll() is None
+        running = running or self.execd.busy()
         if (waiting or running) and self.stop_deadline is not None and now < self.stop_deadline:
             return  # children's goodbyes and the initial program's exit wake us up
         if waiting:
             log.warning("shutdown: gave up waiting for ranks %s", ",".join(map(str, waiting)))
-        if running and self.program is not None:
+        if self.execd.busy():
+            self.execd.kill_all(signal.SIGKILL)
+        if running and self.program is not None and self.program.poll() is None:
             log.warning("shutdown: killing the initial program (pid %d)", self.program.pid)
             self.program.kill()
             self.program.wait()

@@ -63,18 +63,24 @@ def flub_wireup(
 
 
 def _allocate(
-    client: Client, rank: int | None, hostname: str, public_key: str, timeout: float
+    client: Client,
+    rank: int | None,
+    hostname: str,
+    public_key: str,
+    timeout: float,
+    retry: bool = True,
 ) -> dict[str, Any]:
     request = {"public_key": public_key, "hostname": hostname, "rank": rank}
     try:
         return client.rpc("flub.allocate", request, nodeid=0, timeout=timeout)
     except RequestError as error:
         if (
-            error.errnum == errno.EBUSY
+            retry
+            and error.errnum == errno.EBUSY
             and rank is not None
             and _wait_release(client, rank, timeout)
         ):
-            return _allocate(client, rank, hostname, public_key, timeout)
+            return _allocate(client, rank, hostname, public_key, timeout, retry=False)
         if error.errnum in (errno.ENOSPC, errno.EBUSY, errno.ENOENT):
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
@@ -128,6 +134,8 @@ def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:
             )
         if reply.tag != tag:
             continue
+        if reply.errnum == errno.ENODATA:  # the instance shut down while we waited
+            raise TbonError(f"FLUB: {reply.errstr}", exitcodes.SHUTDOWN)
         if reply.errnum:
             raise TbonError(f"FLUB: {reply.errstr}", exitcodes.LOST)
         state = reply.payload["ranks"][parent]["state"]

@@ -1,0 +1,252 @@
+"""`tbon exec`: run a command on many ranks at once, fanned out through the tree.
+
+One request goes to rank 0; each broker starts the command if it is a target and passes the
+request to the children whose subtrees hold targets. Output comes back up the same way, in whole
+lines, as it is produced. The cost grows with the tree's depth, not with the number of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import typer
+
+from tbon.cli.common import print_json
+from tbon.overlay.errors import TbonError, UsageError
+from tbon.overlay.idset import format_idset, parse_idset
+
+RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
+
+
+@dataclass
+class Outcome:
+    """What became of the command on each target rank."""
+
+    pending: set[int]
+    status: dict[int, int] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    output: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+
+    def exit_status(self) -> int:
+        worst = max(self.status.values(), default=0)
+        return max(worst, RANK_TROUBLE) if self.errors else worst
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("exec", context_settings={"allow_interspersed_args": False})
+    def exec_(
+        words: list[str] = typer.Argument(
+            ...,
+            metavar="[URI] COMMAND [ARGS]...",
+            help="The command to run (after an optional URI).",
+        ),
+        ranks: str = typer.Option(
+            "all",
+            "--rank",
+            "-r",
+            metavar="RANKS",
+            help="Target ranks: an idset like 0,3-7, or all (online).",
+        ),
+        exclude: str = typer.Option(
+            None, "--exclude", "-x", metavar="RANKS", help="Ranks to leave out."
+        ),
+        label: bool = typer.Option(
+            False, "--label", "-l", help="Prefix each output line with 'RANK: '."
+        ),
+        directory: str = typer.Option(
+            None,
+            "--dir",
+            "-d",
+            metavar="DIR",
+            help="Run in DIR (default: each broker's directory).",
+        ),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print one JSON object: each rank's status and output."
+        ),
+    ) -> None:
+        """Run COMMAND on a set of ranks, like pdsh or flux exec, through the tree.
+
+        stdout and stderr are streamed in whole lines; stdin is sent to every process; SIGINT
+        and SIGTERM are passed on to every process. Exit status: the largest of the commands'
+        (128+N for signal N), or 68 if a target does not exist, is not online, or was lost.
+        """
+        from tbon.overlay.client import connect
+
+        uri, command = _split(words)
+        with connect(uri) as client:
+            status = client.rpc("status.get", nodeid=0)
+            targets, problems = _targets(status, ranks, exclude)
+            outcome = Outcome(set(targets))
+            for rank, why in problems.items():
+                outcome.errors[rank] = why
+                if not as_json:
+                    print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
+            if targets:
+                _run(client, sorted(targets), command, directory, label, as_json, outcome)
+        if as_json:
+            print_json(
+                {
+                    "status": outcome.exit_status(),
+                    "ranks": [
+                        {
+                            "rank": rank,
+                            "status": outcome.status.get(rank),
+                            "error": outcome.errors.get(rank),
+                            "stdout": "".join(outcome.output.get(rank, {}).get("stdout", [])),
+                            "stderr": "".join(outcome.output.get(rank, {}).get("stderr", [])),
+                        }
+                        for rank in sorted(set(outcome.status) | set(outcome.errors))
+                    ],
+                }
+            )
+        raise typer.Exit(outcome.exit_status())
+
+
+def _split(words: list[str]) -> tuple[str | None, list[str]]:
+    if words and words[0].startswith(("local://", "ssh://")):
+        uri, command = words[0], words[1:]
+    else:
+        uri, command = None, words
+    if not command:
+        raise UsageError("no COMMAND given")
+    return uri, command
+
+
+def _targets(
+    status: dict[str, Any], ranks: str, exclude: str | None
+) -> tuple[list[int], dict[int, str]]:
+    """The ranks to run on, and why some asked-for ranks cannot be."""
+    size, entries = status["size"], status["ranks"]
+    skipped = set(parse_idset(exclude)) if exclude else set()
+    problems: dict[int, str] = {}
+    if ranks == "all":
+        chosen = [e["rank"] for e in entries if e["state"] == "online"]
+        retiring = [e["rank"] for e in entries if e["state"] == "retiring"]
+        if retiring:
+            print(f"tbon exec: skipping retiring ranks {format_idset(retiring)}", file=sys.stderr)
+        return [r for r in chosen if r not in skipped], problems
+    chosen = []
+    for rank in parse_idset(ranks):
+        if rank in skipped:
+            continue
+        if rank >= size:
+            problems[rank] = f"no such rank in this instance of size {size}"
+        elif entries[rank]["state"] != "online":
+            problems[rank] = f"rank {rank} is {entries[rank]['state']}"
+        else:
+            chosen.append(rank)
+    return chosen, problems
+
+
+def _run(
+    client: Any,
+    targets: list[int],
+    command: list[str],
+    directory: str | None,
+    label: bool,
+    as_json: bool,
+    outcome: Outcome,
+) -> None:
+    job = uuid.uuid4().hex
+    tag = client.send(
+        "exec.start", {"id": job, "argv": command, "cwd": directory, "targets": targets}, nodeid=0
+    )
+    watch = client.send("status.watch", {}, nodeid=0)
+
+    def forward(signum: int, _frame: object) -> None:
+        client.send("exec.signal", {"id": job, "signal": signum, "targets": targets}, nodeid=0)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    selector = selectors.DefaultSelector()
+    stdin = _stdin_fd()
+    always_ready = False  # a file or /dev/null: epoll refuses them, and they never block
+    if stdin is not None:
+        try:
+            selector.register(stdin, selectors.EVENT_READ)
+        except PermissionError:
+            always_ready = True
+    try:
+        while outcome.pending:
+            if stdin is not None and (always_ready or selector.select(0)):
+                stdin = _pass_stdin(client, job, targets, stdin, selector)
+            reply = client.receive(0.05 if stdin is not None else 1.0)
+            if reply is None:
+                continue
+            if reply.tag == tag:
+                _answer(reply.payload, outcome, label, as_json)
+            elif reply.tag == watch and not reply.errnum:
+                for entry in reply.payload["ranks"]:
+                    rank = entry["rank"]
+                    if rank in outcome.pending and entry["state"] != "online":
+                        outcome.pending.discard(rank)
+                        outcome.errors[rank] = f"lost its broker while running ({entry['state']})"
+                        if not as_json:
+                            print(
+                                f"tbon exec: rank {rank}: {outcome.errors[rank]}", file=sys.stderr
+                            )
+            elif reply.tag == watch:
+                raise TbonError(f"the instance went away: {reply.errstr}")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        selector.close()
+
+
+def _stdin_fd() -> int | None:
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd
+
+
+def _pass_stdin(
+    client: Any, job: str, targets: list[int], fd: int, selector: selectors.BaseSelector
+) -> int | None:
+    """Send what stdin has to every process; at EOF, close theirs and stop reading ours."""
+    data = os.read(fd, 64 * 1024)
+    client.send(
+        "exec.stdin",
+        {
+            "id": job,
+            "targets": targets,
+            "data": data.decode("utf-8", "surrogateescape"),
+            "eof": not data,
+        },
+        nodeid=0,
+    )
+    if data:
+        return fd
+    if fd in selector.get_map():
+        selector.unregister(fd)
+    return None
+
+
+def _answer(payload: dict[str, Any], outcome: Outcome, label: bool, as_json: bool) -> None:
+    rank = payload.get("rank")
+    if not isinstance(rank, int) or rank not in outcome.pending:
+        return
+    if "data" in payload:
+        stream, data = payload.get("stream", "stdout"), str(payload["data"])
+        if as_json:
+            outcome.output.setdefault(rank, {}).setdefault(stream, []).append(data)
+            return
+        if label:
+            data = "".join(f"{rank}: {line}" for line in data.splitlines(keepends=True))
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.buffer.write(data.encode("utf-8", "surrogateescape"))
+        out.flush()
+    elif "exit" in payload:
+        outcome.status[rank] = int(payload["exit"])
+        outcome.pending.discard(rank)
+    elif "error" in payload:
+        outcome.errors[rank] = str(payload["error"])
+        outcome.pending.discard(rank)
+        if not as_json:
+            print(f"tbon exec: rank {rank}: {payload['error']}", file=sys.stderr)
