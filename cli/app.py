@@ -57,8 +57,21 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"tbon.cli.{_name}").register(app)
 
 
+LEADING_URI = ("exec",)
+"""Commands whose [URI] comes before options and a COMMAND: `tbon exec URI -r 3 hostname`."""
+
+
+def _lift_uri(args: list[str]) -> list[str]:
+    """Turn a leading URI into --uri, so that the options after it are still parsed as options
+    (the command line of COMMAND itself must not be)."""
+    if len(args) >= 2 and args[0] in LEADING_URI and args[1].startswith(("local://", "ssh://")):
+        return [args[0], "--uri", args[1], *args[2:]]
+    return args
+
+
 def run(args: list[str]) -> int:
     """Run one command line; return its exit code instead of raising."""
+    args = _lift_uri(args)
     command = typer.main.get_command(app)
     prog = "tbon"
     try:

@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
             metavar="[URI] COMMAND [ARGS]...",
             help="The command to run (after an optional URI).",
         ),
+        uri_option: str = typer.Option(None, "--uri", hidden=True),
         ranks: str = typer.Option(
             "all",
             "--rank",
@@ -79,6 +80,7 @@ def register(app: typer.Typer) -> None:
         from tbon.overlay.client import connect
 
         uri, command = _split(words)
+        uri = uri or uri_option
         with connect(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             targets, problems = _targets(status, ranks, exclude)

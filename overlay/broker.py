@@ -800,6 +800,10 @@ class Broker:
         self._cut = True
 
     def _close(self) -> None:
+        if hasattr(self, "execd") and self.execd.busy():
+            # However this broker ends (cut off from its parent, say), its jobs end with it.
+            self.execd.kill_all(signal.SIGKILL)
+            self.execd.wait_all()
         if self.program is not None and self.program.poll() is None:
             try:
                 self.program.wait(timeout=2)

@@ -200,6 +200,12 @@ class ExecService:
         for job_id in list(self.jobs):
             self.send_signal(job_id, signum)
 
+    def wait_all(self) -> None:
+        """Reap every job's process (after kill_all), so that none is left a zombie."""
+        for job in self.jobs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                job.process.wait(timeout=2)
+
     def describe(self) -> list[dict[str, Any]]:
         return [
             {"id": j.id, "pid": j.process.pid, "argv": j.process.args} for j in self.jobs.values()

@@ -212,3 +212,32 @@ def test_healthy_brokers_never_turn_torpid(instance) -> None:
         flagged = None  # two seconds, five torpid periods, nobody flagged: as it should be
     assert flagged is None, flagged
     healthy(inst, 7)
+
+
+def test_orphaned_brokers_take_their_exec_jobs_with_them(instance) -> None:
+    """An interior broker dies mid-command: its children exit 75, and their jobs die too."""
+    import subprocess
+
+    from conftest import TBON, child_env
+
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
+    job = subprocess.Popen(
+        [TBON, "exec", inst.uri, "-r", "3,4", "-l", "sh", "-c", "echo $$; exec sleep 60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert job.stdout is not None
+        pids = [int(job.stdout.readline().split(": ")[1]) for _ in range(2)]
+        os.kill(inst.pid(1), signal.SIGKILL)
+        wait_for(lambda: all(process_gone(pid) for pid in pids), "the orphaned jobs to end")
+        _, err = job.communicate(timeout=20)
+        assert job.returncode == 68, err
+        assert "rank 3: lost its broker" in err and "rank 4: lost its broker" in err
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()

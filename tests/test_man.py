@@ -18,7 +18,8 @@ PAGES = sorted(MAN.glob("*.[15]"))
 def options_of(command: str) -> list[str]:
     click_group = typer.main.get_command(app)
     params = click_group.commands[command].params  # type: ignore[attr-defined]
-    return [name for p in params for name in p.opts if name.startswith("--")]
+    shown = [p for p in params if not getattr(p, "hidden", False)]
+    return [name for p in shown for name in p.opts if name.startswith("--")]
 
 
 def test_every_command_has_a_page() -> None:
