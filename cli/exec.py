@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from tbon.cli.common import print_json
-from tbon.overlay.errors import TbonError, UsageError
+from tbon.overlay.errors import UsageError
 from tbon.overlay.idset import format_idset, parse_idset
 
 RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
@@ -173,6 +173,7 @@ def _run(
             selector.register(stdin, selectors.EVENT_READ)
         except PermissionError:
             always_ready = True
+    shutdown_said = False
     try:
         while outcome.pending:
             if stdin is not None and (always_ready or selector.select(0)):
@@ -192,8 +193,9 @@ def _run(
                             print(
                                 f"tbon exec: rank {rank}: {outcome.errors[rank]}", file=sys.stderr
                             )
-            elif reply.tag == watch:
-                raise TbonError(f"the instance went away: {reply.errstr}")
+            elif reply.tag == watch and not shutdown_said:
+                shutdown_said = True  # the jobs are being stopped; their exits still come
+                print(f"tbon exec: {reply.errstr}", file=sys.stderr)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -240,7 +242,9 @@ def _answer(payload: dict[str, Any], outcome: Outcome, label: bool, as_json: boo
             outcome.output.setdefault(rank, {}).setdefault(stream, []).append(data)
             return
         if label:
-            data = "".join(f"{rank}: {line}" for line in data.splitlines(keepends=True))
+            lines = data.split("\n")  # newlines only: \r and friends stay inside a line
+            ends = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+            data = "".join(f"{rank}: {line}" for line in ends)
         out = sys.stderr if stream == "stderr" else sys.stdout
         out.buffer.write(data.encode("utf-8", "surrogateescape"))
         out.flush()

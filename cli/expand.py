@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
 from tbon.overlay import exitcodes
@@ -165,6 +163,15 @@ def _launch(
 
 def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
     """Watch rank 0's pushed status and our processes until each joiner is online or gone."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     deadline = time.monotonic() + limit
     by_pid = {j.process.pid: j for j in joiners}
     console = Console(stderr=True)

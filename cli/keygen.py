@@ -12,7 +12,6 @@ from typing import Annotated
 
 import typer
 
-from tbon.keys.cert import fingerprint, new_certificate, write_certificate
 from tbon.overlay.errors import UsageError
 
 # One line per paragraph: Typer's rich help keeps the line breaks inside a paragraph.
@@ -70,6 +69,8 @@ def keygen(
     ] = False,
 ) -> None:
     """Write a new certificate to PATH and print its public key and fingerprint."""
+    from tbon.keys.cert import fingerprint, new_certificate, write_certificate
+
     if name is not None and (not name.strip() or not name.isprintable()):
         raise UsageError(f"invalid value for --name: {name!r} (must be printable, not blank)")
     cert = new_certificate(name)

@@ -7,7 +7,6 @@ import time
 from contextlib import nullcontext
 
 import typer
-from rich.console import Console
 
 from tbon.cli.common import URI_HELP, duration, interactive
 from tbon.overlay.errors import TbonError
@@ -38,6 +37,8 @@ def register(app: typer.Typer) -> None:
             client.rpc("instance.shutdown", nodeid=0, timeout=limit)
         if no_wait:
             return
+        from rich.console import Console
+
         deadline = time.monotonic() + limit
         console = Console(stderr=True)
         with (

@@ -16,11 +16,9 @@ import time
 from contextlib import nullcontext
 
 import typer
-from rich.console import Console
 
 from tbon.cli.common import duration, interactive
 from tbon.overlay.errors import TbonError, UsageError
-from tbon.overlay.local import local_uri
 
 
 def register(app: typer.Typer) -> None:
@@ -88,6 +86,8 @@ def _broker_attributes(options: list[str]) -> list[str]:
 def run(
     size: int, attributes: list[str], exit_timeout: str, program: list[str], waiting: bool
 ) -> int:
+    from tbon.overlay.local import local_uri
+
     rundir = tempfile.mkdtemp(prefix="tbon-start-")
     argv = [
         sys.executable,
@@ -154,6 +154,8 @@ def _wait(launcher: subprocess.Popen[bytes]) -> int:
 def _wait_up(launcher: subprocess.Popen[bytes], uri: str, size: int) -> bool:
     """Wait for every broker to be online; False if the launcher gave up first, or rank 0
     stopped answering."""
+    from rich.console import Console
+
     from tbon.overlay.client import Client
 
     console = Console(stderr=True)

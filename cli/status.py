@@ -8,10 +8,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
 
-from tbon.cli import render
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
 from tbon.overlay.errors import TbonError, UsageError
 
@@ -93,6 +90,8 @@ def lines(
     summary: bool,
     rtts: dict[int, float] | None = None,
 ) -> list[Any]:
+    from tbon.cli import render
+
     if summary:
         return [render.summary(table, rank)]
     return render.tree(table, rank, pretty, verbose, rtts)
@@ -106,6 +105,8 @@ def show(
     summary: bool,
     rtts: dict[int, float] | None = None,
 ) -> None:
+    from rich.console import Console
+
     console = Console(highlight=False, soft_wrap=True)
     for text in lines(table, rank, pretty, verbose, summary, rtts):
         console.print(text)
@@ -113,6 +114,8 @@ def show(
 
 def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, float]:
     """Ping every online rank under `root` at once; rank -> seconds."""
+    from tbon.cli import render
+
     wanted = render.subtree(table, root)
     sent: dict[int, tuple[int, float]] = {}
     for rank in wanted:
@@ -133,6 +136,8 @@ def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, floa
 def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[str, Any]:
     """Follow the pushed status until `rank`'s subtree is in `state`; TbonError on timeout."""
     deadline = None if limit is None else time.monotonic() + limit
+    from rich.console import Console
+
     console = Console(stderr=True)
     now_state = "unknown"
     with (
@@ -169,6 +174,9 @@ def watch_live(
     client: Any, rank: int, pretty: bool, verbose: bool, summary: bool, as_json: bool = False
 ) -> None:
     """Redraw on every pushed change (rank 0 pushes; we never poll) until Ctrl-C."""
+    from rich.console import Console, Group
+    from rich.live import Live
+
     console = Console(highlight=False)
     try:
         if as_json:  # one JSON object a line, for scripts

@@ -7,7 +7,6 @@ import os
 import typer
 
 from tbon.overlay.errors import TbonError, UsageError
-from tbon.overlay.uri import parse_uri, resolve_target, to_local, to_remote
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +24,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Print the URI of an instance, for TBON_URI or for commands' URI argument."""
+        from tbon.overlay.uri import parse_uri, resolve_target, to_local, to_remote
+
         if local and remote:
             raise UsageError("--local and --remote exclude each other")
         if target is None:

@@ -68,6 +68,7 @@ class Broker:
         self._poller = zmq.Poller()
         self._handlers: dict[Any, Callable[[float], None]] = {}
         self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
+        self._client_jobs: dict[str, list[dict[str, Any]]] = {}  # exec jobs by local client
         self.endpoint = ""
         self.incarnation = 1
         self._pending: dict[int, Callable[[Message], None]] = {}
@@ -219,6 +220,7 @@ class Broker:
         # A plain socket comes back from zmq.Poller as its file descriptor.
         handlers[self._wakeup.fileno()] = self._handle_signals
         handlers[self.local.socket] = self._read_local
+        handlers[self.local.monitor] = self._read_local
         if self.children is not None:
             handlers[self.children.zap.socket] = self._read_zap
             handlers[self.children.monitor] = self._read_children
@@ -362,6 +364,8 @@ class Broker:
                 self._route(message, "p", now)
 
     def _read_local(self, now: float) -> None:
+        for hop in self.local.gone():
+            self._local_client_gone(hop)
         for _ in range(BATCH):
             if not self.local.socket.poll(0):
                 break
@@ -374,6 +378,8 @@ class Broker:
 
     def _route(self, message: Message, came_from: str, now: float) -> None:
         if message.kind is Kind.REQUEST:
+            if came_from.startswith("l") and message.topic == "exec.start":
+                self._client_jobs.setdefault(came_from, []).append(dict(message.payload))
             message.route.append(came_from)
             self._request(message, now)
         elif message.kind is Kind.RESPONSE:
@@ -440,6 +446,19 @@ class Broker:
             if reply.streaming:
                 self._client_gone(hop, reply.nodeid)
         return False
+
+    def _local_client_gone(self, hop: str) -> None:
+        """A client of this broker's socket closed its connection: kill the jobs it started
+        wherever they run, and end its status streams at rank 0."""
+        for job in self._client_jobs.pop(hop, []):
+            kill = {
+                "id": job.get("id"),
+                "signal": int(signal.SIGKILL),
+                "targets": job.get("targets", []),
+            }
+            self._route(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0), "s", time.monotonic())
+        self._client_gone(hop, 0)
+        self._gone = {(h, r) for h, r in self._gone if h != hop}  # ids are never reused soon
 
     def _client_gone(self, hop: str, origin: int) -> None:
         """Tell the rank serving a stream that its client went away, along the stream's route."""

@@ -66,6 +66,19 @@ class ExecService:
             return request.fail(errno.EINVAL, "exec.start needs id and argv")
         if not all(isinstance(word, str) for word in argv) or job_id in self.jobs:
             return request.fail(errno.EINVAL, "exec.start: bad argv or a duplicate id")
+        if isinstance(cwd, str) and not os.path.isdir(cwd):
+            self.send(
+                request.respond(
+                    {
+                        "rank": self.rank,
+                        "stream": "stderr",
+                        "data": f"tbon exec: {cwd}: no such directory\n",
+                    },
+                    streaming=True,
+                )
+            )
+            self.send(request.respond({"rank": self.rank, "exit": 126}, streaming=True))
+            return None
         env = {**os.environ, "TBON_URI": self.uri, "TBON_RANK": str(self.rank)}
         for name in ("PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID"):
             env.pop(name, None)

@@ -1,7 +1,9 @@
 """The broker's local connector: a ZeroMQ ROUTER on a Unix-domain socket in its run directory.
 
 Whoever can open the socket (the owner: the run directory is 0700) may talk to the instance.
-Clients are DEALERs; each is known by the routing id the ROUTER gives it.
+Clients are DEALERs; each is known by the routing id the ROUTER gives it. The socket monitor tells
+when a client's connection closes, so that what it started (exec jobs, status streams) can be
+ended: a client killed outright never says goodbye.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import zmq
 
 from tbon.overlay.message import Message, MessageError, decode, encode
+from tbon.overlay.monitor import read_event
 
 log = logging.getLogger("tbon.local")
 
@@ -43,14 +46,30 @@ class LocalServer:
         os.chmod(staging, 0o600)
         os.replace(staging, self.path)
         self.uri = f"local://{self.path}"
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._hop_by_fd: dict[int, str] = {}
+
+    def gone(self) -> list[str]:
+        """Hops of clients whose connections closed since the last call. Connection events are
+        taken in order, before any message read after them (see read)."""
+        hops = []
+        while self.monitor.poll(0):
+            _event, fd = read_event(self.monitor.recv_multipart())
+            hop = self._hop_by_fd.pop(fd, None)  # a new connection on a reused fd ends the old
+            if hop is not None:
+                hops.append(hop)
+        return hops
 
     def read(self) -> tuple[str, Message] | None:
         """One request from a client as (client hop, message); None if it was malformed."""
-        frames = self.socket.recv_multipart()
+        frames = self.socket.recv_multipart(copy=False)
         if len(frames) < 2:
             return None
+        hop = "l" + frames[0].bytes.hex()
+        with contextlib.suppress(zmq.ZMQError):
+            self._hop_by_fd[frames[1].get(zmq.SRCFD)] = hop
         try:
-            return "l" + frames[0].hex(), decode(frames[1:])
+            return hop, decode([frame.bytes for frame in frames[1:]])
         except MessageError as error:
             log.warning("dropped a malformed message from a local client: %s", error)
             return None
@@ -66,6 +85,8 @@ class LocalServer:
         return True
 
     def close(self) -> None:
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
         self.socket.close(linger=0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
