@@ -34,7 +34,7 @@ from tbon.overlay.flub import flub_wireup
 from tbon.overlay.instance import Instance
 from tbon.overlay.local import LocalServer
 from tbon.overlay.message import ANY_RANK, Kind, Message
-from tbon.overlay.numbers import is_decimal
+from tbon.overlay.numbers import is_decimal, is_int
 from tbon.overlay.parent import LinkEnded, ParentLink
 from tbon.overlay.pmi_client import PmiClient
 from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable, Reserve
@@ -392,7 +392,11 @@ class Broker:
             message.nodeid = 0
         target = message.nodeid
         if target in (ANY_RANK, self.rank):
-            reply = self._serve(message, now)
+            try:
+                reply = self._serve(message, now)
+            except Exception as error:  # a request we could not serve never stops a broker
+                log.error("request %r failed: %r", message.topic, error)
+                reply = message.fail(errno.EPROTO, f"{message.topic}: internal error")
             if reply is not None:
                 self._respond(reply)
             return
@@ -515,12 +519,13 @@ class Broker:
         if topic == "flub.allocate":
             return self._allocate(request, now)
         if topic == "flub.verify":
-            payload = request.payload
-            why = self.instance.table.verify(
-                payload.get("rank", -1),
-                payload.get("incarnation", -1),
-                payload.get("public_key", ""),
+            rank, incarnation, key = (
+                request.payload.get(name) for name in ("rank", "incarnation", "public_key")
             )
+            if not (is_int(rank) and is_int(incarnation) and isinstance(key, str)):
+                return request.fail(errno.EINVAL, "flub.verify needs rank, incarnation, key")
+            assert isinstance(rank, int) and isinstance(incarnation, int)
+            why = self.instance.table.verify(rank, incarnation, key)
             return request.fail(errno.EPERM, why) if why else request.respond({})
         if topic == "instance.shutdown":
             self._respond(request.respond({"rank": self.rank}))
@@ -536,7 +541,7 @@ class Broker:
         subtree holds targets. Answers travel back along the request's route, so one request
         reaches every target and rank 0 never talks to more than its own children."""
         targets = request.payload.get("targets")
-        if not isinstance(targets, list) or not all(_is_int(t) for t in targets):
+        if not isinstance(targets, list) or not all(is_int(t) for t in targets):
             return request.fail(errno.EINVAL, f"{request.topic} needs a list of target ranks")
         below: dict[int, list[int]] = {}
         for target in targets:
@@ -571,7 +576,7 @@ class Broker:
             self.execd.write_stdin(job_id, data if isinstance(data, str) else "", eof)
         elif request.topic == "exec.signal":
             signum = payload.get("signal")
-            if _is_int(signum) and 0 < signum < signal.NSIG:
+            if is_int(signum) and 0 < signum < signal.NSIG:
                 self.execd.send_signal(job_id, signum)
         elif self.stopping:
             self._respond(
@@ -640,9 +645,7 @@ class Broker:
             payload.get("incarnation"),
             payload.get("public_key"),
         )
-        if not (
-            _is_int(rank) and _is_int(incarnation) and isinstance(key, str) and _valid_key(key)
-        ):
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
             return request.fail(errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
@@ -687,7 +690,7 @@ class Broker:
         if not self._from_rank0(request):
             log.warning("refused flub.revoke for rank %s: not from rank 0", rank)
             return request.fail(errno.EPERM, "flub.revoke comes from rank 0 only")
-        if self.children is not None and _is_int(rank) and _is_int(incarnation):
+        if self.children is not None and is_int(rank) and is_int(incarnation):
             assert isinstance(rank, int) and isinstance(incarnation, int)
             self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
         return None
@@ -839,10 +842,6 @@ class Broker:
         signal.set_wakeup_fd(-1)
         if self._created_rundir is not None:
             shutil.rmtree(self._created_rundir, ignore_errors=True)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _valid_key(key: str) -> bool:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tbon.overlay.numbers import is_int
+
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ANY_RANK = -1
@@ -100,7 +102,7 @@ def decode(frames: list[bytes]) -> Message:
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise MessageError("header and payload must be JSON objects")
     version = header.get("v")
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         raise MessageError(f"bad protocol version {version!r}")
     try:
         kind = Kind(header.get("k"))
@@ -110,7 +112,7 @@ def decode(frames: list[bytes]) -> Message:
     route, errnum, errstr = header.get("r", []), header.get("e", 0), header.get("es", "")
     if not isinstance(topic, str) or not topic:
         raise MessageError("missing topic")
-    if not _is_int(nodeid) or not _is_int(tag) or not _is_int(errnum) or nodeid < ANY_RANK:
+    if not is_int(nodeid) or not is_int(tag) or not is_int(errnum) or nodeid < ANY_RANK:
         raise MessageError("nodeid, tag and errnum must be integers")
     if not isinstance(route, list) or not all(isinstance(hop, str) for hop in route):
         raise MessageError("route must be a list of strings")
@@ -128,7 +130,3 @@ def decode(frames: list[bytes]) -> Message:
         streaming=bool(header.get("s", False)),
         version=version,
     )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

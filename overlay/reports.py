@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tbon.overlay.message import MessageError
+from tbon.overlay.numbers import is_int
 from tbon.overlay.ranktable import Departed, Event, Lost, Online, Torpid
 
 
@@ -35,10 +36,10 @@ def decode_event(payload: dict[str, Any]) -> Event:
     """The event in a report payload, or MessageError if any field is missing or mistyped."""
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]
-        _require(_is_int(rank) and _is_int(incarnation), "rank and incarnation")
+        _require(is_int(rank) and is_int(incarnation), "rank and incarnation")
         if kind == "online":
             host, pid = payload["host"], payload["pid"]
-            _require(isinstance(host, str) and _is_int(pid), "host and pid")
+            _require(isinstance(host, str) and is_int(pid), "host and pid")
             return Online(rank, incarnation, host, pid)
         if kind == "lost":
             reason = payload["reason"]
@@ -53,10 +54,6 @@ def decode_event(payload: dict[str, Any]) -> Event:
     except KeyError as missing:
         raise MessageError(f"report without {missing}") from None
     raise MessageError(f"unknown report {kind!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(condition: bool, what: str) -> None:
