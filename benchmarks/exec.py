@@ -26,7 +26,7 @@ Sections (select with --sections):
   flux        `flux exec -r all true` in `flux start --test-size=N` for the same N and topologies,
               if `flux` is on PATH; otherwise one line saying no comparison was made.
 
-Only the standard library and tbon itself are imported.
+Only the standard library, tbon itself and common.py (next to this script) are imported.
 """
 
 from __future__ import annotations
@@ -35,22 +35,35 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import selectors
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-TBON = Path(sys.executable).parent / "tbon"
+from common import (
+    RUN_DEADLINE_S,
+    STOP_GRACE_S,
+    TBON,
+    Instance,
+    Report,
+    Watch,
+    all_online,
+    begin,
+    median,
+    ms,
+    parse_args,
+    progress,
+    spread,
+    tbon_start,
+    time_command,
+    verdict,
+)
 
 TARGET_64_S = 0.3  # `tbon exec -r all true` on 64 ranks, instance already up
 
@@ -74,93 +87,50 @@ THROUGHPUT_CASES = [
     ("1 rank x 100 MB (rank 3, one hop)", 4, "3", TOTAL_BYTES),
 ]
 
-URI_DEADLINE_S = 60.0  # for `tbon start` (wait mode) to print its URI
 ONLINE_DEADLINE_S = 60.0  # for every rank to show online
-RUN_DEADLINE_S = 120.0  # for any one measured command
-STOP_GRACE_S = 15.0  # after SIGTERM, before SIGKILL of a process we started
 SECTIONS = ("latency", "throughput", "flux")
 
 
-def progress(text: str) -> None:
-    print(f"[exec] {text}", file=sys.stderr, flush=True)
-
-
-# --- an instance in wait mode -------------------------------------------------------------------
+# --- an instance in wait mode, every rank online ------------------------------------------------
 
 
 @dataclass
-class Instance:
-    process: subprocess.Popen[bytes]
-    uri: str
-    stderr_path: str
-    size: int
-    topology: str
-    depth: int = 0  # levels below rank 0
-    rank_depth: dict[int, int] = field(default_factory=dict)  # rank -> hops from rank 0
+class Tree:
+    """An instance whose ranks are all online, and how deep each rank sits in its tree."""
 
-    def stderr_tail(self, lines: int = 10) -> str:
-        try:
-            text = Path(self.stderr_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+    uri: str
+    rank_depth: dict[int, int]  # rank -> hops from rank 0
+
+    @property
+    def depth(self) -> int:
+        """Levels below rank 0."""
+        return max(self.rank_depth.values())
 
 
 @contextlib.contextmanager
-def instance(size: int, topology: str) -> Iterator[Instance]:
-    """`tbon start --test-size=N -S tbon.topo=T` in wait mode, every rank online; SIGTERM it (by
-    PID) on the way out, always."""
-    argv = [str(TBON), "start", f"--test-size={size}", "-S", f"tbon.topo={topology}"]
-    fd, stderr_path = tempfile.mkstemp(prefix="exec-start-", suffix=".log")
-    try:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd
-        )
-    except BaseException:
-        os.unlink(stderr_path)
-        raise
-    finally:
-        os.close(fd)
-    try:
-        uri = _read_line(process, URI_DEADLINE_S)
-        if not uri.startswith("local://"):
-            tail = Path(stderr_path).read_text(errors="replace")[-2000:]
-            raise RuntimeError(
-                f"`{' '.join(argv)}` printed no URI within {URI_DEADLINE_S:g}s "
-                f"(exit {process.poll()}): {tail}"
-            )
-        inst = Instance(process, uri, stderr_path, size, topology)
-        inst.rank_depth = _wait_online(inst)
-        inst.depth = max(inst.rank_depth.values())
-        yield inst
-    finally:
-        stop(process)
-        with contextlib.suppress(OSError):
-            os.unlink(stderr_path)
+def instance(size: int, topology: str) -> Iterator[Tree]:
+    """`tbon start --test-size=N -S tbon.topo=T` in wait mode, every rank online, so that no
+    measurement includes wire-up; stopped (by PID) on the way out, always."""
+    with tbon_start(size, [f"tbon.topo={topology}"]) as launched:
+        yield Tree(launched.uri, _wait_online(launched, size))
 
 
-def _wait_online(inst: Instance) -> dict[int, int]:
+def _wait_online(inst: Instance, size: int) -> dict[int, int]:
     """Wait (status.watch, no polling) until all ranks are online; return each rank's depth."""
     from tbon.overlay.client import Client
 
+    def up(snapshot: dict[str, Any]) -> bool:
+        return len(snapshot["ranks"]) == size and all_online(snapshot)
+
     with Client(inst.uri) as client:
-        tag = client.send("status.watch", {}, nodeid=0)
-        deadline = time.monotonic() + ONLINE_DEADLINE_S
-        while True:
-            left = deadline - time.monotonic()
-            reply = client.receive(left) if left > 0 else None
-            if reply is None:
-                raise RuntimeError(
-                    f"size {inst.size}: not all ranks online within {ONLINE_DEADLINE_S:g}s; "
-                    f"launcher said: {inst.stderr_tail()}"
-                )
-            if reply.tag != tag:
-                continue
-            if reply.errnum:
-                raise RuntimeError(f"status.watch failed: {reply.errstr}")
-            ranks = reply.payload["ranks"]
-            if len(ranks) == inst.size and all(r["state"] == "online" for r in ranks):
-                return _depths(ranks)
+        try:
+            _, snapshot = Watch(client).until(time.monotonic() + ONLINE_DEADLINE_S, up)
+        except TimeoutError:
+            raise RuntimeError(
+                f"size {size}: not all ranks online within {ONLINE_DEADLINE_S:g}s; "
+                f"launcher said: {inst.stderr_tail()}"
+            ) from None
+    return _depths(snapshot["ranks"])
 
 
 def _depths(ranks: Sequence[dict[str, Any]]) -> dict[int, int]:
@@ -172,130 +142,6 @@ def _depths(ranks: Sequence[dict[str, Any]]) -> dict[int, int]:
             rank, hops = parent[rank], hops + 1
         depths[start] = hops
     return depths
-
-
-def _read_line(process: subprocess.Popen[bytes], limit: float) -> str:
-    """The first line of `process`'s stdout, or "" at EOF or once `limit` seconds pass."""
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + limit
-    data = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while b"\n" not in data:
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                break
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.split(b"\n", 1)[0].decode(errors="replace").strip()
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process we started, wait STOP_GRACE_S, then SIGKILL it; always reap it."""
-    try:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                progress(f"pid {process.pid} ignored SIGTERM for {STOP_GRACE_S:g}s: SIGKILL")
-                process.kill()
-                process.wait()
-    finally:
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-def run_timed(argv: Sequence[str], *, stdout: int = subprocess.PIPE, expect: int = 0) -> float:
-    """Wall time of one run of `argv` (stdin /dev/null); it must exit `expect`. Killed (by PID)
-    and reaped if it outlives RUN_DEADLINE_S or we are interrupted."""
-    fd, err_path = tempfile.mkstemp(prefix="exec-cli-", suffix=".log")
-    try:
-        started = time.perf_counter()
-        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=fd)
-        try:
-            if stdout == subprocess.PIPE:
-                process.communicate(timeout=RUN_DEADLINE_S)
-            else:
-                process.wait(RUN_DEADLINE_S)
-            elapsed = time.perf_counter() - started
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        if process.returncode != expect:
-            tail = Path(err_path).read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"`{' '.join(argv)}` exited {process.returncode}: {tail}")
-        return elapsed
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(err_path)
-
-
-# --- statistics and tables ----------------------------------------------------------------------
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f}"
-
-
-def verdict(ok: bool) -> str:
-    return "ok" if ok else "MISSED"
-
-
-class Report:
-    def __init__(self, markdown: bool) -> None:
-        self.markdown = markdown
-
-    def heading(self, text: str) -> None:
-        print(f"\n### {text}\n" if self.markdown else f"\n== {text} ==", flush=True)
-
-    def note(self, text: str) -> None:
-        print(text if self.markdown else f"  {text}", flush=True)
-
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        if self.markdown:
-            print("| " + " | ".join(header) + " |")
-            print("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
-            for row in rows:
-                print("| " + " | ".join(row) + " |")
-            print(flush=True)
-            return
-        widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-        for i, row in enumerate([header, *rows]):
-            cells = [
-                str(c).ljust(w) if j == 0 else str(c).rjust(w)
-                for j, (c, w) in enumerate(zip(row, widths, strict=True))
-            ]
-            print("  " + "  ".join(cells).rstrip())
-            if i == 0:
-                print("  " + "  ".join("-" * w for w in widths))
-        sys.stdout.flush()
-
-
-def machine_line() -> str:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    bytecode = ""
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        bytecode = " PYTHONDONTWRITEBYTECODE is set: modules without a .pyc compile at every start."
-    return (
-        f"machine: {platform.node()} {platform.system()} {platform.release()} "
-        f"{platform.machine()}, "
-        f"nproc {usable}, Python {platform.python_version()} ({sys.executable}), "
-        f"load average {load}. Shared, noisy machine: read medians, not single runs.{bytecode}"
-    )
 
 
 # --- the fan-out, in-process --------------------------------------------------------------------
@@ -380,8 +226,8 @@ def bench_latency(report: Report, runs: int) -> dict[tuple[int, str], float]:
             1,
         ),
     ):
-        run_timed(argv, expect=expect)  # warm-up: page cache, .pyc
-        floor[label] = [run_timed(argv, expect=expect) for _ in range(runs)]
+        time_command(argv, expect=expect)  # warm-up: page cache, .pyc
+        floor[label] = [time_command(argv, expect=expect) for _ in range(runs)]
     floor_labels = list(floor)
 
     rows = []
@@ -391,10 +237,10 @@ def bench_latency(report: Report, runs: int) -> dict[tuple[int, str], float]:
         progress(f"latency: size {size} {topology}")
         with instance(size, topology) as inst:
             cli_argv = [str(TBON), "exec", "-r", "all", inst.uri, "true"]
-            run_timed(cli_argv)  # warm-up
+            time_command(cli_argv)  # warm-up
             cli = []
             for run in range(runs):
-                cli.append(run_timed(cli_argv))
+                cli.append(time_command(cli_argv))
                 progress(
                     f"latency: size {size} {topology} CLI run {run + 1}/{runs}: {ms(cli[-1])} ms"
                 )
@@ -431,12 +277,8 @@ def bench_latency(report: Report, runs: int) -> dict[tuple[int, str], float]:
                 str(size),
                 topology,
                 str(depth),
-                ms(median(cli)),
-                ms(min(cli)),
-                ms(max(cli)),
-                ms(median(totals)),
-                ms(min(totals)),
-                ms(max(totals)),
+                *spread(cli),
+                *spread(totals),
                 ms(median(firsts)),
                 ms(median(full)),
                 levels,
@@ -531,21 +373,17 @@ def bench_throughput(report: Report, runs: int) -> None:
     def mbps(seconds: float) -> str:
         return f"{TOTAL_BYTES / 1e6 / seconds:.0f}"
 
+    def row(measure: str, times: Sequence[float]) -> list[str]:
+        """Median time, then rates: the best rate is the shortest time, the worst the longest."""
+        return [measure, ms(median(times)), mbps(median(times)), mbps(min(times)), mbps(max(times))]
+
     rows = []
     progress("throughput: local pipe floor")
     floor_cmd = ["sh", "-c", f'yes "$1" | head -c {TOTAL_BYTES} > /dev/null', "sh"]
     floor_cmd.append("x" * (LINE_BYTES - 1))
-    run_timed(floor_cmd)
-    floor = [run_timed(floor_cmd) for _ in range(runs)]
-    rows.append(
-        [
-            "local pipe `yes | head -c 100000000 > /dev/null`",
-            ms(median(floor)),
-            mbps(median(floor)),
-            mbps(min(floor)),
-            mbps(max(floor)),
-        ]
-    )
+    time_command(floor_cmd)
+    floor = [time_command(floor_cmd) for _ in range(runs)]
+    rows.append(row("local pipe `yes | head -c 100000000 > /dev/null`", floor))
     for label, size, ranks, per_rank in THROUGHPUT_CASES:
         with instance(size, "kary:32") as inst:
             command = _emitter(per_rank)
@@ -556,7 +394,7 @@ def bench_throughput(report: Report, runs: int) -> None:
                 raise RuntimeError(f"{label}: the CLI wrote {got} bytes, expected {TOTAL_BYTES}")
             cli = []
             for run in range(runs):
-                cli.append(run_timed(argv, stdout=subprocess.DEVNULL))
+                cli.append(time_command(argv, stdout=subprocess.DEVNULL))
                 progress(f"throughput: {label} CLI run {run + 1}/{runs}: {ms(cli[-1])} ms")
             with Client(inst.uri) as client:
                 online = online_ranks(client)
@@ -570,24 +408,8 @@ def bench_throughput(report: Report, runs: int) -> None:
                             f"expected {TOTAL_BYTES}"
                         )
                     inproc.append(result.total)
-        rows.append(
-            [
-                f"`tbon exec` CLI, {label}",
-                ms(median(cli)),
-                mbps(median(cli)),
-                mbps(min(cli)),
-                mbps(max(cli)),
-            ]
-        )
-        rows.append(
-            [
-                f"in-process Client, {label}",
-                ms(median(inproc)),
-                mbps(median(inproc)),
-                mbps(min(inproc)),
-                mbps(max(inproc)),
-            ]
-        )
+        rows.append(row(f"`tbon exec` CLI, {label}", cli))
+        rows.append(row(f"in-process Client, {label}", inproc))
     report.heading(f"Throughput: 100 MB of 100-byte lines ({runs} runs each)")
     report.table(["measure", "median ms", "median MB/s", "best MB/s", "worst MB/s"], rows)
     report.note(
@@ -676,9 +498,7 @@ def bench_flux(report: Report, runs: int, tbon: dict[tuple[int, str], float]) ->
             [
                 str(size),
                 topology,
-                ms(median(times)),
-                ms(min(times)),
-                ms(max(times)),
+                *spread(times),
                 ms(mine) if mine is not None else "n/a (latency section not run)",
             ]
         )
@@ -696,32 +516,14 @@ def bench_flux(report: Report, runs: int, tbon: dict[tuple[int, str], float]) ->
 # --- main ---------------------------------------------------------------------------------------
 
 
-def _sections(text: str) -> list[str]:
-    chosen = [word.strip() for word in text.split(",") if word.strip()]
-    unknown = [word for word in chosen if word not in SECTIONS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"--sections: choose from {','.join(SECTIONS)}")
-    return chosen
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="latency runs (default 10)")
     parser.add_argument(
         "--throughput-runs", type=int, default=3, help="throughput runs (default 3)"
     )
-    parser.add_argument("--markdown", action="store_true", help="print GitHub tables")
-    parser.add_argument(
-        "--sections", type=_sections, default=list(SECTIONS), help=f"default {','.join(SECTIONS)}"
-    )
-    args = parser.parse_args(argv)
-    if args.runs < 1 or args.throughput_runs < 1:
-        parser.error("--runs and --throughput-runs must be at least 1")
-    if not TBON.exists():
-        parser.error(f"no tbon console script at {TBON}: run with the project's .venv/bin/python")
-
-    report = Report(args.markdown)
-    print(("" if args.markdown else "# ") + machine_line(), flush=True)
+    args = parse_args(parser, argv, SECTIONS, counts=("--runs", "--throughput-runs"))
+    report = begin("exec", args.markdown, bytecode_note=True)
     cli_medians: dict[tuple[int, str], float] = {}
     steps: dict[str, Callable[[], object]] = {
         "latency": lambda: cli_medians.update(bench_latency(report, args.runs)),

@@ -21,7 +21,7 @@ Sections (select with --sections):
                rank 3 as soon as rank 0 pushes it `lost`; the replacement must be incarnation 2
   startup      for context: interpreter start-up, `import zmq, nacl.public`, `tbon broker --help`
 
-Only the standard library and tbon itself are imported.
+Only the standard library, tbon itself and common.py (next to this script) are imported.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
-import selectors
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,22 +37,34 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-TBON = Path(sys.executable).parent / "tbon"
+from common import (
+    STAT_HEADER,
+    STOP_GRACE_S,
+    TBON,
+    Instance,
+    Report,
+    Watch,
+    all_online,
+    begin,
+    log_tail,
+    median,
+    ms,
+    parse_args,
+    progress,
+    stat_row,
+    tbon_start,
+    time_command,
+    usable_cpus,
+    verdict,
+)
 
 TARGET_LEAF_S = 0.3  # Popen of a leaf joiner -> that rank online
 
-URI_DEADLINE_S = 60.0  # for `tbon start` (wait mode) to print its URI
 JOIN_DEADLINE_S = 30.0  # for joiners to show online (and for the first snapshot, lost, ...)
-STOP_GRACE_S = 15.0  # after SIGTERM to `tbon start`, before SIGKILL; also for joiners to exit
 MANY = 16
 SECTIONS = ("leaf", "interior", "many", "replace", "startup")
 JOIN_ENDPOINT = "tbon.endpoint=tcp://127.0.0.1:*"
-
-
-def progress(text: str) -> None:
-    print(f"[join] {text}", file=sys.stderr, flush=True)
 
 
 # --- an instance in wait mode, and the brokers that join it -------------------------------------
@@ -72,19 +81,19 @@ class Joiner:
         return self.process.pid
 
     def log_tail(self, lines: int = 10) -> str:
-        try:
-            text = Path(self.log_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 @dataclass
-class Instance:
-    process: subprocess.Popen[bytes]
-    uri: str
-    stderr_path: str
+class Joinable:
+    """A `tbon start` in wait mode, and the brokers this script started to join it."""
+
+    launcher: Instance
     joiners: list[Joiner] = field(default_factory=list)
+
+    @property
+    def uri(self) -> str:
+        return self.launcher.uri
 
     def join(self, *attributes: str) -> Joiner:
         """Popen `tbon broker -S broker.boot-server=URI -S ATTR...`; the clock starts at Popen."""
@@ -113,88 +122,21 @@ class Instance:
             if code is not None:
                 raise RuntimeError(
                     f"joiner pid {joiner.pid} exited {code} before the benchmark ended:\n"
-                    f"{joiner.log_tail()}\nlauncher said:\n{self.stderr_tail()}"
+                    f"{joiner.log_tail()}\nlauncher said:\n{self.launcher.stderr_tail()}"
                 )
-
-    def stderr_tail(self, lines: int = 10) -> str:
-        try:
-            text = Path(self.stderr_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager
-def instance(test_size: int, attributes: Sequence[str] = ()) -> Iterator[Instance]:
-    """`tbon start --test-size=N -S ...` in wait mode; on the way out, always: SIGTERM it (by PID),
-    wait for it and for every joiner started through the Instance, SIGKILL what is left, reap."""
-    argv = [str(TBON), "start", f"--test-size={test_size}"]
-    for attribute in attributes:
-        argv += ["-S", attribute]
-    fd, stderr_path = tempfile.mkstemp(prefix="join-start-", suffix=".log")
+def instance(test_size: int, attributes: Sequence[str] = ()) -> Iterator[Joinable]:
+    """common.tbon_start, plus: on the way out, always, once the launcher is stopped (and with it
+    the instance, which the joined brokers leave by themselves), every joiner started through the
+    Joinable is waited for, SIGKILLed if still there, and reaped."""
+    joiners: list[Joiner] = []
     try:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd
-        )
-    except BaseException:
-        os.unlink(stderr_path)
-        raise
+        with tbon_start(test_size, attributes) as launcher:
+            yield Joinable(launcher, joiners)
     finally:
-        os.close(fd)
-    inst: Instance | None = None
-    try:
-        uri = _read_line(process, URI_DEADLINE_S)
-        if not uri.startswith("local://"):
-            tail = Path(stderr_path).read_text(errors="replace")[-2000:]
-            raise RuntimeError(
-                f"`{' '.join(argv)}` printed no URI within {URI_DEADLINE_S:g}s "
-                f"(exit {process.poll()}): {tail}"
-            )
-        inst = Instance(process, uri, stderr_path)
-        yield inst
-    finally:
-        try:
-            stop(process)
-        finally:
-            if inst is not None:
-                reap_joiners(inst.joiners)
-            with contextlib.suppress(OSError):
-                os.unlink(stderr_path)
-
-
-def _read_line(process: subprocess.Popen[bytes], limit: float) -> str:
-    """The first line of `process`'s stdout, or "" at EOF or once `limit` seconds pass."""
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + limit
-    data = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while b"\n" not in data:
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                break
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.split(b"\n", 1)[0].decode(errors="replace").strip()
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process we started, wait STOP_GRACE_S, then SIGKILL it; always reap it."""
-    try:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                progress(f"pid {process.pid} ignored SIGTERM for {STOP_GRACE_S:g}s: SIGKILL")
-                process.kill()
-                process.wait()
-    finally:
-        if process.stdout is not None:
-            process.stdout.close()
+        reap_joiners(joiners)
 
 
 def reap_joiners(joiners: Sequence[Joiner]) -> None:
@@ -216,100 +158,6 @@ def reap_joiners(joiners: Sequence[Joiner]) -> None:
                 os.unlink(joiner.log_path)
 
 
-# --- the status stream ----------------------------------------------------------------------------
-
-
-class Watch:
-    """A status.watch stream to rank 0, opened before any joiner is started."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.tag = client.send("status.watch", {}, nodeid=0)
-
-    def next(self, deadline: float, inst: Instance | None = None) -> tuple[float, dict[str, Any]]:
-        """The next pushed snapshot and the perf_counter() when it arrived. While waiting, checks
-        every half second that no joiner has died (so a failed join fails fast, with its log)."""
-        while True:
-            if inst is not None:
-                inst.check_joiners()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("no status snapshot before the deadline")
-            reply = self.client.receive(min(left, 0.5))
-            if reply is None or reply.tag != self.tag:
-                continue
-            arrived = time.perf_counter()
-            if reply.errnum:
-                raise RuntimeError(f"status.watch failed: {reply.errstr}")
-            return arrived, reply.payload
-
-
-# --- statistics and tables ----------------------------------------------------------------------
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f}"
-
-
-def verdict(ok: bool) -> str:
-    return "ok" if ok else "MISSED"
-
-
-class Report:
-    def __init__(self, markdown: bool) -> None:
-        self.markdown = markdown
-
-    def heading(self, text: str) -> None:
-        print(f"\n### {text}\n" if self.markdown else f"\n== {text} ==", flush=True)
-
-    def note(self, text: str) -> None:
-        print(text if self.markdown else f"  {text}", flush=True)
-
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        if self.markdown:
-            print("| " + " | ".join(header) + " |")
-            print("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
-            for row in rows:
-                print("| " + " | ".join(row) + " |")
-            print(flush=True)
-            return
-        widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-        for i, row in enumerate([header, *rows]):
-            cells = [
-                str(c).ljust(w) if j == 0 else str(c).rjust(w)
-                for j, (c, w) in enumerate(zip(row, widths, strict=True))
-            ]
-            print("  " + "  ".join(cells).rstrip())
-            if i == 0:
-                print("  " + "  ".join("-" * w for w in widths))
-        sys.stdout.flush()
-
-
-def stat_row(label: str, values: Sequence[float], target: str = "") -> list[str]:
-    return [label, ms(median(values)), ms(min(values)), ms(max(values)), target]
-
-
-STAT_HEADER = ["measure", "median ms", "min ms", "max ms", "target"]
-
-
-def machine_line() -> str:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"machine: {platform.node()} {platform.system()} {platform.release()} "
-        f"{platform.machine()}, "
-        f"nproc {usable}, Python {platform.python_version()} ({sys.executable}), "
-        f"load average {load}. Shared, noisy machine: read medians, not single runs."
-    )
-
-
 # --- 1 and 2. one joiner for one rank -------------------------------------------------------------
 
 
@@ -327,15 +175,13 @@ def join_one(test_size: int, size: int, fanout: int, rank: int) -> JoinTimes:
     with instance(test_size, attributes) as inst, Client(inst.uri) as client:
         watch = Watch(client)
         deadline = time.monotonic() + JOIN_DEADLINE_S
-        _, snapshot = watch.next(deadline)
-        while not all(r["state"] == "online" for r in snapshot["ranks"][:test_size]):
-            _, snapshot = watch.next(deadline)
+        _, snapshot = watch.until(deadline, lambda s: all_online(s, test_size))
         if snapshot["ranks"][rank]["state"] != "vacant":
             raise RuntimeError(f"rank {rank} is not vacant: {snapshot['ranks'][rank]}")
         joiner = inst.join(f"broker.rank={rank}")
         reserved_at = None
         while True:
-            arrived, snapshot = watch.next(deadline, inst)
+            arrived, snapshot = watch.next(deadline, inst.check_joiners)
             state = snapshot["ranks"][rank]
             if reserved_at is None and state["state"] == "reserved":
                 reserved_at = arrived
@@ -418,7 +264,7 @@ def join_many(count: int) -> ManyTimes:
         online_at: dict[int, float] = {}  # pid -> first snapshot showing its rank online
         first_reserved = None
         while len(online_at) < count:
-            arrived, snapshot = watch.next(deadline, inst)
+            arrived, snapshot = watch.next(deadline, inst.check_joiners)
             for entry in snapshot["ranks"][1:]:
                 pid = entry["pid"]
                 if first_reserved is None and entry["state"] in ("reserved", "online"):
@@ -461,10 +307,7 @@ def bench_many(report: Report, runs: int) -> None:
     if cpu:
         rows.append(stat_row("CPU per joiner (user+sys) when all are online", cpu))
     report.table(STAT_HEADER, rows)
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
+    usable = usable_cpus() or 1
     report.note(
         f"Ranks 5-{MANY} are children of ranks 1-4, so some joiners wait for their parent. All "
         f"{MANY} start together on {usable} CPUs: start-up is CPU-bound, so the floor for the "
@@ -489,24 +332,20 @@ def replace_once() -> ReplaceTimes:
     with instance(4, ["tbon.fanout=2"]) as inst, Client(inst.uri) as client:
         watch = Watch(client)
         deadline = time.monotonic() + JOIN_DEADLINE_S
-        _, snapshot = watch.next(deadline)
-        while not all(r["state"] == "online" for r in snapshot["ranks"]):
-            _, snapshot = watch.next(deadline)
+        _, snapshot = watch.until(deadline, all_online)
         old = snapshot["ranks"][rank]
         if old["parent"] != 1 or old["children"] or not old["pid"]:
             raise RuntimeError(f"rank {rank} is not an online leaf under rank 1: {old}")
         killed = time.perf_counter()
         os.kill(old["pid"], signal.SIGKILL)  # a broker of the `tbon start` we started
-        while True:
-            lost_at, snapshot = watch.next(deadline, inst)
-            if snapshot["ranks"][rank]["state"] == "lost":
-                break
+        lost_at, _ = watch.until(
+            deadline, lambda s: s["ranks"][rank]["state"] == "lost", inst.check_joiners
+        )
         joiner = inst.join(f"broker.rank={rank}")
-        while True:
-            online_at, snapshot = watch.next(deadline, inst)
-            entry = snapshot["ranks"][rank]
-            if entry["state"] == "online":
-                break
+        online_at, snapshot = watch.until(
+            deadline, lambda s: s["ranks"][rank]["state"] == "online", inst.check_joiners
+        )
+        entry = snapshot["ranks"][rank]
         if entry["incarnation"] != old["incarnation"] + 1 or entry["pid"] != joiner.pid:
             raise RuntimeError(
                 f"replacement of rank {rank}: incarnation {entry['incarnation']} pid "
@@ -546,17 +385,6 @@ def bench_replace(report: Report, runs: int) -> None:
 # --- 5. start-up floor --------------------------------------------------------------------------
 
 
-def _time_command(argv: Sequence[str], runs: int) -> list[float]:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run(
-            list(argv), stdin=subprocess.DEVNULL, capture_output=True, check=True, timeout=60
-        )
-        times.append(time.perf_counter() - started)
-    return times
-
-
 def bench_startup(report: Report, runs: int) -> None:
     python = sys.executable
     commands = [
@@ -567,8 +395,8 @@ def bench_startup(report: Report, runs: int) -> None:
     rows = []
     for label, argv in commands:
         progress(f"startup: {label}")
-        _time_command(argv, 1)  # warm-up
-        rows.append(stat_row(label, _time_command(argv, runs)))
+        time_command(argv)  # warm-up
+        rows.append(stat_row(label, [time_command(argv) for _ in range(runs)]))
     report.heading(f"For context: process start-up ({runs} runs each)")
     report.table(STAT_HEADER, rows)
     report.note(
@@ -581,29 +409,11 @@ def bench_startup(report: Report, runs: int) -> None:
 # --- main ---------------------------------------------------------------------------------------
 
 
-def _sections(text: str) -> list[str]:
-    chosen = [word.strip() for word in text.split(",") if word.strip()]
-    unknown = [word for word in chosen if word not in SECTIONS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"--sections: choose from {','.join(SECTIONS)}")
-    return chosen
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per measurement (default 7)")
-    parser.add_argument("--markdown", action="store_true", help="print GitHub tables")
-    parser.add_argument(
-        "--sections", type=_sections, default=list(SECTIONS), help=f"default {','.join(SECTIONS)}"
-    )
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    if not TBON.exists():
-        parser.error(f"no tbon console script at {TBON}: run with the project's .venv/bin/python")
-
-    report = Report(args.markdown)
-    print(("" if args.markdown else "# ") + machine_line(), flush=True)
+    args = parse_args(parser, argv, SECTIONS)
+    report = begin("join", args.markdown)
     progress("warm-up: one leaf join (page cache, .pyc)")
     join_one(3, 4, 2, 3)
     steps: dict[str, Callable[[], object]] = {

@@ -18,29 +18,38 @@ Sections (select with --sections):
   ping  `tbon ping` round trips to rank 3 (two hops: 0 -> 1 -> 3) and rank 0 (zero hops), and
         in-process Client.rpc("broker.ping") round trips, which is what the < 1 ms target means
 
-Only the standard library and tbon itself are imported.
+Only the standard library, tbon itself and common.py (next to this script) are imported.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
-import selectors
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-TBON = Path(sys.executable).parent / "tbon"
+from common import (
+    STAT_HEADER,
+    TBON,
+    Report,
+    Watch,
+    begin,
+    median,
+    parse_args,
+    percentile,
+    progress,
+    spread,
+    stat_row,
+    tbon_start,
+    time_command,
+    verdict,
+)
 
 # The targets from the issue, each next to its measurement.
 TARGET_WALL_64_S = 1.5  # size 64 up + down
@@ -48,168 +57,39 @@ TARGET_RSS_MB = 30.0  # per broker
 TARGET_LOST_S = 0.5  # leaf SIGKILL -> rank 0 shows it lost
 TARGET_PING_MS = 1.0  # round trip to a rank two hops down
 
-URI_DEADLINE_S = 60.0  # for `tbon start` (wait mode) to print its URI
-STOP_GRACE_S = 15.0  # after SIGTERM, before we SIGKILL the `tbon start` we started
 LOST_DEADLINE_S = 10.0  # for the lost snapshot to arrive
 SECTIONS = ("wall", "rss", "lost", "ping")
 
 
-def progress(text: str) -> None:
-    print(f"[wireup] {text}", file=sys.stderr, flush=True)
-
-
-# --- an instance in wait mode -------------------------------------------------------------------
-
-
-@dataclass
-class Instance:
-    process: subprocess.Popen[bytes]
-    uri: str
-    stderr_path: str
-
-    def status(self) -> dict[str, Any]:
-        done = subprocess.run(
-            [str(TBON), "status", self.uri, "--json"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"tbon status failed ({done.returncode}): {done.stderr.decode()}")
-        return json.loads(done.stdout)
-
-    def stderr_tail(self, lines: int = 10) -> str:
-        try:
-            text = Path(self.stderr_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-@contextlib.contextmanager
-def instance(size: int, attributes: Sequence[str] = ()) -> Iterator[Instance]:
-    """`tbon start --test-size=N` in wait mode; SIGTERM it (by PID) on the way out, always."""
-    argv = [str(TBON), "start", f"--test-size={size}"]
-    for attribute in attributes:
-        argv += ["-S", attribute]
-    fd, stderr_path = tempfile.mkstemp(prefix="wireup-stderr-", suffix=".log")
-    try:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd
-        )
-    except BaseException:
-        os.unlink(stderr_path)
-        raise
-    finally:
-        os.close(fd)
-    try:
-        uri = _read_line(process, URI_DEADLINE_S)
-        if not uri.startswith("local://"):
-            tail = Path(stderr_path).read_text(errors="replace")[-2000:]
-            raise RuntimeError(
-                f"`{' '.join(argv)}` printed no URI within {URI_DEADLINE_S:g}s "
-                f"(exit {process.poll()}): {tail}"
-            )
-        yield Instance(process, uri, stderr_path)
-    finally:
-        stop(process)
-        with contextlib.suppress(OSError):
-            os.unlink(stderr_path)
-
-
-def _read_line(process: subprocess.Popen[bytes], limit: float) -> str:
-    """The first line of `process`'s stdout, or "" at EOF or once `limit` seconds pass."""
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + limit
-    data = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while b"\n" not in data:
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                break
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.split(b"\n", 1)[0].decode(errors="replace").strip()
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process we started, wait STOP_GRACE_S, then SIGKILL it; always reap it."""
-    try:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                progress(f"pid {process.pid} ignored SIGTERM for {STOP_GRACE_S:g}s: SIGKILL")
-                process.kill()
-                process.wait()
-    finally:
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-# --- statistics and tables ----------------------------------------------------------------------
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def verdict(ok: bool) -> str:
-    return "ok" if ok else "MISSED"
-
-
-class Report:
-    def __init__(self, markdown: bool) -> None:
-        self.markdown = markdown
-
-    def heading(self, text: str) -> None:
-        print(f"\n### {text}\n" if self.markdown else f"\n== {text} ==")
-
-    def note(self, text: str) -> None:
-        print(text if self.markdown else f"  {text}")
-
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        if self.markdown:
-            print("| " + " | ".join(header) + " |")
-            print("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
-            for row in rows:
-                print("| " + " | ".join(row) + " |")
-            print()
-            return
-        widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-        for i, row in enumerate([header, *rows]):
-            cells = [
-                str(c).ljust(w) if j == 0 else str(c).rjust(w)
-                for j, (c, w) in enumerate(zip(row, widths, strict=True))
-            ]
-            print("  " + "  ".join(cells).rstrip())
-            if i == 0:
-                print("  " + "  ".join("-" * w for w in widths))
-
-
-def machine_line() -> str:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"machine: {platform.node()} {platform.system()} {platform.release()} "
-        f"{platform.machine()}, "
-        f"nproc {usable}, Python {platform.python_version()} ({sys.executable}), "
-        f"load average {load}. Shared, noisy machine: read medians, not single runs."
+def tbon_json(*args: str, timeout: float) -> Any:
+    """`tbon ARGS... --json`, parsed: what the CLI itself reports, as a user would get it."""
+    done = subprocess.run(
+        [str(TBON), *args, "--json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
     )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"tbon {args[0]} failed ({done.returncode}): {done.stderr.decode(errors='replace')}"
+        )
+    return json.loads(done.stdout)
+
+
+def status(uri: str) -> dict[str, Any]:
+    """`tbon status URI --json`: the rank table (pids included)."""
+    return tbon_json("status", uri, timeout=30)
+
+
+def seconds(value: float) -> str:
+    """Seconds to the millisecond: start-up and shutdown take a good part of a second."""
+    return f"{value:.3f}"
+
+
+def ms1(value: float) -> str:
+    """Milliseconds to a tenth: lost detection is a few ms, whole ms would hide the spread."""
+    return f"{value * 1000:.1f}"
 
 
 # --- 1. wall time of `tbon start --test-size=N true` --------------------------------------------
@@ -218,47 +98,31 @@ def machine_line() -> str:
 def bench_wall(report: Report, sizes: Sequence[int], runs: int) -> None:
     progress("wall: warm-up run (page cache, .pyc)")
     _run_start(1)
-    floor = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run(
-            [str(TBON), "--help"], stdin=subprocess.DEVNULL, capture_output=True, check=True
-        )
-        floor.append(time.perf_counter() - started)
+    floor = [time_command([str(TBON), "--help"]) for _ in range(runs)]
     rows = []
     for size in sizes:
         times = []
         for run in range(runs):
             times.append(_run_start(size))
-            progress(f"wall: size {size} run {run + 1}/{runs}: {times[-1]:.3f} s")
+            progress(f"wall: size {size} run {run + 1}/{runs}: {seconds(times[-1])} s")
         target = verdict(median(times) <= TARGET_WALL_64_S) if size == 64 else ""
         rows.append(
             [
                 str(size),
-                f"{median(times):.3f}",
-                f"{min(times):.3f}",
-                f"{max(times):.3f}",
+                *spread(times, seconds),
                 f"≤ {TARGET_WALL_64_S:g} s {target}" if size == 64 else "",
             ]
         )
     report.heading(f"Start-up + shutdown: `tbon start --test-size=N true` ({runs} runs)")
     report.table(["N", "median s", "min s", "max s", "target"], rows)
     report.note(
-        f"CLI floor (`tbon --help`, interpreter + Typer import): median {median(floor):.3f} s, "
-        f"min {min(floor):.3f} s."
+        f"CLI floor (`tbon --help`, interpreter + Typer import): median {seconds(median(floor))} "
+        f"s, min {seconds(min(floor))} s."
     )
 
 
 def _run_start(size: int) -> float:
-    argv = [str(TBON), "start", f"--test-size={size}", "true"]
-    started = time.perf_counter()
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.decode(errors='replace')}"
-        )
-    return elapsed
+    return time_command([str(TBON), "start", f"--test-size={size}", "true"])
 
 
 # --- 2. memory per broker -----------------------------------------------------------------------
@@ -284,8 +148,8 @@ def bench_rss(report: Report, sizes: Sequence[int]) -> None:
     worst_mb = 0.0
     for size in sizes:
         progress(f"rss: size {size}")
-        with instance(size) as inst:
-            table = inst.status()
+        with tbon_start(size) as inst:
+            table = status(inst.uri)
             pids = [r["pid"] for r in table["ranks"] if r["pid"]]
             if len(pids) != size:
                 raise RuntimeError(f"size {size}: status shows {len(pids)} broker pids")
@@ -334,27 +198,28 @@ def bench_lost(report: Report, runs: int) -> None:
     lost_times: list[float] = []
     degraded_times: list[float] = []
     for run in range(runs):
-        with instance(4, ["tbon.fanout=2"]) as inst, Client(inst.uri) as client:
-            tag = client.send("status.watch", {}, nodeid=0)
-            snapshot = _next_snapshot(client, tag, time.monotonic() + 10.0)
-            if snapshot is None:
-                raise RuntimeError("no status snapshot from rank 0 within 10s")
+        with tbon_start(4, ["tbon.fanout=2"]) as inst, Client(inst.uri) as client:
+            watch = Watch(client)
+            try:
+                _, snapshot = watch.next(time.monotonic() + 10.0)
+            except TimeoutError:
+                raise RuntimeError("no status snapshot from rank 0 within 10s") from None
             leaf = snapshot["ranks"][3]
             if leaf["parent"] != 1 or leaf["children"] or leaf["state"] != "online":
                 raise RuntimeError(f"rank 3 is not an online leaf under rank 1: {leaf}")
-            pid = leaf["pid"] or inst.status()["ranks"][3]["pid"]
+            pid = leaf["pid"] or status(inst.uri)["ranks"][3]["pid"]
             killed = time.perf_counter()
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + LOST_DEADLINE_S
             lost_at = degraded_at = None
             while lost_at is None:
-                snapshot = _next_snapshot(client, tag, deadline)
-                if snapshot is None:
+                try:
+                    now, snapshot = watch.next(deadline)
+                except TimeoutError:
                     raise RuntimeError(
                         f"rank 3 not shown lost within {LOST_DEADLINE_S:g}s of SIGKILL; "
                         f"launcher said: {inst.stderr_tail()}"
-                    )
-                now = time.perf_counter()
+                    ) from None
                 ranks = snapshot["ranks"]
                 if degraded_at is None and ranks[0]["subtree"] == "degraded":
                     degraded_at = now
@@ -362,46 +227,25 @@ def bench_lost(report: Report, runs: int) -> None:
                     lost_at = now
             lost_times.append(lost_at - killed)
             degraded_times.append((degraded_at or lost_at) - killed)
-            progress(f"lost: run {run + 1}/{runs}: {lost_times[-1] * 1000:.1f} ms")
+            progress(f"lost: run {run + 1}/{runs}: {ms1(lost_times[-1])} ms")
     report.heading(f"Lost detection: SIGKILL leaf rank 3 (size 4, fanout 2), {runs} runs")
+    lost_ok = verdict(median(lost_times) < TARGET_LOST_S)
     report.table(
-        ["measure", "median ms", "min ms", "max ms", "target"],
+        STAT_HEADER,
         [
-            [
+            stat_row(
                 "kill → rank 3 `lost` pushed to client",
-                f"{median(lost_times) * 1000:.1f}",
-                f"{min(lost_times) * 1000:.1f}",
-                f"{max(lost_times) * 1000:.1f}",
-                f"< {TARGET_LOST_S * 1000:g} ms {verdict(median(lost_times) < TARGET_LOST_S)}",
-            ],
-            [
-                "kill → rank 0 subtree `degraded`",
-                f"{median(degraded_times) * 1000:.1f}",
-                f"{min(degraded_times) * 1000:.1f}",
-                f"{max(degraded_times) * 1000:.1f}",
-                "",
-            ],
+                lost_times,
+                f"< {TARGET_LOST_S * 1000:g} ms {lost_ok}",
+                ms1,
+            ),
+            stat_row("kill → rank 0 subtree `degraded`", degraded_times, unit=ms1),
         ],
     )
     report.note(
         "Timed in-process: Client.send('status.watch') to rank 0, then Client.receive() of each "
         "pushed snapshot; the clock stops at the first snapshot showing rank 3 lost."
     )
-
-
-def _next_snapshot(client: Any, tag: int, deadline: float) -> dict[str, Any] | None:
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        reply = client.receive(left)
-        if reply is None:
-            return None
-        if reply.tag != tag:
-            continue
-        if reply.errnum:
-            raise RuntimeError(f"status.watch failed: {reply.errstr}")
-        return reply.payload
 
 
 # --- 4. ping ------------------------------------------------------------------------------------
@@ -412,21 +256,12 @@ def bench_ping(report: Report, count_cli: int = 200, count_rpc: int = 1000) -> N
 
     progress("ping: size 16, fanout 2")
     rows = []
-    with instance(16, ["tbon.fanout=2"]) as inst:
-        ranks = inst.status()["ranks"]
+    with tbon_start(16, ["tbon.fanout=2"]) as inst:
+        ranks = status(inst.uri)["ranks"]
         if ranks[3]["parent"] != 1 or ranks[1]["parent"] != 0:
             raise RuntimeError("rank 3 is not two hops down (0 -> 1 -> 3)")
         for rank in (3, 0):
-            done = subprocess.run(
-                [str(TBON), "ping", inst.uri, str(rank), "--count", str(count_cli), "--json"],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=120,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"tbon ping failed: {done.stderr.decode(errors='replace')}")
-            result = json.loads(done.stdout)
+            result = tbon_json("ping", inst.uri, str(rank), "--count", str(count_cli), timeout=120)
             rtt = result["rtt_ms"]
             rows.append(
                 [
@@ -489,30 +324,12 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _sections(text: str) -> list[str]:
-    chosen = [word.strip() for word in text.split(",") if word.strip()]
-    unknown = [word for word in chosen if word not in SECTIONS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"--sections: choose from {','.join(SECTIONS)}")
-    return chosen
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (default 5)")
     parser.add_argument("--sizes", type=_sizes, default=[1, 4, 16, 64], help="default 1,4,16,64")
-    parser.add_argument("--markdown", action="store_true", help="print GitHub tables")
-    parser.add_argument(
-        "--sections", type=_sections, default=list(SECTIONS), help=f"default {','.join(SECTIONS)}"
-    )
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    if not TBON.exists():
-        parser.error(f"no tbon console script at {TBON}: run with the project's .venv/bin/python")
-
-    report = Report(args.markdown)
-    print(("" if args.markdown else "# ") + machine_line())
+    args = parse_args(parser, argv, SECTIONS)
+    report = begin("wireup", args.markdown)
     steps: dict[str, Callable[[], None]] = {
         "wall": lambda: bench_wall(report, args.sizes, args.runs),
         "rss": lambda: bench_rss(report, args.sizes),
