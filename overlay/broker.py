@@ -7,7 +7,6 @@ and those objects, and keeps the clock.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import itertools
 import logging
@@ -23,9 +22,11 @@ from typing import Any
 
 import zmq
 
-from tbon.keys.cert import decode_key, fingerprint, generate_keypair
+from tbon.keys.cert import generate_keypair
 from tbon.overlay import exitcodes
 from tbon.overlay.bootstrap import Wireup, pmi_wireup, singleton_wireup
+from tbon.overlay.broker_exec import ExecServices
+from tbon.overlay.broker_flub import FlubServices
 from tbon.overlay.children import Children
 from tbon.overlay.config import BrokerConfig, host_address
 from tbon.overlay.errors import TbonError
@@ -37,7 +38,7 @@ from tbon.overlay.message import ANY_RANK, Kind, Message
 from tbon.overlay.numbers import is_decimal, is_int
 from tbon.overlay.parent import LinkEnded, ParentLink
 from tbon.overlay.pmi_client import PmiClient
-from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable, Reserve
+from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable
 from tbon.overlay.reports import encode_event
 from tbon.overlay.topology import Topology
 
@@ -47,7 +48,7 @@ ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown"})
 BATCH = 256  # messages read from one socket before the others get a turn
 
 
-class Broker:
+class Broker(FlubServices, ExecServices):
     def __init__(self, config: BrokerConfig, command: list[str]) -> None:
         self.config = config
         self.command = command
@@ -136,26 +137,6 @@ class Broker:
             )
             self.parent.connect(wireup.parent.endpoint, wireup.parent.public_key, now)
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
-
-    def _adopt(self, attributes: dict[str, Any]) -> None:
-        """Take the instance's liveness settings, so that both ends of each link agree."""
-        self.config = dataclasses.replace(
-            self.config,
-            heartbeat=float(attributes["tbon.heartbeat"]),
-            torpid=float(attributes["tbon.torpid"]),
-            timeout=float(attributes["tbon.timeout"]),
-            join_timeout=float(attributes["broker.join-timeout"]),
-        )
-        if self.children is not None:
-            self.children.config = self.config
-
-    def _instance_attributes(self) -> dict[str, Any]:
-        return {
-            "tbon.heartbeat": self.config.heartbeat,
-            "tbon.torpid": self.config.torpid,
-            "tbon.timeout": self.config.timeout,
-            "broker.join-timeout": self.config.join_timeout,
-        }
 
     def _bind(self, topology: Topology, rank: int) -> str:
         self.children = Children(self.context, rank, topology, self.config, self._secret)
@@ -451,19 +432,6 @@ class Broker:
                 self._client_gone(hop, reply.nodeid)
         return False
 
-    def _local_client_gone(self, hop: str) -> None:
-        """A client of this broker's socket closed its connection: kill the jobs it started
-        wherever they run, and end its status streams at rank 0."""
-        for job in self._client_jobs.pop(hop, []):
-            kill = {
-                "id": job.get("id"),
-                "signal": int(signal.SIGKILL),
-                "targets": job.get("targets", []),
-            }
-            self._route(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0), "s", time.monotonic())
-        self._client_gone(hop, 0)
-        self._gone = {(h, r) for h, r in self._gone if h != hop}  # ids are never reused soon
-
     def _client_gone(self, hop: str, origin: int) -> None:
         """Tell the rank serving a stream that its client went away, along the stream's route."""
         if (hop, origin) in self._gone:
@@ -533,201 +501,6 @@ class Broker:
             self.begin_shutdown(now)
             return None
         return request.fail(errno.ENOSYS, f"unknown request {topic!r}")
-
-    # --- exec -------------------------------------------------------------------------------
-
-    def _fan_out(self, request: Message) -> Message | None:
-        """exec.*: act here if this rank is a target, and send one copy to each child whose
-        subtree holds targets. Answers travel back along the request's route, so one request
-        reaches every target and rank 0 never talks to more than its own children."""
-        targets = request.payload.get("targets")
-        if not isinstance(targets, list) or not all(is_int(t) for t in targets):
-            return request.fail(errno.EINVAL, f"{request.topic} needs a list of target ranks")
-        below: dict[int, list[int]] = {}
-        for target in targets:
-            if 0 <= target < self.topology.size and self.topology.is_ancestor(self.rank, target):
-                below.setdefault(self.topology.next_hop(self.rank, target), []).append(target)
-        for child, ranks in below.items():
-            copy = Message(
-                Kind.REQUEST,
-                request.topic,
-                {**request.payload, "targets": ranks},
-                nodeid=child,
-                tag=request.tag,
-                route=list(request.route),
-            )
-            sent = self.children is not None and self.children.send(child, copy)
-            if not sent and request.topic == "exec.start":
-                for rank in ranks:
-                    self._respond(
-                        request.respond(
-                            {"rank": rank, "error": self._unreachable(rank, child)}, streaming=True
-                        )
-                    )
-        if self.rank in targets:
-            self._exec_here(request)
-        return None
-
-    def _exec_here(self, request: Message) -> None:
-        payload = request.payload
-        job_id = str(payload.get("id", ""))
-        if request.topic == "exec.stdin":
-            data, eof = payload.get("data", ""), bool(payload.get("eof"))
-            self.execd.write_stdin(job_id, data if isinstance(data, str) else "", eof)
-        elif request.topic == "exec.signal":
-            signum = payload.get("signal")
-            if is_int(signum) and 0 < signum < signal.NSIG:
-                self.execd.send_signal(job_id, signum)
-        elif self.stopping:
-            self._respond(
-                request.respond(
-                    {"rank": self.rank, "error": f"rank {self.rank} is shutting down"},
-                    streaming=True,
-                )
-            )
-        elif (refused := self.execd.start(request)) is not None:
-            self._respond(
-                request.respond({"rank": self.rank, "error": refused.errstr}, streaming=True)
-            )
-
-    # --- FLUB -------------------------------------------------------------------------------
-
-    def _allocate(self, request: Message, now: float) -> Message:
-        """Rank 0: reserve a rank for a joining broker's key (atomic: one table, one thread)."""
-        assert self.instance is not None
-        payload = request.payload
-        key, host, rank = payload.get("public_key"), payload.get("hostname"), payload.get("rank")
-        if not isinstance(key, str) or not _valid_key(key) or not isinstance(host, str):
-            return request.fail(errno.EINVAL, "flub.allocate needs public_key and hostname")
-        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
-            return request.fail(errno.EINVAL, "flub.allocate: rank must be a whole number")
-        if self.stopping:
-            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
-        table = self.instance.table
-        grant = table.reserve(Reserve(key, host, rank, self.config.join_timeout), now)
-        if not grant.granted:
-            log.info("FLUB: refused a joiner on %s: %s", host, grant.reason)
-            errnum = errno.ENOSPC if rank is None else errno.EBUSY
-            if rank is not None and not 0 <= rank < self.topology.size:
-                errnum = errno.ENOENT
-            return request.fail(errnum, grant.reason)
-        self._due = 0.0  # a new lease to watch
-        if not grant.repeated:
-            log.info(
-                "FLUB: rank %d incarnation %d reserved for %s (key %s)",
-                grant.rank,
-                grant.incarnation,
-                host,
-                fingerprint(key),
-            )
-        return request.respond(
-            {
-                "rank": grant.rank,
-                "incarnation": grant.incarnation,
-                "size": self.topology.size,
-                "topo": self.topology.spec,
-                "parent": self.topology.parent(grant.rank),
-                "lease": self._lease_left(grant.rank, now),
-                "attributes": self._instance_attributes(),
-            }
-        )
-
-    def _lease_left(self, rank: int, now: float) -> float:
-        assert self.instance is not None
-        until = self.instance.table.entry(rank).lease_until
-        return max(0.0, (until or now) - now)
-
-    def _kex(self, request: Message) -> Message | None:
-        """A parent: check a joiner's key with rank 0, then authorize it for that incarnation."""
-        payload = request.payload
-        rank, incarnation, key = (
-            payload.get("rank"),
-            payload.get("incarnation"),
-            payload.get("public_key"),
-        )
-        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
-            return request.fail(errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
-        assert isinstance(rank, int) and isinstance(incarnation, int)
-        if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
-            return request.fail(errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
-        if self.stopping:
-            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
-        if self.children is None:
-            return request.fail(errno.EPERM, f"rank {self.rank} takes no children")
-
-        def verified(reply: Message) -> None:
-            if reply.errnum:
-                log.warning("refused a key exchange for rank %d: %s", rank, reply.errstr)
-                self._respond(request.fail(errno.EPERM, reply.errstr))
-                return
-            assert self.children is not None
-            self.children.authorize(rank, incarnation, key)
-            self._respond(
-                request.respond(
-                    {
-                        "endpoint": self.endpoint,
-                        "public_key": self.public,
-                        "hostname": self.config.hostname,
-                    }
-                )
-            )
-
-        self._call(
-            Message(
-                Kind.REQUEST,
-                "flub.verify",
-                {"rank": rank, "incarnation": incarnation, "public_key": key},
-                nodeid=0,
-            ),
-            verified,
-        )
-        return None
-
-    def _revoke(self, request: Message) -> Message | None:
-        """A parent, told by rank 0 that an incarnation of its child is void: cut it off."""
-        payload = request.payload
-        rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if not self._from_rank0(request):
-            log.warning("refused flub.revoke for rank %s: not from rank 0", rank)
-            return request.fail(errno.EPERM, "flub.revoke comes from rank 0 only")
-        if self.children is not None and is_int(rank) and is_int(incarnation):
-            assert isinstance(rank, int) and isinstance(incarnation, int)
-            self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
-        return None
-
-    def _from_rank0(self, request: Message) -> bool:
-        """Whether rank 0 itself sent `request`. Each broker on the way pushed the hop it came
-        from, and only the last level+1 hops were pushed by brokers we trust (our ancestors):
-        rank 0's own "s" followed by one "p" per level down to us."""
-        level = self.topology.level(self.rank)
-        return request.route[-(level + 1) :] == ["s"] + ["p"] * level
-
-    def _void(self, rank: int, incarnation: int, reason: str) -> None:
-        """Rank 0: make the parent of `rank` drop that incarnation's key and connection."""
-        parent = self.topology.parent(rank)
-        if parent is None:
-            return
-        notice = Message(
-            Kind.REQUEST,
-            "flub.revoke",
-            {"rank": rank, "incarnation": incarnation, "reason": reason},
-            nodeid=parent,
-        )
-        self._route(notice, "s", time.monotonic())  # one-way: no tag, no answer awaited
-
-    def _expire_leases(self, now: float) -> None:
-        assert self.instance is not None
-        for expiry in self.instance.table.expired(now):
-            entry = self.instance.table.entry(expiry.rank)
-            host = entry.host
-            if self.instance.apply(expiry, now).applied:
-                log.warning(
-                    "FLUB: the reservation of rank %d incarnation %d for %s expired",
-                    expiry.rank,
-                    expiry.incarnation,
-                    host,
-                )
-                self._void(expiry.rank, expiry.incarnation, "the reservation expired")
 
     def _identity(self) -> dict[str, Any]:
         return {"rank": self.rank, "hostname": self.config.hostname, "pid": os.getpid()}
@@ -842,14 +615,6 @@ class Broker:
         signal.set_wakeup_fd(-1)
         if self._created_rundir is not None:
             shutil.rmtree(self._created_rundir, ignore_errors=True)
-
-
-def _valid_key(key: str) -> bool:
-    try:
-        decode_key(key)
-    except ValueError:
-        return False
-    return True
 
 
 class _RankFormatter(logging.Formatter):

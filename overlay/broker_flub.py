@@ -1,0 +1,204 @@
+"""The broker's FLUB services: reservations and lease expiry at rank 0, key exchange and
+revocation at a joiner's parent (docs/flub.md). A mixin of Broker, in a module of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tbon.keys.cert import decode_key, fingerprint
+from tbon.overlay.children import Children
+from tbon.overlay.config import BrokerConfig
+from tbon.overlay.instance import Instance
+from tbon.overlay.message import Kind, Message
+from tbon.overlay.numbers import is_int
+from tbon.overlay.ranktable import Reserve
+from tbon.overlay.topology import Topology
+
+log = logging.getLogger("tbon.broker")
+
+
+class FlubServices:
+    """What a broker does for joining brokers (the attributes are Broker's)."""
+
+    rank: int
+    config: BrokerConfig
+    topology: Topology
+    children: Children | None
+    instance: Instance | None
+    stopping: bool
+    public: str
+    endpoint: str
+    _due: float
+    _call: Callable[[Message, Callable[[Message], None]], None]
+    _respond: Callable[[Message], bool]
+    _route: Callable[[Message, str, float], None]
+
+    def _adopt(self, attributes: dict[str, Any]) -> None:
+        """Take the instance's liveness settings, so that both ends of each link agree."""
+        self.config = dataclasses.replace(
+            self.config,
+            heartbeat=float(attributes["tbon.heartbeat"]),
+            torpid=float(attributes["tbon.torpid"]),
+            timeout=float(attributes["tbon.timeout"]),
+            join_timeout=float(attributes["broker.join-timeout"]),
+        )
+        if self.children is not None:
+            self.children.config = self.config
+
+    def _instance_attributes(self) -> dict[str, Any]:
+        return {
+            "tbon.heartbeat": self.config.heartbeat,
+            "tbon.torpid": self.config.torpid,
+            "tbon.timeout": self.config.timeout,
+            "broker.join-timeout": self.config.join_timeout,
+        }
+
+    def _allocate(self, request: Message, now: float) -> Message:
+        """Rank 0: reserve a rank for a joining broker's key (atomic: one table, one thread)."""
+        assert self.instance is not None
+        payload = request.payload
+        key, host, rank = payload.get("public_key"), payload.get("hostname"), payload.get("rank")
+        if not isinstance(key, str) or not _valid_key(key) or not isinstance(host, str):
+            return request.fail(errno.EINVAL, "flub.allocate needs public_key and hostname")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+            return request.fail(errno.EINVAL, "flub.allocate: rank must be a whole number")
+        if self.stopping:
+            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
+        table = self.instance.table
+        grant = table.reserve(Reserve(key, host, rank, self.config.join_timeout), now)
+        if not grant.granted:
+            log.info("FLUB: refused a joiner on %s: %s", host, grant.reason)
+            errnum = errno.ENOSPC if rank is None else errno.EBUSY
+            if rank is not None and not 0 <= rank < self.topology.size:
+                errnum = errno.ENOENT
+            return request.fail(errnum, grant.reason)
+        self._due = 0.0  # a new lease to watch
+        if not grant.repeated:
+            log.info(
+                "FLUB: rank %d incarnation %d reserved for %s (key %s)",
+                grant.rank,
+                grant.incarnation,
+                host,
+                fingerprint(key),
+            )
+        return request.respond(
+            {
+                "rank": grant.rank,
+                "incarnation": grant.incarnation,
+                "size": self.topology.size,
+                "topo": self.topology.spec,
+                "parent": self.topology.parent(grant.rank),
+                "lease": self._lease_left(grant.rank, now),
+                "attributes": self._instance_attributes(),
+            }
+        )
+
+    def _lease_left(self, rank: int, now: float) -> float:
+        assert self.instance is not None
+        until = self.instance.table.entry(rank).lease_until
+        return max(0.0, (until or now) - now)
+
+    def _kex(self, request: Message) -> Message | None:
+        """A parent: check a joiner's key with rank 0, then authorize it for that incarnation."""
+        payload = request.payload
+        rank, incarnation, key = (
+            payload.get("rank"),
+            payload.get("incarnation"),
+            payload.get("public_key"),
+        )
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
+            return request.fail(errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
+            return request.fail(errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
+        if self.stopping:
+            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
+        if self.children is None:
+            return request.fail(errno.EPERM, f"rank {self.rank} takes no children")
+
+        def verified(reply: Message) -> None:
+            if reply.errnum:
+                log.warning("refused a key exchange for rank %d: %s", rank, reply.errstr)
+                self._respond(request.fail(errno.EPERM, reply.errstr))
+                return
+            assert self.children is not None
+            self.children.authorize(rank, incarnation, key)
+            self._respond(
+                request.respond(
+                    {
+                        "endpoint": self.endpoint,
+                        "public_key": self.public,
+                        "hostname": self.config.hostname,
+                    }
+                )
+            )
+
+        self._call(
+            Message(
+                Kind.REQUEST,
+                "flub.verify",
+                {"rank": rank, "incarnation": incarnation, "public_key": key},
+                nodeid=0,
+            ),
+            verified,
+        )
+        return None
+
+    def _revoke(self, request: Message) -> Message | None:
+        """A parent, told by rank 0 that an incarnation of its child is void: cut it off."""
+        payload = request.payload
+        rank, incarnation = payload.get("rank"), payload.get("incarnation")
+        if not self._from_rank0(request):
+            log.warning("refused flub.revoke for rank %s: not from rank 0", rank)
+            return request.fail(errno.EPERM, "flub.revoke comes from rank 0 only")
+        if self.children is not None and is_int(rank) and is_int(incarnation):
+            assert isinstance(rank, int) and isinstance(incarnation, int)
+            self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
+        return None
+
+    def _from_rank0(self, request: Message) -> bool:
+        """Whether rank 0 itself sent `request`. Each broker on the way pushed the hop it came
+        from, and only the last level+1 hops were pushed by brokers we trust (our ancestors):
+        rank 0's own "s" followed by one "p" per level down to us."""
+        level = self.topology.level(self.rank)
+        return request.route[-(level + 1) :] == ["s"] + ["p"] * level
+
+    def _void(self, rank: int, incarnation: int, reason: str) -> None:
+        """Rank 0: make the parent of `rank` drop that incarnation's key and connection."""
+        parent = self.topology.parent(rank)
+        if parent is None:
+            return
+        notice = Message(
+            Kind.REQUEST,
+            "flub.revoke",
+            {"rank": rank, "incarnation": incarnation, "reason": reason},
+            nodeid=parent,
+        )
+        self._route(notice, "s", time.monotonic())  # one-way: no tag, no answer awaited
+
+    def _expire_leases(self, now: float) -> None:
+        assert self.instance is not None
+        for expiry in self.instance.table.expired(now):
+            entry = self.instance.table.entry(expiry.rank)
+            host = entry.host
+            if self.instance.apply(expiry, now).applied:
+                log.warning(
+                    "FLUB: the reservation of rank %d incarnation %d for %s expired",
+                    expiry.rank,
+                    expiry.incarnation,
+                    host,
+                )
+                self._void(expiry.rank, expiry.incarnation, "the reservation expired")
+
+
+def _valid_key(key: str) -> bool:
+    try:
+        decode_key(key)
+    except ValueError:
+        return False
+    return True
