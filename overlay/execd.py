@@ -12,6 +12,7 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -23,6 +24,12 @@ from tbon.overlay.message import Message
 log = logging.getLogger("tbon.exec")
 
 CHUNK = 64 * 1024
+
+_SETPRIV = shutil.which("setpriv")
+ORPHAN_GUARD = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
+"""Jobs are started through util-linux's setpriv with a parent-death signal, so that even a
+broker killed outright (SIGKILL) takes its jobs with it. (preexec_fn could set it without a
+helper, but it is unsafe in a process that has threads, as ZeroMQ's.)"""
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
 
 
@@ -83,8 +90,10 @@ class ExecService:
         for name in ("PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID"):
             env.pop(name, None)
         try:
+            if os.sep not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
             process = subprocess.Popen(
-                argv,
+                [*ORPHAN_GUARD, *argv],
                 cwd=cwd if isinstance(cwd, str) else None,
                 env=env,
                 stdin=subprocess.PIPE,

@@ -605,3 +605,27 @@ def test_a_killed_client_has_its_silent_command_killed(instance) -> None:
         job.process.kill()  # it cannot forward anything
         job.process.wait(timeout=DEADLINE)
         wait_for(lambda: process_gone(pid), f"the remote sleep (pid {pid}) to be killed")
+
+
+def test_a_broker_killed_outright_takes_its_jobs_with_it(instance) -> None:
+    """Even SIGKILL, which gives a broker no chance to clean up, leaves no job behind."""
+    inst = instance(2)
+    job = subprocess.Popen(
+        [TBON, "exec", inst.uri, "-r", "1", "sh", "-c", "echo $$; exec sleep 60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert job.stdout is not None
+        pid = int(job.stdout.readline())
+        os.kill(inst.pid(1), signal.SIGKILL)
+        wait_for(lambda: process_gone(pid), "the job of the killed broker to end")
+        _, err = job.communicate(timeout=DEADLINE)
+        assert job.returncode == 68 and "rank 1: lost its broker" in err, err
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
