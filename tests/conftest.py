@@ -201,6 +201,18 @@ def instance() -> Iterator[Callable[..., Instance]]:
         inst.stop()
 
 
+def start_exec(*args: str) -> subprocess.Popen[str]:
+    """`tbon exec ARGS...` in the background, its output piped to the test (wait for it!)."""
+    return subprocess.Popen(
+        [TBON, "exec", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a user whose shell has tbon on PATH and no instance around it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TBON_", "PMI_"))}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import DEADLINE, TBON, child_env, process_gone, wait_for
+from conftest import DEADLINE, TBON, child_env, process_gone, start_exec, wait_for
 
 SLOW = 180.0  # a bound for commands that move many megabytes on a loaded 2-core machine
 READY = "echo ready $$; exec sleep 60"  # `exec` keeps the pid the shell printed
@@ -610,14 +610,7 @@ def test_a_killed_client_has_its_silent_command_killed(instance) -> None:
 def test_a_broker_killed_outright_takes_its_jobs_with_it(instance) -> None:
     """Even SIGKILL, which gives a broker no chance to clean up, leaves no job behind."""
     inst = instance(2)
-    job = subprocess.Popen(
-        [TBON, "exec", inst.uri, "-r", "1", "sh", "-c", "echo $$; exec sleep 60"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    job = start_exec(inst.uri, "-r", "1", "sh", "-c", "echo $$; exec sleep 60")
     try:
         assert job.stdout is not None
         pid = int(job.stdout.readline())

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 import zmq
-from conftest import process_gone, tbon, wait_for
+from conftest import process_gone, start_exec, tbon, wait_for
 from zmq.utils.monitor import recv_monitor_message
 
 from tbon.keys.cert import generate_keypair
@@ -216,19 +216,8 @@ def test_healthy_brokers_never_turn_torpid(instance) -> None:
 
 def test_orphaned_brokers_take_their_exec_jobs_with_them(instance) -> None:
     """An interior broker dies mid-command: its children exit 75, and their jobs die too."""
-    import subprocess
-
-    from conftest import TBON, child_env
-
     inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
-    job = subprocess.Popen(
-        [TBON, "exec", inst.uri, "-r", "3,4", "-l", "sh", "-c", "echo $$; exec sleep 60"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    job = start_exec(inst.uri, "-r", "3,4", "-l", "sh", "-c", "echo $$; exec sleep 60")
     try:
         assert job.stdout is not None
         pids = [int(job.stdout.readline().split(": ")[1]) for _ in range(2)]

@@ -22,6 +22,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from tables import bring_up, started, table
 from zmq.utils import z85
 
 from tbon.keys.cert import fingerprint
@@ -41,7 +42,6 @@ from tbon.overlay.ranktable import (
     Torpid,
     describe,
 )
-from tbon.overlay.topology import Topology
 
 LEASE = 30.0
 
@@ -52,24 +52,6 @@ def key(seed: int) -> str:
 
 
 ALICE, BOB, CAROL = key(1), key(2), key(3)
-
-
-def table(spec: str, size: int, launched: int, now: float = 100.0) -> RankTable:
-    return RankTable(Topology(spec, size), [f"node{rank}" for rank in range(launched)], now)
-
-
-def started(spec: str, size: int, launched: int | None = None, now: float = 100.0) -> RankTable:
-    """A table whose rank 0 is online, as the broker makes it."""
-    result = table(spec, size, size if launched is None else launched, now)
-    assert result.apply(Online(0, 1, "node0", 1000), now).applied
-    return result
-
-
-def bring_up(result: RankTable, ranks: list[int], now: float = 101.0) -> None:
-    for rank in ranks:
-        entry = result.entry(rank)
-        outcome = result.apply(Online(rank, entry.incarnation, f"node{rank}", 1000 + rank), now)
-        assert outcome.applied and outcome.changed == (rank,), outcome
 
 
 def reserve(

@@ -16,6 +16,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from tables import bring_up, started, table
 
 from tbon.overlay.ranktable import (
     CONNECTED,
@@ -28,7 +29,6 @@ from tbon.overlay.ranktable import (
     SubtreeStatus,
     Torpid,
 )
-from tbon.overlay.topology import Topology
 
 SNAPSHOT_FIELDS = {
     "rank",
@@ -42,24 +42,6 @@ SNAPSHOT_FIELDS = {
     "torpid",
     "since",
 }
-
-
-def table(spec: str, size: int, launched: int, now: float = 100.0) -> RankTable:
-    hosts = [f"node{rank}" for rank in range(launched)]
-    return RankTable(Topology(spec, size), hosts, now)
-
-
-def started(spec: str, size: int, launched: int | None = None, now: float = 100.0) -> RankTable:
-    """A table whose rank 0 has come online, as the broker does right after creating it."""
-    result = table(spec, size, size if launched is None else launched, now)
-    assert result.apply(Online(0, 1, "node0", 1000), now).applied
-    return result
-
-
-def bring_up(result: RankTable, ranks: list[int], now: float = 101.0) -> None:
-    for rank in ranks:
-        outcome = result.apply(Online(rank, 1, f"node{rank}", 1000 + rank), now)
-        assert outcome.applied and outcome.changed == (rank,), outcome
 
 
 def states(result: RankTable) -> list[str]:
