@@ -51,6 +51,7 @@ class RankEntry:
     joiner: str | None = None  # public key (Z85) a reservation was made for
     lease_until: float | None = None  # when that reservation expires
     host_before: str = ""  # the host shown before the reservation, restored if it expires
+    retired: bool = False  # vacant because this incarnation was retired (not lost, not spare)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,14 @@ class Torpid:
 
 
 @dataclass(frozen=True, slots=True)
+class Retire:
+    """`tbon retire` begins for this incarnation: it is drained, then leaves (as Departed)."""
+
+    rank: int
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
 class Expire:
     """A reservation's lease (broker.join-timeout) ran out before its joiner said hello."""
 
@@ -97,7 +106,7 @@ class Expire:
     incarnation: int
 
 
-Event = Online | Lost | Departed | Torpid | Expire
+Event = Online | Lost | Departed | Torpid | Expire | Retire
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +200,8 @@ class RankTable:
                 outcome = self._torpid(entry, event.torpid)
             case Expire():
                 outcome = self._expire(entry, now)
+            case Retire():
+                outcome = self._retire(entry, now)
         if outcome.changed:
             self.generation += 1
         return outcome
@@ -237,17 +248,29 @@ class RankTable:
             entry = self.entries[request.rank]
             if entry.state not in ALLOCATABLE:
                 return Reservation(False, reason=f"rank {entry.rank} is taken: {describe(entry)}")
+            if self._under_retiring(entry.rank):
+                return Reservation(False, reason=f"rank {entry.rank}'s parent is retiring")
         else:
-            free = [e for e in self.entries if e.state in ALLOCATABLE]
+            free = [
+                e
+                for e in self.entries
+                if e.state in ALLOCATABLE and not self._under_retiring(e.rank)
+            ]
             if not free:
                 return Reservation(False, reason="no available ranks")
             entry = free[0]  # lowest first: interior ranks before the leaves below them
         entry.incarnation += 1
+        entry.retired = False
         entry.host_before, entry.host = entry.host, request.host
         self._set(entry, RankState.RESERVED, now)
         entry.joiner, entry.lease_until = request.public_key, now + request.lease
         self.generation += 1
         return Reservation(True, entry.rank, entry.incarnation)
+
+    def _under_retiring(self, rank: int) -> bool:
+        """A retiring broker takes no new children: the ranks below it are not handed out."""
+        parent = self.topology.parent(rank)
+        return parent is not None and self.entries[parent].state is RankState.RETIRING
 
     def verify(self, rank: int, incarnation: int, public_key: str) -> str | None:
         """Why `public_key` may not join as (rank, incarnation), or None if it was reserved so."""
@@ -286,13 +309,41 @@ class RankTable:
         if entry.rank == 0:
             return refused("rank 0 cannot leave its own table")
         changed = [entry.rank]
+        retiring = entry.state is RankState.RETIRING
         self._set(entry, state, now)
+        entry.retired = retiring and state is RankState.VACANT
         for rank in self.topology.descendants(entry.rank):
             below = self.entries[rank]
             if below.state in (*CONNECTED, RankState.OFFLINE):
                 self._set(below, RankState.LOST, now)
                 changed.append(rank)
         return Outcome(True, tuple(changed))
+
+    def _retire(self, entry: RankEntry, now: float) -> Outcome:
+        """online -> retiring, recorded before the broker is told anything. Retiring is not
+        allocatable: until the broker has left (Departed) or is declared lost, FLUB cannot give
+        the rank to anyone. Asking again is not an error."""
+        if entry.state is RankState.RETIRING:
+            return Outcome(True, reason=f"rank {entry.rank} is already retiring")
+        if entry.state is RankState.VACANT and entry.retired:
+            return Outcome(True, reason=f"rank {entry.rank} is already retired")
+        if entry.rank == 0:
+            return refused("rank 0 cannot retire: shut the instance down instead")
+        if entry.state is not RankState.ONLINE:
+            return refused(f"rank {entry.rank} is {entry.state}: nothing to retire")
+        busy = [
+            rank
+            for rank in self.topology.children(entry.rank)
+            if self.entries[rank].state
+            in (RankState.ONLINE, RankState.RESERVED, RankState.RETIRING)
+        ]
+        if busy:
+            return refused(
+                f"rank {entry.rank} has children that are online, reserved or retiring "
+                f"({', '.join(map(str, busy))}): retire them first"
+            )
+        self._set(entry, RankState.RETIRING, now)
+        return Outcome(True, (entry.rank,))
 
     def _torpid(self, entry: RankEntry, torpid: bool) -> Outcome:
         if entry.state not in CONNECTED:
@@ -364,6 +415,8 @@ class RankTable:
                     "since": round(max(0.0, now - entry.since), 3),
                 }
             )
+            if entry.retired:
+                ranks[-1]["retired"] = True
             if entry.state is RankState.RESERVED and entry.joiner is not None:
                 ranks[-1]["joiner"] = fingerprint(entry.joiner)
                 ranks[-1]["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)

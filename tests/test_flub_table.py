@@ -39,6 +39,7 @@ from tbon.overlay.ranktable import (
     RankTable,
     Reservation,
     Reserve,
+    Retire,
     Torpid,
     describe,
 )
@@ -563,6 +564,10 @@ class FlubMachine(RuleBasedStateMachine):
             case Lost() | Departed():
                 ended = RankState.LOST if isinstance(event, Lost) else RankState.VACANT
                 assert entry.state is ended
+                # a retiring broker's goodbye is its acknowledgement: retired, not just gone
+                assert entry.retired == (
+                    isinstance(event, Departed) and was.state is RankState.RETIRING
+                )
                 assert changed <= {event.rank, *topology.descendants(event.rank)}
                 for rank in topology.descendants(event.rank):
                     if before[rank].state is RankState.RESERVED:
@@ -577,11 +582,33 @@ class FlubMachine(RuleBasedStateMachine):
             case Torpid():
                 assert entry.state in CONNECTED and entry.torpid == event.torpid
                 assert changed <= {event.rank}
+            case Retire():
+                if was.state is RankState.RETIRING or (
+                    was.state is RankState.VACANT and was.retired
+                ):
+                    assert changed == set()  # asking again is not an error
+                else:
+                    assert was.state is RankState.ONLINE and event.rank != 0
+                    assert entry.state is RankState.RETIRING and changed == {event.rank}
+                    for child in topology.children(event.rank):
+                        assert before[child].state not in (
+                            RankState.ONLINE,
+                            RankState.RESERVED,
+                            RankState.RETIRING,
+                        )
 
     def _reserve(self, request: Reserve) -> None:
         self.now += 0.5
         generation, before = frozen(self.table)
-        allocatable = [e.rank for e in before if e.state in ALLOCATABLE]
+        topology = self.table.topology
+
+        def under_retiring(rank: int) -> bool:
+            parent = topology.parent(rank)
+            return parent is not None and before[parent].state is RankState.RETIRING
+
+        allocatable = [
+            e.rank for e in before if e.state in ALLOCATABLE and not under_retiring(e.rank)
+        ]
         held = reserved_by(self.table, request.public_key)
         grant = self.table.reserve(request, self.now)
         after = self.table.entries
@@ -599,6 +626,9 @@ class FlubMachine(RuleBasedStateMachine):
                 assert not allocatable and grant.reason == "no available ranks"
             elif not 0 <= request.rank < self.table.size:
                 assert grant.reason.startswith(f"no rank {request.rank} in this instance")
+            elif before[request.rank].state in ALLOCATABLE:
+                assert under_retiring(request.rank)
+                assert grant.reason == f"rank {request.rank}'s parent is retiring"
             else:
                 assert request.rank not in allocatable
                 assert (
@@ -682,6 +712,13 @@ class FlubMachine(RuleBasedStateMachine):
         self._apply(event)
         assert self.table.entry(rank).state is (RankState.LOST if lost else RankState.VACANT)
 
+    @rule(data=st.data())
+    def retire(self, data: st.DataObject) -> None:
+        """`tbon retire` of any rank at its current incarnation: refused unless it is online
+        with no busy children, or already retiring or retired."""
+        rank = data.draw(st.integers(0, self.table.size - 1), label="retiring")
+        self._apply(Retire(rank, self.table.entry(rank).incarnation))
+
     @rule(data=st.data(), advance=st.sampled_from([0.0, 0.25, 1.0, 5.0, 40.0]))
     def expire(self, data: st.DataObject, advance: float) -> None:
         self.now += advance
@@ -723,6 +760,11 @@ class FlubMachine(RuleBasedStateMachine):
     # --- invariants ---
 
     @precondition(lambda self: self.incarnations)
+    @invariant()
+    def retired_ranks_are_vacant(self) -> None:
+        for entry in self.table.entries:
+            assert not entry.retired or entry.state is RankState.VACANT
+
     @invariant()
     def rank_zero_is_online(self) -> None:
         assert self.table.entry(0).state is RankState.ONLINE

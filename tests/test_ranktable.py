@@ -583,3 +583,89 @@ def test_subtree_roll_up_matches_brute_force(
             result.apply(Departed(rank, 1), now)
         statuses = result.subtree_statuses()
         assert statuses == [brute_subtree(result, r) for r in range(size)]
+
+
+# --- retire ---------------------------------------------------------------------------------
+
+
+def retire_table() -> RankTable:
+    """kary:2 of 7, all online: rank 1 has leaves 3 and 4."""
+    result = started("kary:2", 7)
+    bring_up(result, [1, 2, 3, 4, 5, 6])
+    return result
+
+
+def test_a_leaf_retires_through_retiring_to_vacant() -> None:
+    from tbon.overlay.ranktable import Retire
+
+    result = retire_table()
+    outcome = result.apply(Retire(3, 1), 200.0)
+    assert outcome.applied and outcome.changed == (3,)
+    assert result.entry(3).state is RankState.RETIRING
+    assert result.subtree_statuses()[1] is SubtreeStatus.PARTIAL
+    assert result.up()  # retiring is not "expected from bootstrap"
+    # until it has left, nobody may have it
+    from tbon.overlay.ranktable import Reserve
+
+    assert not result.reserve(Reserve("k" * 40, "joiner", 3, 30.0), 201.0).granted
+    outcome = result.apply(Departed(3, 1), 202.0)
+    assert outcome.applied and result.entry(3).state is RankState.VACANT
+    assert result.entry(3).retired
+    assert result.snapshot(203.0)["ranks"][3]["retired"] is True
+    # the old incarnation can never come back
+    assert not result.apply(Online(3, 1, "node3", 4242), 204.0).applied
+
+
+def test_retiring_again_or_after_is_not_an_error() -> None:
+    from tbon.overlay.ranktable import Retire
+
+    result = retire_table()
+    result.apply(Retire(4, 1), 200.0)
+    again = result.apply(Retire(4, 1), 201.0)
+    assert again.applied and again.changed == () and "already retiring" in again.reason
+    result.apply(Departed(4, 1), 202.0)
+    after = result.apply(Retire(4, 1), 203.0)
+    assert after.applied and after.changed == () and "already retired" in after.reason
+
+
+def test_unsafe_retires_are_refused_and_change_nothing() -> None:
+    from tbon.overlay.ranktable import Retire
+
+    result = retire_table()
+    result.apply(Lost(6, 1, "connection lost"), 200.0)
+    generation = result.generation
+    cases = {
+        0: "rank 0 cannot retire",
+        1: "rank 1 has children that are online, reserved or retiring (3, 4)",
+        6: "rank 6 is lost: nothing to retire",
+    }
+    for rank, reason in cases.items():
+        outcome = result.apply(Retire(rank, 1), 201.0)
+        assert not outcome.applied and reason in outcome.reason, outcome
+    assert result.generation == generation
+    assert [result.entry(r).state for r in (0, 1, 6)] == [
+        RankState.ONLINE,
+        RankState.ONLINE,
+        RankState.LOST,
+    ]
+
+
+def test_a_retiring_parent_takes_no_new_children() -> None:
+    from tbon.overlay.ranktable import Reserve, Retire
+
+    result = started("kary:2", 7, launched=3)  # ranks 3-6 are spares
+    bring_up(result, [1, 2])
+    assert result.apply(Retire(1, 1), 200.0).applied
+    specific = result.reserve(Reserve("a" * 40, "joiner", 3, 30.0), 201.0)
+    assert not specific.granted and specific.reason == "rank 3's parent is retiring"
+    anyone = result.reserve(Reserve("b" * 40, "joiner", None, 30.0), 201.0)
+    assert anyone.granted and anyone.rank == 5  # the first spare not under rank 1
+
+
+def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
+    from tbon.overlay.ranktable import Retire
+
+    result = retire_table()
+    result.apply(Retire(5, 1), 200.0)
+    result.apply(Lost(5, 1, "connection lost"), 201.0)
+    assert result.entry(5).state is RankState.LOST and not result.entry(5).retired
