@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
+from tbon.overlay.client import RequestError
 from tbon.overlay.errors import TbonError, UsageError
 
 SUBTREE_STATES = ("full", "partial", "degraded", "lost", "offline")
@@ -155,19 +156,10 @@ def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[st
 
 def _stream_until(client: Any, deadline: float | None) -> Any:
     """Status updates as rank 0 pushes them, until `deadline`."""
-    tag = client.send("status.watch", {}, nodeid=0)
-    while True:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return
-        reply = client.receive(left)
-        if reply is None:
-            return
-        if reply.tag != tag:
-            continue
-        if reply.errnum:
-            raise TbonError(f"status stream ended: {reply.errstr}")
-        yield reply.payload
+    try:
+        yield from client.watch_status(deadline)
+    except RequestError as error:
+        raise TbonError(f"status stream ended: {error}") from None
 
 
 def watch_live(

@@ -6,7 +6,6 @@ comes back the same way. Errors arrive as one-line TbonErrors.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 import socket
@@ -85,28 +84,20 @@ class Client:
             if reply.tag == tag:
                 return _payload(reply)
 
-    def stream(
-        self,
-        topic: str,
-        payload: dict[str, Any] | None = None,
-        nodeid: int = 0,
-        timeout: float | None = DEFAULT_TIMEOUT,
-    ) -> Iterator[dict[str, Any]]:
-        """Each response of a streaming request; `timeout` bounds the wait for the first one."""
-        tag = self.send(topic, payload, nodeid)
-        first = True
+    def watch_status(self, deadline: float | None = None) -> Iterator[dict[str, Any]]:
+        """The status table as rank 0 pushes it (now, then after each change) until `deadline`
+        (a time.monotonic() value; None: for ever). A stream that rank 0 ends, as it does when
+        the instance shuts down, raises RequestError (ENODATA)."""
+        tag = self.send("status.watch", {}, nodeid=0)
         while True:
-            reply = self.receive(timeout if first else None)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            reply = self.receive(left)
             if reply is None:
-                raise TbonError(f"no answer from rank {nodeid} within {timeout:g}s")
-            if reply.tag != tag:
-                continue
-            first = False
-            if not reply.streaming and reply.errnum == errno.ENODATA:
                 return
-            yield _payload(reply)
-            if not reply.streaming:
-                return
+            if reply.tag == tag:
+                yield _payload(reply)
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -92,60 +92,51 @@ def _wait_release(client: Client, rank: int, timeout: float) -> bool:
     """A replacement that arrives while the old broker is torpid (silent, not yet declared
     lost) waits, at most `timeout`, for the verdict instead of being turned away; the rank is
     never held by two. True if the rank became available."""
-    deadline = time.monotonic() + timeout
-    tag = client.send("status.watch", {}, nodeid=0)
     told = False
-    while (left := deadline - time.monotonic()) > 0:
-        reply = client.receive(left)
-        if reply is None or reply.errnum:
-            return False
-        if reply.tag != tag:
-            continue
-        if not 0 <= rank < len(reply.payload["ranks"]):
-            return False
-        entry = reply.payload["ranks"][rank]
-        if entry["state"] in ("vacant", "lost"):
-            return True
-        if not entry["torpid"]:
-            return False  # held by a live broker: no waiting for that
-        if not told:
-            log.warning(
-                "rank %d is held by a silent broker (pid %s): waiting for it to be declared lost",
-                rank,
-                entry["pid"],
-            )
-            told = True
+    try:
+        for status in client.watch_status(time.monotonic() + timeout):
+            if not 0 <= rank < len(status["ranks"]):
+                return False
+            entry = status["ranks"][rank]
+            if entry["state"] in ("vacant", "lost"):
+                return True
+            if not entry["torpid"]:
+                return False  # held by a live broker: no waiting for that
+            if not told:
+                log.warning(
+                    "rank %d is held by a silent broker (pid %s): waiting for it to be declared "
+                    "lost",
+                    rank,
+                    entry["pid"],
+                )
+                told = True
+    except RequestError:
+        return False
     return False
 
 
 def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:
     """Wait for the parent rank to be online, at most as long as the reservation lasts."""
-    deadline = time.monotonic() + lease
-    tag = client.send("status.watch", {}, nodeid=0)
     told = False
-    while True:
-        left = deadline - time.monotonic()
-        reply = client.receive(max(0.0, left)) if left > 0 else None
-        if reply is None:
-            raise TbonError(
-                f"FLUB: parent rank {parent} did not come online within "
-                f"{lease:g}s; the reservation of rank {rank} lapses",
-                exitcodes.LOST,
-            )
-        if reply.tag != tag:
-            continue
-        if reply.errnum == errno.ENODATA:  # the instance shut down while we waited
-            raise TbonError(f"FLUB: {reply.errstr}", exitcodes.SHUTDOWN)
-        if reply.errnum:
-            raise TbonError(f"FLUB: {reply.errstr}", exitcodes.LOST)
-        state = reply.payload["ranks"][parent]["state"]
-        if state == "online":
-            return
-        if not told:
-            log.warning(
-                "rank %d: waiting for parent rank %d (%s) to come online", rank, parent, state
-            )
-            told = True
+    try:
+        for status in client.watch_status(time.monotonic() + lease):
+            state = status["ranks"][parent]["state"]
+            if state == "online":
+                return
+            if not told:
+                log.warning(
+                    "rank %d: waiting for parent rank %d (%s) to come online", rank, parent, state
+                )
+                told = True
+    except RequestError as error:
+        # ENODATA: the instance shut down while we waited
+        code = exitcodes.SHUTDOWN if error.errnum == errno.ENODATA else exitcodes.LOST
+        raise TbonError(f"FLUB: {error}", code) from None
+    raise TbonError(
+        f"FLUB: parent rank {parent} did not come online within {lease:g}s; the reservation of "
+        f"rank {rank} lapses",
+        exitcodes.LOST,
+    )
 
 
 def _key_exchange(
