@@ -345,8 +345,8 @@ class Broker(FlubServices, ExecServices):
                 self._route(message, "p", now)
 
     def _read_local(self, now: float) -> None:
-        for hop in self.local.gone():
-            self._local_client_gone(hop)
+        """Requests from local clients, then the clients that went away (after what they sent,
+        so that a client that asked for something and hung up at once is cleaned up after)."""
         for _ in range(BATCH):
             if not self.local.socket.poll(0):
                 break
@@ -354,6 +354,8 @@ class Broker(FlubServices, ExecServices):
             if received is not None:
                 hop, message = received
                 self._route(message, hop, now)
+        for hop in self.local.gone():
+            self._local_client_gone(hop)
 
     # --- routing ----------------------------------------------------------------------------
 

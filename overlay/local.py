@@ -14,6 +14,7 @@ import os
 
 import zmq
 
+from tbon.overlay.connections import ConnectionLedger
 from tbon.overlay.message import Message, MessageError, decode, encode
 from tbon.overlay.monitor import read_event
 
@@ -47,27 +48,36 @@ class LocalServer:
         os.replace(staging, self.path)
         self.uri = f"local://{self.path}"
         self.monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._hop_by_fd: dict[int, str] = {}
+        self._ledger: ConnectionLedger[str] = ConnectionLedger()
+        self._gone: list[str] = []
 
     def gone(self) -> list[str]:
-        """Hops of clients whose connections closed since the last call. Connection events are
-        taken in order, before any message read after them (see read)."""
-        hops = []
-        while self.monitor.poll(0):
-            _event, fd = read_event(self.monitor.recv_multipart())
-            hop = self._hop_by_fd.pop(fd, None)  # a new connection on a reused fd ends the old
-            if hop is not None:
-                hops.append(hop)
+        """Hops of clients whose connections closed since the last call."""
+        self._drain_monitor()
+        hops, self._gone = self._gone, []
         return hops
 
+    def _drain_monitor(self) -> None:
+        while self.monitor.poll(0):
+            event, fd = read_event(self.monitor.recv_multipart())
+            if event == zmq.EVENT_ACCEPTED:
+                self._ledger.accepted(fd)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._gone += self._ledger.closed(fd)
+
     def read(self) -> tuple[str, Message] | None:
-        """One request from a client as (client hop, message); None if it was malformed."""
+        """One request from a client as (client hop, message); None if it was malformed.
+
+        Connection events are taken first, so that the message is tied to the right connection
+        (see connections.py); a client found to have hung up already is reported by gone()."""
+        self._drain_monitor()
         frames = self.socket.recv_multipart(copy=False)
         if len(frames) < 2:
             return None
         hop = "l" + frames[0].bytes.hex()
         with contextlib.suppress(zmq.ZMQError):
-            self._hop_by_fd[frames[1].get(zmq.SRCFD)] = hop
+            if not self._ledger.heard(hop, frames[1].get(zmq.SRCFD)):
+                self._gone.append(hop)
         try:
             return hop, decode([frame.bytes for frame in frames[1:]])
         except MessageError as error:

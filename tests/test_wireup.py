@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
-from conftest import child_env, tbon
+from conftest import DEADLINE, child_env, tbon
 
 from tbon.overlay.topology import Topology
 
@@ -152,3 +153,34 @@ def test_status_watch_prints_each_change(instance) -> None:
     finally:
         watcher.kill()
         watcher.wait()
+
+
+def test_a_status_stream_survives_the_previous_client_hanging_up(instance) -> None:
+    """A closed client's socket descriptor is soon given to the next client: its hang-up must
+    not be taken for the new client's, whose stream would then fall silent."""
+    from tbon.overlay.client import Client
+
+    inst = instance(1, "size=2")
+    deadline = time.monotonic() + DEADLINE
+    clients: list[Client] = []
+    streams = []
+    try:
+        busy = Client(inst.uri)  # keeps rank 0 reading while clients come and go
+        clients.append(busy)
+        for _ in range(20):
+            passing = Client(inst.uri)
+            passing.rpc("status.get", {}, nodeid=0)
+            for _ in range(100):
+                busy.send("status.get", {}, nodeid=0)
+            passing.close()
+            clients.append(Client(inst.uri))
+            streams.append(clients[-1].watch_status(deadline))
+            assert next(streams[-1])["ranks"][1]["state"] == "vacant"
+        inst.join()
+        for number, stream in enumerate(streams):
+            update = next(stream, None)
+            assert update is not None, f"stream {number} heard nothing after a change"
+            assert update["ranks"][1]["state"] in ("reserved", "online")
+    finally:
+        for client in clients:
+            client.close()
