@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "broker",
     "status",
     "expand",
+    "retire",
     "exec",
     "keygen",
     "uri",

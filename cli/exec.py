@@ -186,7 +186,8 @@ def _run(
             elif reply.tag == watch and not reply.errnum:
                 for entry in reply.payload["ranks"]:
                     rank = entry["rank"]
-                    if rank in outcome.pending and entry["state"] != "online":
+                    # A retiring broker still runs what it started: its jobs finish first.
+                    if rank in outcome.pending and entry["state"] not in ("online", "retiring"):
                         outcome.pending.discard(rank)
                         outcome.errors[rank] = f"lost its broker while running ({entry['state']})"
                         if not as_json:
@@ -251,6 +252,8 @@ def _answer(payload: dict[str, Any], outcome: Outcome, label: bool, as_json: boo
     elif "exit" in payload:
         outcome.status[rank] = int(payload["exit"])
         outcome.pending.discard(rank)
+        if "note" in payload and not as_json:
+            print(f"tbon exec: rank {rank}: {payload['note']}", file=sys.stderr)
     elif "error" in payload:
         outcome.errors[rank] = str(payload["error"])
         outcome.pending.discard(rank)

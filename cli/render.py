@@ -34,6 +34,8 @@ def line(entry: dict[str, Any], verbose: bool, rtt: float | None) -> Text:
             f" (joiner {entry['joiner']}, {format_duration(entry['expires'])} left)",
             style="bright_black",
         )
+    if entry.get("retired"):
+        text.append(" (retired)", style="bright_black")
     if entry["torpid"]:
         text.append(" (torpid)", style="bold red")
     if verbose:

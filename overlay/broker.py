@@ -22,11 +22,12 @@ from typing import Any
 
 import zmq
 
-from tbon.keys.cert import generate_keypair
+from tbon.keys.cert import generate_keypair, load_certificate
 from tbon.overlay import exitcodes
 from tbon.overlay.bootstrap import Wireup, pmi_wireup, singleton_wireup
 from tbon.overlay.broker_exec import ExecServices
 from tbon.overlay.broker_flub import FlubServices
+from tbon.overlay.broker_retire import RetireServices, RetireWaiter
 from tbon.overlay.children import Children
 from tbon.overlay.config import BrokerConfig, host_address
 from tbon.overlay.errors import TbonError
@@ -40,6 +41,7 @@ from tbon.overlay.parent import LinkEnded, ParentLink
 from tbon.overlay.pmi_client import PmiClient
 from tbon.overlay.ranktable import CONNECTED, Event, Online, RankTable
 from tbon.overlay.reports import encode_event
+from tbon.overlay.retirement import Retirement
 from tbon.overlay.topology import Topology
 
 log = logging.getLogger("tbon.broker")
@@ -48,7 +50,7 @@ ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown"})
 BATCH = 256  # messages read from one socket before the others get a turn
 
 
-class Broker(FlubServices, ExecServices):
+class Broker(FlubServices, ExecServices, RetireServices):
     def __init__(self, config: BrokerConfig, command: list[str]) -> None:
         self.config = config
         self.command = command
@@ -74,6 +76,9 @@ class Broker(FlubServices, ExecServices):
         self.incarnation = 1
         self._pending: dict[int, Callable[[Message], None]] = {}
         self._tags = itertools.count(1)
+        self.retirement: Retirement | None = None  # set when told to retire
+        self._retire_waiters: list[RetireWaiter] = []  # rank 0: `tbon retire` requests
+        self._retire_generation = -1
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -92,7 +97,7 @@ class Broker(FlubServices, ExecServices):
         config = self.config
         self.rundir = self._make_rundir()
         self._wakeup = self._install_signals()
-        self.public, secret = generate_keypair()
+        self.public, secret = self._keypair()
         self._secret = secret
         self.pmi = PmiClient.from_environment()
         if config.boot_server is not None:
@@ -137,6 +142,22 @@ class Broker(FlubServices, ExecServices):
             )
             self.parent.connect(wireup.parent.endpoint, wireup.parent.public_key, now)
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
+
+    def _keypair(self) -> tuple[str, str]:
+        """A fresh key pair, or the one in broker.cert: a broker that keeps its key keeps its
+        identity, so that once retired it is recognised and refused should it come back."""
+        if self.config.cert is None:
+            return generate_keypair()
+        try:
+            cert = load_certificate(self.config.cert)
+        except TbonError as error:
+            raise TbonError(f"broker.cert: {error}", exitcodes.USAGE) from None
+        if cert.secret is None:
+            raise TbonError(
+                f"broker.cert: {self.config.cert} has no secret key (make one with tbon keygen)",
+                exitcodes.USAGE,
+            )
+        return cert.public, cert.secret
 
     def _bind(self, topology: Topology, rank: int) -> str:
         self.children = Children(self.context, rank, topology, self.config, self._secret)
@@ -239,6 +260,7 @@ class Broker(FlubServices, ExecServices):
                 self.children.next_deadline() if self.children else None,
                 self.parent.next_deadline() if self.parent else None,
                 self.instance.table.next_expiry() if self.instance else None,
+                self.retirement.next_deadline() if self.retirement else None,
                 self.stop_deadline,
             )
             if d is not None
@@ -273,9 +295,11 @@ class Broker(FlubServices, ExecServices):
             return
         if self.instance is not None:
             self._push_status(now)
+            self._settle_retirements(now)
             waiting_to_start = self.command and self.program is None and not self.stopping
             if waiting_to_start and self.instance.table.up():
                 self._start_program()
+        self._drain(now)
         self._maybe_finish(now)
 
     # --- inputs -----------------------------------------------------------------------------
@@ -341,6 +365,8 @@ class Broker(FlubServices, ExecServices):
                 return
             if inbound.shutdown:
                 self.begin_shutdown(now)
+            if inbound.retire is not None:
+                self._begin_retirement(inbound.retire, now)
             for message in inbound.messages:
                 self._route(message, "p", now)
 
@@ -478,6 +504,8 @@ class Broker(FlubServices, ExecServices):
             return self._kex(request)
         if topic == "flub.revoke":
             return self._revoke(request)
+        if topic == "retire.order":
+            return self._retire_order(request)
         if self.instance is None:
             return request.fail(errno.ENOSYS, f"unknown request {topic!r}")
         if topic == "status.get":
@@ -488,6 +516,11 @@ class Broker(FlubServices, ExecServices):
             return self.instance.watch(request, now)
         if topic == "flub.allocate":
             return self._allocate(request, now)
+        if topic == "retire.rank":
+            return self._retire_rank(request, now)
+        if topic == "retire.progress":
+            self._retire_progress(request)
+            return None
         if topic == "flub.verify":
             rank, incarnation, key = (
                 request.payload.get(name) for name in ("rank", "incarnation", "public_key")
@@ -587,6 +620,7 @@ class Broker(FlubServices, ExecServices):
         if self.instance is not None:
             for _watcher, ended in self.instance.end_watches():
                 self._respond(ended)
+            self._end_retirements()
         self.exit_code = self.final_code
 
     def _cut_off(self, ended: LinkEnded) -> None:

@@ -13,6 +13,7 @@ from tbon.overlay.children import Children
 from tbon.overlay.execd import ExecService
 from tbon.overlay.message import Kind, Message
 from tbon.overlay.numbers import is_int
+from tbon.overlay.retirement import Retirement
 from tbon.overlay.topology import Topology
 
 log = logging.getLogger("tbon.broker")
@@ -26,6 +27,7 @@ class ExecServices:
     children: Children | None
     execd: ExecService
     stopping: bool
+    retirement: Retirement | None
     _client_jobs: dict[str, list[dict[str, object]]]
     _gone: set[tuple[str, int]]
     _respond: Callable[[Message], bool]
@@ -75,11 +77,11 @@ class ExecServices:
             signum = payload.get("signal")
             if is_int(signum) and 0 < signum < signal.NSIG:
                 self.execd.send_signal(job_id, signum)
-        elif self.stopping:
+        elif self.stopping or self.retirement is not None:
+            why = "is shutting down" if self.stopping else "is retiring: it takes no new work"
             self._respond(
                 request.respond(
-                    {"rank": self.rank, "error": f"rank {self.rank} is shutting down"},
-                    streaming=True,
+                    {"rank": self.rank, "error": f"rank {self.rank} {why}"}, streaming=True
                 )
             )
         elif (refused := self.execd.start(request)) is not None:

@@ -76,6 +76,8 @@ class FlubServices:
             errnum = errno.ENOSPC if rank is None else errno.EBUSY
             if rank is not None and not 0 <= rank < self.topology.size:
                 errnum = errno.ENOENT
+            if grant.never:
+                errnum = errno.EPERM
             return request.fail(errnum, grant.reason)
         self._due = 0.0  # a new lease to watch
         if not grant.repeated:

@@ -87,6 +87,7 @@ class ChildSession:
     liveness: Liveness | None = None
     ended: str = ""  # why this incarnation ended; empty while it may still connect
     end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
+    retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
 
     @property
     def connected(self) -> bool:
@@ -126,6 +127,7 @@ class Children:
         self.socket.maxmsgsize = 8 * 1024 * 1024
         self.monitor = self.socket.get_monitor_socket(MONITORED)
         self.sessions: dict[int, ChildSession] = {}
+        self._retired: set[Identity] = set()  # answered "retired" even once the rank is refilled
         self._by_routing: dict[bytes, ChildSession] = {}
         self._by_fd: dict[tuple[int, int], ChildSession] = {}  # (fd, generation) -> session
         self._fd_open: dict[int, bool] = {}
@@ -238,10 +240,12 @@ class Children:
         inbound: Inbound,
     ) -> None:
         session = self.sessions.get(sender.rank)
-        if session is not None and session.identity == sender and session.ended:
+        if sender in self._retired:
+            refusal: Refusal | None = Refusal(_retired_reason(sender), exitcodes.SHUTDOWN)
+        elif session is not None and session.identity == sender and session.ended:
             # This very incarnation was lost (or left): it may not come back, but a new broker
             # may take the rank by FLUB, so the exit code says "lost", not "refused".
-            refusal: Refusal | None = Refusal(
+            refusal = Refusal(
                 f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}",
                 session.end_code,
             )
@@ -290,7 +294,12 @@ class Children:
     def _refuse_stale(self, routing_id: bytes, sender: Identity, message: Message) -> None:
         """Answer a broker whose incarnation has ended, so that it exits instead of lingering."""
         session = self.sessions.get(sender.rank)
-        if session is not None and session.identity == sender and session.ended:
+        if sender in self._retired:
+            self._send_raw(
+                routing_id,
+                _control("refuse", reason=_retired_reason(sender), exit_code=exitcodes.SHUTDOWN),
+            )
+        elif session is not None and session.identity == sender and session.ended:
             reason = f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}"
             self._send_raw(
                 routing_id, _control("refuse", reason=reason, exit_code=session.end_code)
@@ -311,14 +320,19 @@ class Children:
             )
 
     def _end(self, session: ChildSession, how: str, why: str) -> Event:
-        """End a child's incarnation: revoke its key, forget its connection, report it."""
+        """End a child's incarnation: revoke its key, forget its connection, report it. One
+        that was retiring is retired whichever way it went: should it speak again, it is told
+        so and exits 0."""
         identity = session.identity
         session.ended = f"was {how}: {why}" if how == "lost" else f"has {how}"
+        if session.retiring:
+            session.ended, session.end_code = "has retired", exitcodes.SHUTDOWN
+            self._retired.add(identity)
         self.keyring.revoke(identity)
         if how == "lost":
             log.warning("rank %d lost: %s", identity.rank, why)
             return Lost(identity.rank, identity.incarnation, why)
-        log.info("rank %d departed", identity.rank)
+        log.info("rank %d %s", identity.rank, "retired" if session.retiring else "departed")
         return Departed(identity.rank, identity.incarnation)
 
     def revoke(self, rank: int, incarnation: int, reason: str) -> None:
@@ -335,6 +349,18 @@ class Children:
             )
         session.ended, session.end_code = f"was revoked: {reason}", exitcodes.REFUSED
         log.warning("rank %d incarnation %d revoked: %s", rank, incarnation, reason)
+
+    def retire(self, rank: int, incarnation: int, order: dict[str, Any]) -> str:
+        """Rank 0 recorded (rank, incarnation) as retiring: record it here too, then tell its
+        broker to drain and leave. Returns why that could not be done, or ""."""
+        session = self.sessions.get(rank)
+        if session is None or session.identity != Identity(rank, incarnation) or session.ended:
+            return f"rank {rank} incarnation {incarnation} is not a current child of this broker"
+        session.retiring = True
+        if not self.send(rank, _control("retire", **order)):
+            return f"rank {rank} is not connected"
+        log.info("rank %d incarnation %d: retiring", rank, incarnation)
+        return ""
 
     # --- output -----------------------------------------------------------------------------
 
@@ -401,6 +427,10 @@ class Children:
         self.monitor.close(linger=0)
         self.socket.close(linger=0)
         self.zap.close()
+
+
+def _retired_reason(identity: Identity) -> str:
+    return f"retired: rank {identity.rank} incarnation {identity.incarnation} has retired"
 
 
 def _control(topic: str, **payload: Any) -> Message:

@@ -29,6 +29,7 @@ KNOWN = frozenset(
         "hostname",
         "broker.boot-server",
         "broker.rank",
+        "broker.cert",
     }
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -49,6 +50,7 @@ class BrokerConfig:
     join_timeout: float = 30.0
     boot_server: str | None = None
     requested_rank: int | None = None
+    cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
     attributes: dict[str, str] = field(default_factory=dict)
 
 
@@ -122,6 +124,7 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
         join_timeout=join_timeout,
         boot_server=boot_server,
         requested_rank=requested_rank,
+        cert=values.get("broker.cert") or None,
         attributes=dict(attributes),
     )
 

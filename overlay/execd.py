@@ -43,6 +43,7 @@ class Job:
     stdin: bytearray = field(default_factory=bytearray)
     stdin_eof: bool = False
     status: int | None = None
+    note: str = ""  # why the broker ended it, told to the client with its exit status
 
     @property
     def done(self) -> bool:
@@ -213,13 +214,18 @@ class ExecService:
             self.unwatch(pipe.fileno())
             pipe.close()
         del self.jobs[job.id]
-        self.send(job.request.respond({"rank": self.rank, "exit": job.status}, streaming=True))
+        answer: dict[str, Any] = {"rank": self.rank, "exit": job.status}
+        if job.note:
+            answer["note"] = job.note
+        self.send(job.request.respond(answer, streaming=True))
 
     def busy(self) -> bool:
         return bool(self.jobs)
 
-    def kill_all(self, signum: int = signal.SIGKILL) -> None:
-        for job_id in list(self.jobs):
+    def kill_all(self, signum: int = signal.SIGKILL, note: str = "") -> None:
+        for job_id, job in list(self.jobs.items()):
+            if note and job.status is None:
+                job.note = note
             self.send_signal(job_id, signum)
 
     def wait_all(self) -> None:

@@ -85,6 +85,8 @@ def _allocate(
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
             raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
+        if error.errnum == errno.EPERM:
+            raise TbonError(f"FLUB: {error}", exitcodes.REFUSED) from None
         raise
 
 

@@ -42,6 +42,7 @@ class LinkEnded:
 class ParentInbound:
     welcomed: bool = False
     shutdown: bool = False
+    retire: dict[str, Any] | None = None  # the parent's order to retire: force, timeout
     ended: LinkEnded | None = None
     messages: list[Message] = field(default_factory=list)
 
@@ -127,6 +128,8 @@ class ParentLink:
             inbound.ended = LinkEnded(code, f"refused by the parent: {reason}")
         elif message.topic == "shutdown":
             inbound.shutdown = True
+        elif message.topic == "retire":
+            inbound.retire = dict(message.payload)
         elif message.topic != "heartbeat":
             log.warning("unknown control message %r from the parent", message.topic)
         return inbound

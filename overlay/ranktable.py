@@ -52,6 +52,7 @@ class RankEntry:
     lease_until: float | None = None  # when that reservation expires
     host_before: str = ""  # the host shown before the reservation, restored if it expires
     retired: bool = False  # vacant because this incarnation was retired (not lost, not spare)
+    key: str | None = None  # the public key this incarnation was reserved for (FLUB), kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,7 @@ class Reservation:
     incarnation: int = 0
     reason: str = ""
     repeated: bool = False  # the same key asked before and gets the same reservation
+    never: bool = False  # this key may never have a rank: its broker was retired
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,7 @@ class RankTable:
             raise ValueError("between 1 and size ranks are launched")
         self.topology = topology
         self.generation = 0
+        self.retired_keys: dict[str, int] = {}  # key of a retired joiner -> the rank it left
         self.entries = [
             RankEntry(rank, RankState.OFFLINE, 1, host, None, now)
             for rank, host in enumerate(hosts)
@@ -233,6 +236,13 @@ class RankTable:
     def reserve(self, request: Reserve, now: float) -> Reservation:
         """Give a joiner a vacant or lost rank, atomically: it is reserved before anyone else
         can be told about it, and a repeated request from the same key gets the same rank."""
+        if (left := self.retired_keys.get(request.public_key)) is not None:
+            return Reservation(
+                False,
+                reason=f"this broker's key was retired from rank {left}: a retired broker does "
+                "not come back (a new broker, with a new key, may join)",
+                never=True,
+            )
         for entry in self.entries:
             if entry.state is RankState.RESERVED and entry.joiner == request.public_key:
                 if request.rank not in (None, entry.rank):
@@ -264,6 +274,7 @@ class RankTable:
         entry.host_before, entry.host = entry.host, request.host
         self._set(entry, RankState.RESERVED, now)
         entry.joiner, entry.lease_until = request.public_key, now + request.lease
+        entry.key = request.public_key
         self.generation += 1
         return Reservation(True, entry.rank, entry.incarnation)
 
@@ -312,6 +323,8 @@ class RankTable:
         retiring = entry.state is RankState.RETIRING
         self._set(entry, state, now)
         entry.retired = retiring and state is RankState.VACANT
+        if retiring and entry.key is not None:
+            self.retired_keys[entry.key] = entry.rank
         for rank in self.topology.descendants(entry.rank):
             below = self.entries[rank]
             if below.state in (*CONNECTED, RankState.OFFLINE):

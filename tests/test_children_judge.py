@@ -188,6 +188,7 @@ def bare_children(topology: Topology, rank: int) -> tuple[Children, list[Message
     children._fd_open = {}
     children._fd_generation = {}
     children._closed = []
+    children._retired = set()
     children.shutting_down = False
     sent: list[Message] = []
     children._send_raw = lambda _routing_id, message: sent.append(message) or True  # type: ignore[method-assign]
@@ -216,6 +217,27 @@ def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
     assert [m.topic for m in sent] == ["refuse"]
     assert sent[0].payload["exit_code"] == exitcodes.LOST
     assert "was lost" in sent[0].payload["reason"]
+
+
+def test_a_retiring_child_that_leaves_is_retired_for_good() -> None:
+    children, sent = bare_children(TOPOLOGY, 1)
+    session = ChildSession(Identity(3, 1), retiring=True)
+    children.sessions[3] = session
+    assert children._end(session, "departed", "said goodbye") == Departed(3, 1)
+    children.sessions[3] = ChildSession(Identity(3, 2))  # the rank is filled again afresh
+    inbound = Inbound()
+    children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
+    assert inbound.reports == []
+    assert [(m.topic, m.payload["exit_code"]) for m in sent] == [("refuse", exitcodes.SHUTDOWN)]
+    assert sent[0].payload["reason"] == "retired: rank 3 incarnation 1 has retired"
+
+
+def test_a_retiring_child_lost_is_retired_too() -> None:
+    children, _ = bare_children(TOPOLOGY, 1)
+    session = ChildSession(Identity(3, 1), retiring=True)
+    children.sessions[3] = session
+    assert isinstance(children._end(session, "lost", "silent for 61.0s"), Lost)
+    assert (session.ended, session.end_code) == ("has retired", exitcodes.SHUTDOWN)
 
 
 # --- keyring ------------------------------------------------------------------------------------

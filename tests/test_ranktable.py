@@ -669,3 +669,25 @@ def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
     result.apply(Retire(5, 1), 200.0)
     result.apply(Lost(5, 1, "connection lost"), 201.0)
     assert result.entry(5).state is RankState.LOST and not result.entry(5).retired
+
+
+@pytest.mark.parametrize("ending", ["departed", "lost"])
+def test_a_retired_joiners_key_never_gets_a_rank_again(ending: str) -> None:
+    from tbon.overlay.ranktable import Reserve, Retire
+
+    result = started("kary:2", 3, launched=1)
+    key = "r" * 40
+    grant = result.reserve(Reserve(key, "node1", 1, 30.0), 200.0)
+    assert result.apply(Online(1, grant.incarnation, "node1", 11), 201.0).applied
+    assert result.apply(Retire(1, grant.incarnation), 202.0).applied
+    end = (
+        Departed(1, grant.incarnation)
+        if ending == "departed"
+        else Lost(1, grant.incarnation, "connection lost")
+    )
+    assert result.apply(end, 203.0).applied
+    for wanted in (1, 2, None):
+        again = result.reserve(Reserve(key, "node1", wanted, 30.0), 204.0)
+        assert not again.granted and again.never
+        assert "this broker's key was retired from rank 1" in again.reason
+    assert result.reserve(Reserve("n" * 40, "node9", 1, 30.0), 205.0).granted  # a new key may

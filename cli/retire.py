@@ -1,0 +1,199 @@
+"""`tbon retire`: remove brokers gracefully, leaves first, and wait until their ranks are vacant.
+
+Rank 0 decides: it records each rank `retiring` before its broker is told, and refuses what is
+unsafe (rank 0, a rank with children still in use, a rank with nothing to retire). This command
+only orders the requests (deepest ranks first, each level at once) and shows what happens.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+
+from tbon.cli.common import interactive, print_json
+from tbon.overlay.errors import UsageError
+from tbon.overlay.idset import format_idset, parse_idset
+
+REFUSED = 1  # some rank could not be retired (each is named)
+
+
+@dataclass
+class Result:
+    """What became of one rank."""
+
+    rank: int
+    result: str = "pending"  # retired, refused
+    already: bool = False
+    seconds: float | None = None
+    killed: int = 0
+    lost: bool = False
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        answer: dict[str, Any] = {"rank": self.rank, "result": self.result}
+        if self.result == "retired":
+            answer.update(already=self.already, killed=self.killed, lost=self.lost)
+            if self.seconds is not None:
+                answer["seconds"] = self.seconds
+        else:
+            answer["reason"] = self.reason
+        return answer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("retire")
+    def retire(
+        words: list[str] = typer.Argument(
+            ..., metavar="[URI] RANKS", help="The instance (default: $TBON_URI) and an idset."
+        ),
+        timeout: str = typer.Option(
+            None,
+            "--timeout",
+            "-t",
+            metavar="DURATION",
+            help="Let running work finish for at most DURATION, then kill it (default: wait).",
+        ),
+        force: bool = typer.Option(
+            False, "--force", help="Kill running work at once instead of letting it finish."
+        ),
+        subtree: bool = typer.Option(
+            False, "--subtree", help="Retire each rank's whole subtree too, leaves first."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Report as JSON."),
+    ) -> None:
+        """Retire brokers: each takes no new work, lets what it runs finish, and leaves; its
+        rank becomes vacant, and that broker never comes back.
+
+        Exit status: 0 if every rank is retired (or already was), 1 if some were refused.
+        """
+        from tbon.cli.common import duration
+        from tbon.overlay.client import connect
+
+        uri, ranks = _split(words)
+        wanted = _parse_ranks(ranks)
+        drain = duration(timeout, "--timeout")
+        with connect(uri) as client:
+            status = client.rpc("status.get", nodeid=0)
+            waves = plan(status, wanted, subtree)
+            results = _retire(client, status, waves, force, drain, as_json)
+        ordered = sorted(results.values(), key=lambda r: r.rank)
+        if as_json:
+            print_json({"ranks": [r.as_dict() for r in ordered]})
+        raise typer.Exit(REFUSED if any(r.result != "retired" for r in ordered) else 0)
+
+
+def _split(words: list[str]) -> tuple[str | None, str]:
+    if len(words) == 2 and words[0].startswith(("local://", "ssh://")):
+        return words[0], words[1]
+    if len(words) == 1:
+        return None, words[0]
+    raise UsageError("expected [URI] RANKS, e.g. `tbon retire 3,5-7`")
+
+
+def _parse_ranks(text: str) -> list[int]:
+    try:
+        return parse_idset(text)
+    except ValueError as error:
+        raise UsageError(f"RANKS: {error}") from None
+
+
+def plan(status: dict[str, Any], wanted: list[int], subtree: bool) -> list[list[int]]:
+    """The ranks to retire, in waves: deepest first, so that children leave before parents.
+    With `subtree`, each rank's descendants that are online or retiring are added."""
+    entries = status["ranks"]
+    size = len(entries)
+    chosen = set(wanted)
+    if subtree:
+        stack = [r for r in wanted if r < size]
+        while stack:
+            for child in entries[stack.pop()]["children"]:
+                if entries[child]["state"] in ("online", "retiring") and child not in chosen:
+                    chosen.add(child)
+                    stack.append(child)
+
+    def depth(rank: int) -> int:
+        level = 0
+        while rank < size and entries[rank]["parent"] is not None:
+            rank, level = entries[rank]["parent"], level + 1
+        return level
+
+    by_depth: dict[int, list[int]] = {}
+    for rank in sorted(chosen):
+        by_depth.setdefault(depth(rank), []).append(rank)
+    return [by_depth[d] for d in sorted(by_depth, reverse=True)]
+
+
+def _retire(
+    client: Any,
+    status: dict[str, Any],
+    waves: list[list[int]],
+    force: bool,
+    drain: float | None,
+    as_json: bool,
+) -> dict[int, Result]:
+    from rich.console import Console
+
+    results: dict[int, Result] = {}
+    console = Console(stderr=True)
+    spinner = console.status("retiring") if interactive() and not as_json else nullcontext()
+    with spinner as shown:
+        for wave in waves:
+            tags = {}
+            for rank in wave:
+                results[rank] = Result(rank)
+                request: dict[str, Any] = {"rank": rank, "force": force, "timeout": drain}
+                if rank < status["size"]:  # the incarnation we saw: never retire a newer one
+                    request["incarnation"] = status["ranks"][rank]["incarnation"]
+                tags[client.send("retire.rank", request, nodeid=0)] = results[rank]
+            while any(r.result == "pending" for r in tags.values()):
+                if shown is not None:
+                    pending = [r.rank for r in tags.values() if r.result == "pending"]
+                    shown.update(f"retiring rank(s) {format_idset(pending)}")
+                reply = client.receive(None)
+                if reply is not None and reply.tag in tags:
+                    _take(reply, tags[reply.tag], as_json)
+    return results
+
+
+def _take(reply: Any, result: Result, as_json: bool) -> None:
+    """Fold one answer from rank 0 into `result`, telling the user as it goes."""
+    say = (lambda text: None) if as_json else (lambda text: print(text, file=sys.stderr))
+    rank = result.rank
+    if reply.errnum:
+        result.result, result.reason = "refused", str(reply.errstr)
+        say(f"tbon retire: rank {rank}: {reply.errstr}")
+        return
+    news = reply.payload
+    event = news.get("event")
+    if event == "retiring" and news.get("already"):
+        result.already = True
+    elif event == "draining":
+        say(f"rank {rank}: waiting for {news.get('running')} running job(s) to finish")
+    elif event == "killed":
+        result.killed = int(news.get("killed", 0))
+        say(f"rank {rank}: killed {result.killed} running job(s) ({news.get('why')})")
+    elif event == "unreachable":
+        why = news.get("reason")
+        say(f"rank {rank}: not reachable ({why}); waiting for it to be declared lost")
+    elif event == "retired":
+        result.result = "retired"
+        result.already = result.already or bool(news.get("already"))
+        result.seconds, result.lost = news.get("seconds"), bool(news.get("lost"))
+        if as_json:
+            return
+        if result.seconds is None:
+            print(f"rank {rank}: already retired")
+        elif result.lost:
+            print(
+                f"rank {rank}: retired (declared lost before it acknowledged; should it wake, "
+                "it is told it is retired)"
+            )
+        else:
+            already = "already retiring; " if result.already else ""
+            print(f"rank {rank}: {already}retired in {result.seconds:.3f}s")
+    if not reply.streaming and result.result == "pending":
+        result.result, result.reason = "refused", f"unexpected answer {news!r}"
