@@ -130,7 +130,7 @@ def test_only_vacant_and_lost_are_allocatable(state: RankState) -> None:
     if state is RankState.RESERVED:
         assert reserve(result, BOB).granted
     else:
-        # retiring has no event yet (tbon retire is another issue): set it as the table would
+        # set the state as the table would (each state's own path is tested elsewhere)
         entry.state = state
         entry.pid = 77 if state in CONNECTED else None
     before = frozen(result)
@@ -610,7 +610,13 @@ class FlubMachine(RuleBasedStateMachine):
             e.rank for e in before if e.state in ALLOCATABLE and not under_retiring(e.rank)
         ]
         held = reserved_by(self.table, request.public_key)
+        retired_from = self.table.retired_keys.get(request.public_key)
         grant = self.table.reserve(request, self.now)
+        if retired_from is not None:  # a retired broker's key never gets a rank again
+            assert not grant.granted and grant.never
+            assert f"key was retired from rank {retired_from}" in grant.reason
+            assert frozen(self.table) == (generation, before)
+            return
         after = self.table.entries
         changed = {r for r in range(self.table.size) if before[r] != after[r]}
         if held and request.rank in (None, held[0]):
@@ -719,6 +725,29 @@ class FlubMachine(RuleBasedStateMachine):
         rank = data.draw(st.integers(0, self.table.size - 1), label="retiring")
         self._apply(Retire(rank, self.table.entry(rank).incarnation))
 
+    @rule(data=st.data(), lost=st.booleans(), specific=st.booleans())
+    def retired_joiner_comes_back(self, data: st.DataObject, lost: bool, specific: bool) -> None:
+        """A joined broker is retired, leaves (or is lost while retiring), and its careless
+        supervisor starts it again with the same key: refused, whatever rank it asks for."""
+        joined = [
+            e.rank for e in self.table.entries if e.state is RankState.ONLINE and e.key is not None
+        ]
+        rank = self._pick(data, joined, "joined")
+        if rank is None:
+            return
+        entry = self.table.entry(rank)
+        key, incarnation = entry.key, entry.incarnation
+        assert key is not None
+        self._apply(Retire(rank, incarnation))
+        if entry.state is not RankState.RETIRING:
+            return  # refused: it has busy children
+        ending: Event = (
+            Lost(rank, incarnation, "connection lost") if lost else Departed(rank, incarnation)
+        )
+        self._apply(ending)
+        assert self.table.retired_keys[key] == rank
+        self._reserve(Reserve(key, "again", rank if specific else None, 30.0))
+
     @rule(data=st.data(), advance=st.sampled_from([0.0, 0.25, 1.0, 5.0, 40.0]))
     def expire(self, data: st.DataObject, advance: float) -> None:
         self.now += advance
@@ -760,6 +789,12 @@ class FlubMachine(RuleBasedStateMachine):
     # --- invariants ---
 
     @precondition(lambda self: self.incarnations)
+    @invariant()
+    def a_retired_key_holds_no_rank(self) -> None:
+        for entry in self.table.entries:
+            if entry.state in (RankState.RESERVED, RankState.ONLINE, RankState.RETIRING):
+                assert entry.key is None or entry.key not in self.table.retired_keys
+
     @invariant()
     def retired_ranks_are_vacant(self) -> None:
         for entry in self.table.entries:
