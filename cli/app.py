@@ -16,6 +16,7 @@ from tbon.overlay.errors import TbonError, debugging
 
 COMMAND_MODULES = (
     "start",
+    "alloc",
     "broker",
     "status",
     "expand",

@@ -32,6 +32,8 @@ class Joiner:
     process: subprocess.Popen[bytes]
     log: Path
     wanted: int | None  # the rank it asked for, if any
+    host: str = ""  # the host it runs on, through ssh; "" for this one
+    after: int = 0  # a remote joiner is known by its rank coming online past this incarnation
     rank: int | None = None
     exit_code: int | None = None
     reason: str = ""
@@ -76,6 +78,15 @@ def register(app: typer.Typer) -> None:
             metavar="NAME=VALUE",
             help="Extra attribute for the new brokers (e.g. log-stderr-level=info).",
         ),
+        hosts: str = typer.Option(
+            None,
+            "--hosts",
+            metavar="HOSTLIST",
+            help="Start the brokers on these hosts over ssh (round robin), e.g. node[5-8].",
+        ),
+        launcher: str = typer.Option(
+            None, "--launcher", metavar="ssh", help="How to reach --hosts: ssh (the default)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Report as JSON."),
     ) -> None:
         """Grow an instance: start brokers here that join it into vacant or lost ranks.
@@ -87,6 +98,11 @@ def register(app: typer.Typer) -> None:
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
+        if launcher not in (None, "ssh"):
+            raise UsageError(f"--launcher {launcher!r}: expand reaches other hosts with ssh")
+        if launcher is not None and hosts is None:
+            raise UsageError("--launcher ssh needs --hosts HOSTLIST")
+        remote_hosts = _remote_hosts(hosts)
         limit = duration(timeout, "--timeout")
         limit = 60.0 if limit is None else limit
         with connect(uri) as client:
@@ -96,8 +112,10 @@ def register(app: typer.Typer) -> None:
             if not wanted:
                 _report([], as_json, "no available ranks: nothing to fill")
                 return
-            boot = str(client.uri)
-            joiners = _launch(boot, info, wanted, setattr_)
+            if remote_hosts:
+                joiners = _launch_remote(client, status, info, wanted, remote_hosts, setattr_)
+            else:
+                joiners = _launch(str(client.uri), info, wanted, setattr_)
             try:
                 _follow(client, joiners, limit)
             finally:
@@ -161,6 +179,71 @@ def _launch(
     return joiners
 
 
+def _remote_hosts(hosts: str | None) -> list[str]:
+    if hosts is None:
+        return []
+    from tbon.overlay.hostlist import expand_hostlist
+
+    return expand_hostlist(hosts)
+
+
+def _launch_remote(
+    client: Any,
+    status: dict[str, Any],
+    info: dict[str, Any],
+    wanted: list[int | None],
+    hosts: list[str],
+    extra: list[str],
+) -> list[Joiner]:
+    """Joiners on other hosts, each started over ssh and booting through an ssh:// URI. Each
+    asks for a rank of its own (the lowest available first), so that it can be told apart
+    once online; rank 0 still decides, and turns away any that lost a race (exit 69)."""
+    import ipaddress
+
+    from tbon.overlay.ssh import remote_tbon, ssh_argv
+    from tbon.overlay.uri import to_remote
+
+    available = [
+        e["rank"]
+        for e in status["ranks"]
+        if e["state"] in ("vacant", "lost") and e["rank"] not in wanted
+    ]
+    ranks = [
+        rank if rank is not None else available.pop(0)
+        for rank in wanted
+        if available or rank is not None
+    ]
+    boot = str(to_remote(client.uri))
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"tbon-expand-{os.getuid()}"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    tbon = remote_tbon()
+    joiners = []
+    for index, rank in enumerate(ranks):
+        host = hosts[index % len(hosts)]
+        attributes = [f"broker.boot-server={boot}", f"broker.rank={rank}", *extra]
+        try:
+            ipaddress.ip_address(host)
+            if not any(a.startswith("tbon.endpoint=") for a in extra):
+                attributes.append(f"tbon.endpoint=tcp://{host}:*")  # where its children reach it
+        except ValueError:
+            pass
+        remote = ["env", f"TBON_SSH={os.environ.get('TBON_SSH', 'ssh')}", tbon, "broker"]
+        for attribute in attributes:
+            remote += ["-S", attribute]
+        log = logs / f"broker-{os.getpid()}-{index}.log"
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                ssh_argv(host, "", None, remote),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                start_new_session=True,
+            )
+        before = status["ranks"][rank]["incarnation"]
+        joiners.append(Joiner(process, log, rank, host=host, after=before))
+    return joiners
+
+
 def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
     """Watch rank 0's pushed status and our processes until each joiner is online or gone."""
     from rich.console import Console
@@ -173,7 +256,8 @@ def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
     )
 
     deadline = time.monotonic() + limit
-    by_pid = {j.process.pid: j for j in joiners}
+    by_pid = {j.process.pid: j for j in joiners if not j.host}
+    by_rank = {j.wanted: j for j in joiners if j.host}
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("joining"),
@@ -192,8 +276,10 @@ def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
                 if reply.errnum:
                     raise TbonError(f"status stream ended: {reply.errstr}")
                 for entry in reply.payload["ranks"]:
-                    joiner = by_pid.get(entry["pid"])
-                    if joiner is not None and entry["state"] == "online" and joiner.pending:
+                    joiner = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
+                    if joiner is None or entry["state"] != "online" or not joiner.pending:
+                        continue
+                    if not joiner.host or entry["incarnation"] > joiner.after:
                         joiner.rank = entry["rank"]
             for joiner in joiners:
                 if joiner.pending and joiner.process.poll() is not None:

@@ -1,7 +1,8 @@
 """The `tbon` console script.
 
-`tbon broker` is dispatched before Typer is imported, so a broker starts with nothing but pyzmq and
-PyNaCl loaded; every other command goes through the Typer app in `tbon.cli.app`.
+`tbon broker` and `tbon relay` are dispatched before Typer is imported, so that they start with
+nothing but pyzmq and PyNaCl loaded; every other command goes through the Typer app in
+`tbon.cli.app`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         from tbon.overlay.main import main as broker_main
 
         return broker_main(args[1:])
+    if args[:1] == ["relay"]:  # started by ssh for an ssh:// URI: as lean as a broker
+        from tbon.overlay.relay import main as relay_main
+
+        return relay_main(args[1:])
     from tbon.cli.app import run
 
     return run(args)

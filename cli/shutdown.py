@@ -10,6 +10,7 @@ import typer
 
 from tbon.cli.common import URI_HELP, duration, interactive
 from tbon.overlay.errors import TbonError
+from tbon.overlay.uri import Uri
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +35,8 @@ def register(app: typer.Typer) -> None:
             # Wait on rank 0's own socket, whichever broker URI names.
             root = client.rpc("broker.info", nodeid=0, timeout=limit)["uri"]
             path = root[len("local://") :]
+            # Through ssh, rank 0's socket is not here to watch: ask until nobody answers.
+            remote = client.uri if client.uri.scheme == "ssh" else None
             client.rpc("instance.shutdown", nodeid=0, timeout=limit)
         if no_wait:
             return
@@ -47,7 +50,21 @@ def register(app: typer.Typer) -> None:
             else nullcontext()
         ):
             # Rank 0 removes its socket as the very last thing it does.
-            while os.path.exists(path):
+            while _still_there(remote, path):
                 if time.monotonic() > deadline:
                     raise TbonError(f"the instance did not shut down within {limit:g}s")
                 time.sleep(0.02)
+
+
+def _still_there(remote: Uri | None, path: str) -> bool:
+    """Whether rank 0 is still up: its socket here, or an answer through the ssh:// URI."""
+    if remote is None:
+        return os.path.exists(path)
+    from tbon.overlay.client import Client
+
+    try:
+        with Client(remote) as client:
+            client.rpc("broker.info", nodeid=0, timeout=5)
+    except TbonError:
+        return False
+    return True

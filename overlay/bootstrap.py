@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tbon.overlay.bootconfig import BootConfig
 from tbon.overlay.errors import TbonError, UsageError
 from tbon.overlay.pmi_client import PmiClient
 from tbon.overlay.topology import Topology
@@ -101,6 +102,35 @@ def pmi_wireup(
         ]
     pmi.barrier()
     return wireup
+
+
+def config_wireup(
+    boot: BootConfig,
+    topo: str,
+    requested_size: int | None,
+    hostname: str,
+    public_key: str,
+    bind: Callable[[Topology, int, str], str],
+    share: Callable[[], None],
+) -> Wireup:
+    """Config-file bootstrap: everything is in the file, so there is nothing to exchange. The
+    rank is this host's place in `hosts`; every rank holds the instance's one key pair."""
+    rank = boot.rank_of(hostname)
+    launched = len(boot.hosts)
+    size = launched if requested_size is None else requested_size
+    if size < launched:
+        raise UsageError(f"size={size} is smaller than the {launched} hosts of {boot.path}")
+    topology = boot.topology(topo, size)
+    if topology.children(rank):
+        bind(topology, rank, boot.hosts[rank].bind)
+        share()  # its config-booted children hold the instance's key
+    parent = topology.parent(rank)
+    card = None
+    if parent is not None:
+        entry = boot.hosts[parent]
+        card = BusinessCard(entry.host, public_key, entry.connect)
+    hosts = [entry.host for entry in boot.hosts]
+    return Wireup(rank, size, launched, topology, parent=card, hosts=hosts)
 
 
 def singleton_wireup(

@@ -24,11 +24,12 @@ import zmq
 
 from tbon.keys.cert import generate_keypair, load_certificate
 from tbon.overlay import exitcodes
-from tbon.overlay.bootstrap import Wireup, pmi_wireup, singleton_wireup
+from tbon.overlay.bootconfig import load_bootconfig
+from tbon.overlay.bootstrap import Wireup, config_wireup, pmi_wireup, singleton_wireup
 from tbon.overlay.broker_exec import ExecServices
 from tbon.overlay.broker_flub import FlubServices
 from tbon.overlay.broker_retire import RetireServices, RetireWaiter
-from tbon.overlay.children import Children
+from tbon.overlay.children import Children, Rejoin
 from tbon.overlay.config import BrokerConfig, host_address
 from tbon.overlay.errors import TbonError
 from tbon.overlay.execd import ExecService
@@ -48,6 +49,7 @@ log = logging.getLogger("tbon.broker")
 
 ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown"})
 BATCH = 256  # messages read from one socket before the others get a turn
+VERDICT_GRACE_MS = 100  # before judging a peer's silence, how long to look for its messages
 
 
 class Broker(FlubServices, ExecServices, RetireServices):
@@ -79,6 +81,7 @@ class Broker(FlubServices, ExecServices, RetireServices):
         self.retirement: Retirement | None = None  # set when told to retire
         self._retire_waiters: list[RetireWaiter] = []  # rank 0: `tbon retire` requests
         self._retire_generation = -1
+        self._waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -97,10 +100,23 @@ class Broker(FlubServices, ExecServices, RetireServices):
         config = self.config
         self.rundir = self._make_rundir()
         self._wakeup = self._install_signals()
-        self.public, secret = self._keypair()
+        boot = load_bootconfig(config.config_file) if config.config_file is not None else None
+        self.public, secret = self._keypair(boot.curve_cert if boot else config.cert)
         self._secret = secret
-        self.pmi = PmiClient.from_environment()
-        if config.boot_server is not None:
+        self.pmi = PmiClient.from_environment() if boot is None else None
+        if boot is not None:
+            wireup = config_wireup(
+                boot,
+                config.topo,
+                config.size,
+                config.hostname,
+                self.public,
+                self._bind,
+                self._share_key,
+            )
+            if self.children is not None:  # what its children dial, as the file says
+                self.endpoint = boot.hosts[wireup.rank].connect
+        elif config.boot_server is not None:
             wireup, attributes = flub_wireup(
                 config.boot_server,
                 config.requested_rank,
@@ -131,7 +147,7 @@ class Broker(FlubServices, ExecServices, RetireServices):
         self.execd = ExecService(self.rank, self.uri, self._watch, self._unwatch, self._respond)
         now = time.monotonic()
         if self.rank == 0:
-            table = RankTable(self.topology, wireup.hosts, now)
+            table = RankTable(self.topology, wireup.hosts, now, fixed=boot is not None)
             self.instance = Instance(table)
             self.instance.apply(Online(0, 1, config.hostname, os.getpid()), now)
             self._finalize_pmi()
@@ -143,27 +159,36 @@ class Broker(FlubServices, ExecServices, RetireServices):
             self.parent.connect(wireup.parent.endpoint, wireup.parent.public_key, now)
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
 
-    def _keypair(self) -> tuple[str, str]:
-        """A fresh key pair, or the one in broker.cert: a broker that keeps its key keeps its
-        identity, so that once retired it is recognised and refused should it come back."""
-        if self.config.cert is None:
+    def _keypair(self, path: str | None) -> tuple[str, str]:
+        """A fresh key pair, or the one in a certificate: broker.cert, or the instance's shared
+        one (config bootstrap). A broker that keeps its key keeps its identity, so that once
+        retired it is recognised and refused should it come back."""
+        if path is None:
             return generate_keypair()
+        what = "curve_cert" if self.config.config_file else "broker.cert"
         try:
-            cert = load_certificate(self.config.cert)
+            cert = load_certificate(path)
         except TbonError as error:
-            raise TbonError(f"broker.cert: {error}", exitcodes.USAGE) from None
+            raise TbonError(f"{what}: {error}", exitcodes.USAGE) from None
         if cert.secret is None:
             raise TbonError(
-                f"broker.cert: {self.config.cert} has no secret key (make one with tbon keygen)",
-                exitcodes.USAGE,
+                f"{what}: {path} has no secret key (make one with tbon keygen)", exitcodes.USAGE
             )
         return cert.public, cert.secret
 
-    def _bind(self, topology: Topology, rank: int) -> str:
+    def _bind(self, topology: Topology, rank: int, template: str | None = None) -> str:
+        """Make this broker a parent: bind its ROUTER to tbon.endpoint, or to the config file's
+        bind URI, and return the address bound."""
         self.children = Children(self.context, rank, topology, self.config, self._secret)
         address = host_address(self.config.hostname)
-        self.endpoint = self.children.bind(self.config.endpoint.replace("%h", address))
+        where = (template or self.config.endpoint).replace("%h", address)
+        self.endpoint = self.children.bind(where)
         return self.endpoint
+
+    def _share_key(self) -> None:
+        """Config bootstrap: admit the instance's key, for children that say which they are."""
+        assert self.children is not None
+        self.children.keyring.share(self.public)
 
     def _authorize(self, rank: int, incarnation: int, public_key: str) -> None:
         assert self.children is not None
@@ -273,13 +298,18 @@ class Broker(FlubServices, ExecServices, RetireServices):
             return
         # Judge a peer's silence only on an empty queue: if this broker was the one stopped
         # (SIGSTOP, a stalled node), what its peers sent meanwhile is waiting to be read.
+        # The grace lets ZeroMQ's I/O thread, woken with us, move what arrived into the queue.
         if self.children is not None:
             if self.children.verdict_due(now) and (
-                self.children.socket.poll(0) or self.children.monitor.poll(0)
+                self.children.socket.poll(VERDICT_GRACE_MS) or self.children.monitor.poll(0)
             ):
                 self._read_children(now)
             self._report(self.children.tick(now), now)
-        if self.parent is not None and self.parent.verdict_due(now) and self.parent.socket.poll(0):
+        if (
+            self.parent is not None
+            and self.parent.verdict_due(now)
+            and self.parent.socket.poll(VERDICT_GRACE_MS)
+        ):
             self._read_parent(now)
             if self.exit_code is not None:
                 return
@@ -340,6 +370,8 @@ class Broker(FlubServices, ExecServices, RetireServices):
             if inbound.reports:
                 self._due = 0.0  # a child came, went or changed: its timers change too
             self._report(inbound.reports, now)
+            for rejoin in inbound.rejoins:
+                self._ask_rejoin(rejoin)
             for child, message in inbound.messages:
                 self._route(message, f"c{child}", now)
         self._maybe_finish(now)
@@ -358,6 +390,8 @@ class Broker(FlubServices, ExecServices, RetireServices):
             inbound = parent.read(now)
             if inbound.welcomed:
                 log.info("welcomed by the parent")
+                self.incarnation = parent.incarnation
+                self._admit_waiting()
                 self._finalize_pmi()
                 self._due = 0.0  # heartbeats to the parent start now
             if inbound.ended is not None:
@@ -516,6 +550,8 @@ class Broker(FlubServices, ExecServices, RetireServices):
             return self.instance.watch(request, now)
         if topic == "flub.allocate":
             return self._allocate(request, now)
+        if topic == "config.rejoin":
+            return self._rejoin(request, now)
         if topic == "retire.rank":
             return self._retire_rank(request, now)
         if topic == "retire.progress":

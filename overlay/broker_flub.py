@@ -11,12 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tbon.keys.cert import decode_key, fingerprint
-from tbon.overlay.children import Children
+from tbon.overlay.children import Children, Rejoin
 from tbon.overlay.config import BrokerConfig
 from tbon.overlay.instance import Instance
 from tbon.overlay.message import Kind, Message
 from tbon.overlay.numbers import is_int
-from tbon.overlay.ranktable import Reserve
+from tbon.overlay.parent import ParentLink
+from tbon.overlay.ranktable import Event, Reboot, Reserve
 from tbon.overlay.topology import Topology
 
 log = logging.getLogger("tbon.broker")
@@ -37,6 +38,9 @@ class FlubServices:
     _call: Callable[[Message, Callable[[Message], None]], None]
     _respond: Callable[[Message], bool]
     _route: Callable[[Message, str, float], None]
+    _report: Callable[[list[Event], float], None]
+    parent: ParentLink | None
+    _waiting_admission: list[Rejoin]
 
     def _adopt(self, attributes: dict[str, Any]) -> None:
         """Take the instance's liveness settings, so that both ends of each link agree."""
@@ -182,6 +186,54 @@ class FlubServices:
             nodeid=parent,
         )
         self._route(notice, "s", time.monotonic())  # one-way: no tag, no answer awaited
+
+    def _ask_rejoin(self, rejoin: Rejoin) -> None:
+        """A parent: a config-booted child's broker is here; rank 0 gives its incarnation.
+        Until this broker is itself in the tree, the child waits."""
+        if self.parent is not None and not self.parent.welcomed:
+            self._waiting_admission.append(rejoin)
+            return
+
+        def answered(reply: Message) -> None:
+            assert self.children is not None
+            incarnation = None if reply.errnum else reply.payload.get("incarnation")
+            why = reply.errstr or "rank 0 did not give a new incarnation"
+            if incarnation is not None:
+                log.info("rank %d rejoins as incarnation %d", rejoin.rank, incarnation)
+            inbound = self.children.rejoined(rejoin, incarnation, why, time.monotonic())
+            self._report(inbound.reports, time.monotonic())
+            self._due = 0.0
+
+        ask = {"rank": rejoin.rank, "incarnation": rejoin.incarnation}
+        self._call(Message(Kind.REQUEST, "config.rejoin", ask, nodeid=0), answered)
+
+    def _admit_waiting(self) -> None:
+        waiting, self._waiting_admission = self._waiting_admission, []
+        for rejoin in waiting:
+            self._ask_rejoin(rejoin)
+
+    def _rejoin(self, request: Message, now: float) -> Message:
+        """Rank 0: a parent asks for a new incarnation of its config-booted child."""
+        assert self.instance is not None
+        rank, incarnation = request.payload.get("rank"), request.payload.get("incarnation")
+        if not (is_int(rank) and is_int(incarnation)):
+            return request.fail(errno.EINVAL, "config.rejoin needs rank and incarnation")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if not 0 < rank < self.topology.size or not self._from_parent_of(request, rank):
+            return request.fail(errno.EPERM, "config.rejoin comes from the rank's parent only")
+        outcome = self.instance.apply(Reboot(rank, incarnation), now)  # the ended one, or 0
+        if not outcome.applied:
+            return request.fail(errno.EPERM, outcome.reason)
+        return request.respond({"incarnation": self.instance.table.entry(rank).incarnation})
+
+    def _from_parent_of(self, request: Message, rank: int) -> bool:
+        """Whether the parent broker of `rank` itself sent `request` to rank 0: its own "s",
+        then one "c<child>" pushed by each broker on the way up."""
+        hops, current = [], self.topology.parent(rank)
+        while current:
+            hops.append(f"c{current}")
+            current = self.topology.parent(current)
+        return request.route == ["s", *hops]
 
     def _expire_leases(self, now: float) -> None:
         assert self.instance is not None

@@ -16,10 +16,11 @@ import zmq
 
 from tbon.overlay import exitcodes
 from tbon.overlay.config import BrokerConfig
-from tbon.overlay.keyring import Identity, KeyRing, ZapHandler
+from tbon.overlay.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
 from tbon.overlay.liveness import Liveness, Verdict
 from tbon.overlay.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
 from tbon.overlay.monitor import read_event
+from tbon.overlay.numbers import is_int
 from tbon.overlay.ranktable import Departed, Event, Lost, Online, Torpid
 from tbon.overlay.reports import decode_event
 from tbon.overlay.topology import Topology
@@ -79,6 +80,9 @@ def judge_hello(
     return None
 
 
+NOT_EXPECTED = Refusal("not expected", exitcodes.REFUSED)
+
+
 @dataclass(slots=True)
 class ChildSession:
     identity: Identity
@@ -88,6 +92,7 @@ class ChildSession:
     ended: str = ""  # why this incarnation ended; empty while it may still connect
     end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
     retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
+    shared: bool = False  # a config-booted rank, whose broker holds the instance's shared key
 
     @property
     def connected(self) -> bool:
@@ -100,6 +105,19 @@ class Inbound:
 
     reports: list[Event] = field(default_factory=list)
     messages: list[tuple[int, Message]] = field(default_factory=list)
+    rejoins: list[Rejoin] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    """A config-booted rank's broker is back (restarted on its host): rank 0 must raise the
+    rank's incarnation before it is welcomed. `incarnation` is the one that ended."""
+
+    rank: int
+    incarnation: int
+    routing_id: bytes
+    fd: int
+    hello: Message
 
 
 class Children:
@@ -201,17 +219,21 @@ class Children:
             return inbound
         routing_id = frames[0].bytes
         try:
-            sender = Identity.parse(frames[1].get("User-Id"))
+            user_id = frames[1].get("User-Id")
             fd = frames[1].get(zmq.SRCFD)
             message = decode([frame.bytes for frame in frames[1:]])
         except (MessageError, zmq.ZMQError, UnicodeDecodeError) as error:
             log.warning("dropped a malformed message from a child: %s", error)
             return inbound
+        sender = self._sender(user_id, routing_id, message)
         if sender is None:
             log.warning("dropped a message from an unauthenticated peer")
             return inbound
         if message.kind is Kind.CONTROL and message.topic == "hello":
-            self._hello(routing_id, fd, sender, message, now, inbound)
+            if user_id == SHARED_USER_ID:
+                self._shared_hello(routing_id, fd, sender, message, now, inbound)
+            else:
+                self._hello(routing_id, fd, sender, message, now, inbound)
             return inbound
         session = self._by_routing.get(routing_id)
         if session is None or session.identity != sender or not session.connected:
@@ -229,6 +251,19 @@ class Children:
         elif message.topic != "heartbeat":
             log.warning("rank %d sent an unknown control message %r", sender.rank, message.topic)
         return inbound
+
+    def _sender(self, user_id: str, routing_id: bytes, message: Message) -> Identity | None:
+        """Who sent `message`: the identity its key is bound to, or, for the instance's shared
+        key, the one it claimed in its hello on this connection."""
+        if user_id != SHARED_USER_ID:
+            return Identity.parse(user_id)
+        if message.kind is Kind.CONTROL and message.topic == "hello":
+            rank, incarnation = message.payload.get("rank"), message.payload.get("incarnation")
+            if is_int(rank) and is_int(incarnation) and rank >= 0 and incarnation >= 0:
+                return Identity(int(rank), int(incarnation))  # type: ignore[arg-type]
+            return None
+        session = self._by_routing.get(routing_id)
+        return session.identity if session is not None else None
 
     def _hello(
         self,
@@ -255,12 +290,78 @@ class Children:
                 hello.payload, sender, self.rank, self.topology, current, self.shutting_down
             )
         if refusal is not None or session is None:
-            refusal = refusal or Refusal("not expected", exitcodes.REFUSED)
-            log.warning("refused hello from rank %s: %s", hello.payload.get("rank"), refusal.reason)
-            self._send_raw(
-                routing_id, _control("refuse", reason=refusal.reason, exit_code=refusal.exit_code)
+            self._refuse_hello(
+                routing_id, hello, refusal or Refusal("not expected", exitcodes.REFUSED)
             )
             return
+        self._welcome(session, routing_id, fd, hello, now, inbound)
+
+    def _refuse_hello(self, routing_id: bytes, hello: Message, refusal: Refusal) -> None:
+        log.warning("refused hello from rank %s: %s", hello.payload.get("rank"), refusal.reason)
+        self._send_raw(
+            routing_id, _control("refuse", reason=refusal.reason, exit_code=refusal.exit_code)
+        )
+
+    def _shared_hello(
+        self,
+        routing_id: bytes,
+        fd: int,
+        sender: Identity | None,
+        hello: Message,
+        now: float,
+        inbound: Inbound,
+    ) -> None:
+        """A hello from a holder of the instance's key (config bootstrap), claiming a rank. Its
+        broker cannot know its incarnation, so rank 0 says it (a Rejoin): the current one on
+        first boot, a new one for a broker restarted on its host. Rank 0 also refuses a rank
+        that was retired, or that a broker joined by FLUB holds now."""
+        version = hello.payload.get("version")
+        refusal = None
+        if version != PROTOCOL_VERSION:
+            refusal = Refusal(f"incompatible protocol version {version!r}", exitcodes.REFUSED)
+        elif (
+            sender is None
+            or sender.rank >= self.topology.size
+            or (self.topology.parent(sender.rank) != self.rank)
+        ):
+            rank = hello.payload.get("rank")
+            refusal = Refusal(f"rank {rank} is not a child of rank {self.rank}", exitcodes.REFUSED)
+        elif self.shutting_down:
+            refusal = Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
+        session = self.sessions.get(sender.rank) if sender is not None else None
+        if refusal is None and session is not None and session.connected and not session.shared:
+            refusal = Refusal(
+                f"rank {session.identity.rank} is held by a broker that joined by FLUB",
+                exitcodes.REFUSED,
+            )
+        if refusal is not None or sender is None:
+            self._refuse_hello(routing_id, hello, refusal or NOT_EXPECTED)
+            return
+        if session is not None and session.connected:  # its old broker: this one replaces it
+            inbound.reports.append(self._end(session, "lost", "its host started a new broker"))
+        ended = session.identity.incarnation if session is not None else 0
+        inbound.rejoins.append(Rejoin(sender.rank, ended, routing_id, fd, hello))
+
+    def rejoined(self, rejoin: Rejoin, incarnation: int | None, why: str, now: float) -> Inbound:
+        """Rank 0's answer to a Rejoin: welcome the broker as `incarnation`, or refuse it."""
+        inbound = Inbound()
+        if incarnation is None:
+            self._refuse_hello(rejoin.routing_id, rejoin.hello, Refusal(why, exitcodes.REFUSED))
+            return inbound
+        session = ChildSession(Identity(rejoin.rank, incarnation), shared=True)
+        self.sessions[rejoin.rank] = session
+        self._welcome(session, rejoin.routing_id, rejoin.fd, rejoin.hello, now, inbound)
+        return inbound
+
+    def _welcome(
+        self,
+        session: ChildSession,
+        routing_id: bytes,
+        fd: int,
+        hello: Message,
+        now: float,
+        inbound: Inbound,
+    ) -> None:
         if session.routing_id is not None:
             self._by_routing.pop(session.routing_id, None)
         session.routing_id, session.fd = routing_id, fd
@@ -269,11 +370,18 @@ class Children:
         )
         self._by_routing[routing_id] = session
         self._by_fd[(fd, self._fd_generation.get(fd, 0))] = session
-        self._send_raw(routing_id, _control("welcome", rank=sender.rank, size=self.topology.size))
+        identity = session.identity
+        welcome = _control(
+            "welcome",
+            rank=identity.rank,
+            size=self.topology.size,
+            incarnation=identity.incarnation,
+        )
+        self._send_raw(routing_id, welcome)
         host = str(hello.payload.get("hostname", ""))
         pid = hello.payload.get("pid")
         inbound.reports.append(
-            Online(sender.rank, sender.incarnation, host, pid if isinstance(pid, int) else 0)
+            Online(identity.rank, identity.incarnation, host, pid if isinstance(pid, int) else 0)
         )
         if not self._fd_open.get(fd, True):
             inbound.reports.append(self._end(session, "lost", "connection lost"))

@@ -11,11 +11,11 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
-from tbon.overlay.errors import TbonError, UsageError
+from tbon.overlay.errors import TbonError
 from tbon.overlay.message import ANY_RANK, Kind, Message, MessageError, decode, encode
 from tbon.overlay.uri import Uri, parse_uri
 
@@ -33,17 +33,14 @@ class RequestError(TbonError):
 class Client:
     def __init__(self, uri: str | Uri) -> None:
         self.uri = parse_uri(uri) if isinstance(uri, str) else uri
-        if self.uri.scheme != "local":
-            raise UsageError(
-                f"cannot connect to {self.uri}: ssh:// URIs are not supported yet; "
-                "run the command on that host with its local:// URI"
-            )
-        _probe(self.uri.path, str(self.uri))
-        self._context = zmq.Context()
-        self.socket = self._context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.rcvhwm = 0
-        self.socket.connect(f"ipc://{self.uri.path}")
+        self._transport: Transport
+        if self.uri.scheme == "local":
+            _probe(self.uri.path, str(self.uri))
+            self._transport = LocalTransport(self.uri.path)
+        else:
+            from tbon.overlay.ssh import SshTransport
+
+            self._transport = SshTransport(self.uri)
         self._tags = itertools.count(1)
 
     def send(
@@ -51,7 +48,7 @@ class Client:
     ) -> int:
         tag = next(self._tags)
         message = Message(Kind.REQUEST, topic, payload or {}, nodeid=nodeid, tag=tag)
-        self.socket.send_multipart(encode(message))
+        self._transport.send(encode(message))
         return tag
 
     def receive(self, timeout: float | None) -> Message | None:
@@ -59,10 +56,10 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self.socket.poll(None if left is None else int(left * 1000)):
+            if not self._transport.poll(None if left is None else int(left * 1000)):
                 return None
             try:
-                return decode(self.socket.recv_multipart())
+                return decode(self._transport.recv())
             except MessageError:
                 continue  # not ours to answer: skip it
 
@@ -100,14 +97,44 @@ class Client:
                 yield _payload(reply)
 
     def close(self) -> None:
-        self.socket.close(linger=0)
-        self._context.term()
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class Transport(Protocol):
+    """How a client's messages travel: a local socket, or an ssh session to a relay."""
+
+    def send(self, frames: list[bytes]) -> None: ...
+    def poll(self, timeout_ms: int | None) -> bool: ...
+    def recv(self) -> list[bytes]: ...
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    def __init__(self, path: str) -> None:
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.rcvhwm = 0
+        self.socket.connect(f"ipc://{path}")
+
+    def send(self, frames: list[bytes]) -> None:
+        self.socket.send_multipart(frames)
+
+    def poll(self, timeout_ms: int | None) -> bool:
+        return bool(self.socket.poll(timeout_ms))
+
+    def recv(self) -> list[bytes]:
+        return self.socket.recv_multipart()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self._context.term()
 
 
 def _payload(reply: Message) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class BrokerConfig:
     boot_server: str | None = None
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
+    config_file: str | None = None  # tbon broker -c FILE: config-file bootstrap
     attributes: dict[str, str] = field(default_factory=dict)
 
 
@@ -67,8 +68,12 @@ def parse_assignments(assignments: list[str]) -> dict[str, str]:
     return attributes
 
 
-def broker_config(attributes: dict[str, str]) -> BrokerConfig:
+def broker_config(attributes: dict[str, str], config_file: str | None = None) -> BrokerConfig:
     values = {**DEFAULTS, **attributes}
+    if config_file is not None:
+        for clash in ("broker.boot-server", "broker.cert"):
+            if clash in attributes:
+                raise UsageError(f"-c FILE and {clash} do not go together: choose one bootstrap")
     topo = spec_from_fanout(values["tbon.fanout"]) if "tbon.fanout" in values else None
     if "tbon.topo" in attributes or topo is None:
         topo = parse_spec(values["tbon.topo"])
@@ -125,6 +130,7 @@ def broker_config(attributes: dict[str, str]) -> BrokerConfig:
         boot_server=boot_server,
         requested_rank=requested_rank,
         cert=values.get("broker.cert") or None,
+        config_file=config_file,
         attributes=dict(attributes),
     )
 

@@ -58,6 +58,11 @@ def flub_wireup(
             card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
     except RequestError as error:
         raise TbonError(f"FLUB: {error}", exitcodes.INTERNAL) from None
+    except TbonError as error:
+        if error.exit_code != exitcodes.INTERNAL:
+            raise
+        # The boot server could not be reached (an ssh:// one, say): perhaps for now.
+        raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
     wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
     return wireup, grant["attributes"]
 

@@ -31,9 +31,22 @@ class Identity:
         return Identity(int(rank), int(incarnation))
 
 
+SHARED_USER_ID = "instance"
+"""The User-Id of a peer holding the instance's shared key (config-file bootstrap): it may be
+any rank of the instance, and says which in its hello."""
+
+
 class KeyRing:
     def __init__(self) -> None:
         self._by_key: dict[bytes, Identity] = {}
+        self._shared: bytes | None = None
+
+    def share(self, public_z85: str) -> None:
+        """Admit the instance's shared key (config bootstrap: every rank holds the same one)."""
+        self._shared = z85.decode(public_z85)
+
+    def shared(self, public_key: bytes) -> bool:
+        return self._shared is not None and public_key == self._shared
 
     def authorize(self, public_z85: str, identity: Identity) -> None:
         """Let `public_z85` connect as `identity`; any older key of that rank is revoked."""
@@ -77,6 +90,11 @@ class ZapHandler:
         credentials = frames[6:]
         identity = None
         if mechanism == b"CURVE" and credentials and len(credentials[0]) == 32:
+            if self.keyring.shared(credentials[0]):
+                self.socket.send_multipart(
+                    [version, request_id, b"200", b"OK", SHARED_USER_ID.encode(), b""]
+                )
+                return
             identity = self.keyring.lookup(credentials[0])
         if identity is None:
             key = z85.encode(credentials[0]).decode() if credentials else "-"

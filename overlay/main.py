@@ -31,6 +31,7 @@ attributes (-S NAME=VALUE):
   broker.boot-server   join a running instance by FLUB through this URI (local://...)
   broker.rank          with broker.boot-server: ask for this rank
   broker.join-timeout  how long a FLUB reservation lasts (default 30s; rank 0's counts)
+  broker.cert          use the key pair of this certificate (tbon keygen), not a new one
   hostname             the name this broker reports (default: the host name)
   log-stderr-level     debug | info | warning | error (default warning)
 
@@ -64,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         help="set a broker attribute (repeatable)",
     )
     parser.add_argument(
+        "-c",
+        "--config-file",
+        metavar="FILE",
+        help="bootstrap from the [bootstrap] table of a TOML file (tbon-config(5))",
+    )
+    parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="COMMAND",
@@ -78,7 +85,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        config = broker_config(parse_assignments(args.setattr))
+        config = broker_config(parse_assignments(args.setattr), args.config_file)
     except TbonError as error:
         print(f"tbon broker: {error}", file=sys.stderr)
         return error.exit_code

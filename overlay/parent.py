@@ -120,6 +120,9 @@ class ParentLink:
             inbound.messages.append(message)
         elif message.topic == "welcome":
             self.welcomed = inbound.welcomed = True
+            incarnation = message.payload.get("incarnation")
+            if isinstance(incarnation, int) and incarnation > 0:
+                self.incarnation = incarnation  # config bootstrap: the parent knows it
             self._liveness = Liveness(0, self.config.timeout, now, 3 * self.config.heartbeat)
         elif message.topic == "refuse":
             code = message.payload.get("exit_code", exitcodes.REFUSED)

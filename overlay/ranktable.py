@@ -53,6 +53,8 @@ class RankEntry:
     host_before: str = ""  # the host shown before the reservation, restored if it expires
     retired: bool = False  # vacant because this incarnation was retired (not lost, not spare)
     key: str | None = None  # the public key this incarnation was reserved for (FLUB), kept
+    fixed: bool = False  # held by a config-booted broker: offline while down, never for FLUB
+    online_once: bool = False  # this incarnation has been online
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,16 @@ class Expire:
     incarnation: int
 
 
-Event = Online | Lost | Departed | Torpid | Expire | Retire
+@dataclass(frozen=True, slots=True)
+class Reboot:
+    """A config-booted rank's broker was restarted on its host: the rank takes a new
+    incarnation (the ended one is `incarnation`) and stays offline until it is welcomed."""
+
+    rank: int
+    incarnation: int
+
+
+Event = Online | Lost | Departed | Torpid | Expire | Retire | Reboot
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +170,12 @@ def describe(entry: RankEntry) -> str:
 class RankTable:
     """The state of every rank of one instance."""
 
-    def __init__(self, topology: Topology, hosts: list[str], now: float) -> None:
-        """Ranks below len(hosts) were launched by bootstrap (incarnation 1); the rest are spare."""
+    def __init__(
+        self, topology: Topology, hosts: list[str], now: float, fixed: bool = False
+    ) -> None:
+        """Ranks below len(hosts) were launched by bootstrap (incarnation 1); the rest are spare.
+        `fixed` (config bootstrap): those ranks belong to their hosts; when their broker goes
+        they are offline, expected back, and never handed to FLUB."""
         if not 1 <= len(hosts) <= topology.size:
             raise ValueError("between 1 and size ranks are launched")
         self.topology = topology
@@ -170,6 +185,8 @@ class RankTable:
             RankEntry(rank, RankState.OFFLINE, 1, host, None, now)
             for rank, host in enumerate(hosts)
         ]
+        for entry in self.entries:
+            entry.fixed = fixed
         spares = range(len(hosts), topology.size)
         self.entries += [
             RankEntry(rank, RankState.VACANT, 0, f"extra{rank - len(hosts)}", None, now)
@@ -187,7 +204,7 @@ class RankTable:
         if not 0 <= event.rank < self.size:
             return refused(f"rank {event.rank} is not in this instance of size {self.size}")
         entry = self.entries[event.rank]
-        if event.incarnation != entry.incarnation:
+        if event.incarnation != entry.incarnation and not isinstance(event, Reboot):
             return refused(
                 f"rank {event.rank} incarnation {event.incarnation} is not current "
                 f"({entry.incarnation})"
@@ -205,6 +222,8 @@ class RankTable:
                 outcome = self._expire(entry, now)
             case Retire():
                 outcome = self._retire(entry, now)
+            case Reboot():
+                outcome = self._reboot(entry, now)
         if outcome.changed:
             self.generation += 1
         return outcome
@@ -218,6 +237,7 @@ class RankTable:
             return refused(f"rank {entry.rank}'s parent is not online")
         self._set(entry, RankState.ONLINE, now)
         entry.host, entry.pid, entry.torpid = event.host, event.pid, False
+        entry.online_once = True
         return Outcome(True, (entry.rank,))
 
     def _expire(self, entry: RankEntry, now: float) -> Outcome:
@@ -270,7 +290,7 @@ class RankTable:
                 return Reservation(False, reason="no available ranks")
             entry = free[0]  # lowest first: interior ranks before the leaves below them
         entry.incarnation += 1
-        entry.retired = False
+        entry.retired = entry.fixed = False  # a FLUB broker holds it now
         entry.host_before, entry.host = entry.host, request.host
         self._set(entry, RankState.RESERVED, now)
         entry.joiner, entry.lease_until = request.public_key, now + request.lease
@@ -321,6 +341,8 @@ class RankTable:
             return refused("rank 0 cannot leave its own table")
         changed = [entry.rank]
         retiring = entry.state is RankState.RETIRING
+        if entry.fixed and not retiring:
+            state = RankState.OFFLINE
         self._set(entry, state, now)
         entry.retired = retiring and state is RankState.VACANT
         if retiring and entry.key is not None:
@@ -328,7 +350,8 @@ class RankTable:
         for rank in self.topology.descendants(entry.rank):
             below = self.entries[rank]
             if below.state in (*CONNECTED, RankState.OFFLINE):
-                self._set(below, RankState.LOST, now)
+                gone = RankState.OFFLINE if below.fixed else RankState.LOST
+                self._set(below, gone, now)
                 changed.append(rank)
         return Outcome(True, tuple(changed))
 
@@ -356,6 +379,22 @@ class RankTable:
                 f"({', '.join(map(str, busy))}): retire them first"
             )
         self._set(entry, RankState.RETIRING, now)
+        return Outcome(True, (entry.rank,))
+
+    def _reboot(self, entry: RankEntry, now: float) -> Outcome:
+        """A config-booted broker is at its parent's door: it may have its rank, with the current
+        incarnation if that one has not been online yet (first boot), else with a new one."""
+        if entry.state is RankState.VACANT and entry.retired:
+            return refused(f"rank {entry.rank} was retired: a retired broker does not come back")
+        if not entry.fixed:
+            return refused(f"rank {entry.rank} is not held by config bootstrap")
+        if entry.state is not RankState.OFFLINE:
+            return refused(f"rank {entry.rank} is {entry.state}")
+        if not entry.online_once:
+            return Outcome(True)
+        entry.incarnation += 1
+        entry.online_once = False
+        self._set(entry, RankState.OFFLINE, now)
         return Outcome(True, (entry.rank,))
 
     def _torpid(self, entry: RankEntry, torpid: bool) -> Outcome:

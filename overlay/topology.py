@@ -2,7 +2,8 @@
 
 A topology is a pure function of (spec, size). `kary:K` puts rank i>0 under (i-1)//K;
 `kary:0` is flat (every rank under 0); `kary:1` is a chain; `binomial` is the binomial tree
-rooted at 0, where rank i's parent is i with its highest set bit cleared.
+rooted at 0, where rank i's parent is i with its highest set bit cleared. `parents:P1,P2,...`
+lists the parent of every rank from 1 on, for trees a config file draws by hand.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from tbon.overlay.numbers import is_decimal
 
 DEFAULT_SPEC = "kary:32"
 _KARY = re.compile(r"^kary:(\d+)$")
+_PARENTS = re.compile(r"^parents:(\d+(?:,\d+)*)?$")
 
 
 def parse_spec(spec: str) -> str:
     """Normalise a topology spec; a clear UsageError for anything we cannot build."""
     text = spec.strip()
-    if text == "binomial":
+    if text == "binomial" or _PARENTS.match(text):
         return text
     match = _KARY.match(text)
     if not match:
@@ -50,12 +52,16 @@ class Topology:
         object.__setattr__(self, "spec", parse_spec(self.spec))
         if self.size < 1:
             raise UsageError(f"invalid size {self.size}: an instance has at least one rank")
+        if self.spec.startswith("parents:"):
+            _check_parents(self.spec, self.size)
         children: list[list[int]] = [[] for _ in range(self.size)]
         for rank in range(1, self.size):
             children[self._parent_of(rank)].append(rank)
         object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
 
     def _parent_of(self, rank: int) -> int:
+        if self.spec.startswith("parents:"):
+            return int(self.spec[len("parents:") :].split(",")[rank - 1])
         if self.spec == "binomial":
             return rank & ~(1 << (rank.bit_length() - 1))
         k = int(self.spec.split(":")[1])
@@ -117,3 +123,23 @@ class Topology:
 
     def max_level(self) -> int:
         return max(self.level(rank) for rank in range(self.size))
+
+
+def _check_parents(spec: str, size: int) -> None:
+    """An explicit parent list must name one parent per rank 1..size-1, each chain reaching 0."""
+    text = spec[len("parents:") :]
+    parents = [0, *map(int, text.split(","))] if text else [0]
+    if len(parents) != size:
+        raise UsageError(f"invalid topology {spec!r}: {len(parents) - 1} parents for size {size}")
+    for rank in range(1, size):
+        seen, current = set(), rank
+        while current != 0:
+            if current in seen or not 0 <= parents[current] < size or parents[current] == current:
+                raise UsageError(f"invalid topology {spec!r}: rank {rank} never reaches rank 0")
+            seen.add(current)
+            current = parents[current]
+
+
+def explicit_parents(parents: list[int]) -> str:
+    """The spec of a tree given as the parent of each rank from 1 on."""
+    return "parents:" + ",".join(map(str, parents))

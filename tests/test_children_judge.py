@@ -204,7 +204,9 @@ def test_hello_is_welcomed_through_children() -> None:
     children.sessions[3] = ChildSession(Identity(3, 1))
     inbound = Inbound()
     children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
-    assert [(m.topic, m.payload) for m in sent] == [("welcome", {"rank": 3, "size": 7})]
+    assert [(m.topic, m.payload) for m in sent] == [
+        ("welcome", {"rank": 3, "size": 7, "incarnation": 1})
+    ]
     assert inbound.reports == [Online(3, 1, "node3", 4242)]
 
 

@@ -165,9 +165,9 @@ def test_unreachable_boot_server_is_a_clear_error(tmp_path) -> None:
     result = tbon("broker", "-S", f"broker.boot-server=local://{tmp_path}/nothing")
     assert result.returncode == 75  # perhaps not up yet: a supervisor may retry
     assert result.stderr.strip().endswith("no such socket (is the instance running?)")
-    unusable = tbon("broker", "-S", "broker.boot-server=ssh://elsewhere/tmp/x/local")
-    assert unusable.returncode == 2  # retrying cannot help
-    assert "ssh:// URIs are not supported yet" in unusable.stderr
+    unusable = tbon("broker", "-S", "broker.boot-server=ssh://nosuchhost.invalid/tmp/x/local")
+    assert unusable.returncode == 75
+    assert "FLUB: cannot reach ssh://nosuchhost.invalid/tmp/x/local: ssh: " in unusable.stderr
 
 
 # --- replacement ---------------------------------------------------------------------------

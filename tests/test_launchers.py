@@ -149,3 +149,15 @@ def test_spares_of_an_srun_instance_fill_by_flub_and_take_work(slurm_env: dict[s
     lines = result.stdout.splitlines()
     assert [j["rank"] for j in json.loads(lines[0])["joined"]] == [2]
     assert sorted(lines[1:]) == ["0: 0", "1: 1", "2: 2"]
+
+
+@hydra
+def test_alloc_with_mpiexec_runs_the_command_on_rank_0() -> None:
+    result = subprocess.run(
+        [TBON, "alloc", "-N", "3", "--size", "4", "--launcher", "mpiexec", "sh", "-c",
+         "tbon status --json; exit 5"],
+        capture_output=True, text=True, env=child_env(), timeout=2 * DEADLINE,
+    )  # fmt: skip
+    assert result.returncode == 5, result.stderr
+    status = json.loads(result.stdout)
+    assert [r["state"] for r in status["ranks"]] == ["online"] * 3 + ["vacant"]
