@@ -345,12 +345,22 @@ class Broker(FlubServices, ExecServices, RetireServices):
             if signum == signal.SIGCHLD:
                 self._reap_program()
                 self.execd.reap()
+            elif signum == signal.SIGINT and self._sigint_ignored and not self._starting():
+                log.debug("ignored SIGINT")  # Ctrl-C is for the initial program, which has it
             elif signum == signal.SIGINT and self._sigint_ignored:
-                log.debug("ignored SIGINT")
+                # Ctrl-C before the initial program started: it would never see it, so the
+                # start-up is what is interrupted.
+                log.info("SIGINT before the initial program started: shutting down")
+                self.final_code = 128 + signal.SIGINT
+                self.begin_shutdown(now)
             else:
                 log.info("%s: shutting down", signal.Signals(signum).name)
                 self._terminate_program()
                 self.begin_shutdown(now)
+
+    def _starting(self) -> bool:
+        """Rank 0 with an initial program it has not started yet."""
+        return self.instance is not None and bool(self.command) and self.program is None
 
     def _read_zap(self, now: float) -> None:
         assert self.children is not None

@@ -8,6 +8,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import time
 
 from conftest import DEADLINE, TBON, child_env
@@ -82,12 +83,15 @@ def test_start_without_command_runs_a_shell_on_a_terminal() -> None:
 
 def test_ctrl_c_stops_the_command_not_the_instance() -> None:
     env = child_env(TERM="dumb")
-    term = Terminal(
-        [TBON, "start", "--test-size=3", "sh", "-c", "echo ready; sleep 60; echo not-interrupted"],
-        env,
+    # The program can be interrupted before it says "ready" (a shell's `echo ready; sleep 60`
+    # cannot: a Ctrl-C between the two is caught by the shell and sleep runs on).
+    program = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "print('ready', flush=True); time.sleep(60); print('not-interrupted')"
     )
+    term = Terminal([TBON, "start", "--test-size=3", sys.executable, "-c", program], env)
     try:
-        term.expect("ready")
+        term.expect(r"(?m)^ready")
         term.type("\x03")  # Ctrl-C: SIGINT to the terminal's foreground process group
     finally:
         code = term.close()
