@@ -1,9 +1,10 @@
 """`tbon alloc`: an instance of one broker per node, started by the launcher the user has.
 
-With ssh (or here, `local`), each broker runs under `tbon relay --pmi` in a session of its own
-and this command serves their PMI (overlay/ssh_launch.py); it waits until the instance is
-online, runs COMMAND here with TBON_URI set, shuts the instance down and exits with COMMAND's
-status. With mpiexec or srun, those launchers serve PMI and COMMAND runs on rank 0.
+With ssh (or `local`), each broker runs under `tbon relay --pmi` in a session of its own and
+this command serves their PMI (overlay/ssh_launch.py); with mpiexec or srun, the launcher does.
+Either way it waits until the instance is online, runs COMMAND here with TBON_URI set (an
+ssh:// URI when rank 0 is on another host), shuts the instance down and exits with COMMAND's
+status; `--bg` leaves a keeper process in charge and prints the URI instead.
 """
 
 from __future__ import annotations
@@ -80,10 +81,6 @@ def register(app: typer.Typer) -> None:
         attributes = list(setattr_)
         if size is not None and size > nodes:
             attributes.append(f"size={size}")
-        if chosen in ("mpiexec", "srun"):
-            if bg:
-                raise UsageError("--bg works with --launcher ssh or local")
-            raise typer.Exit(_run_launcher(chosen, nodes, attributes, command or []))
         names = _hosts(chosen, hosts, nodes)
         if write_config is not None:
             if chosen != "ssh" or command or bg:
@@ -112,8 +109,8 @@ def _launcher(launcher: str | None, hosts: str | None) -> str:
 
 
 def _hosts(launcher: str, hosts: str | None, nodes: int) -> list[str]:
-    if launcher == "local":
-        return ["localhost"] * nodes
+    if launcher != "ssh":
+        return ["localhost"] * nodes  # the launcher places them
     from tbon.overlay.hostlist import expand_hostlist
 
     assert hosts is not None
@@ -123,38 +120,107 @@ def _hosts(launcher: str, hosts: str | None, nodes: int) -> list[str]:
     return names[:nodes]
 
 
-# --- mpiexec and srun: the launcher serves PMI, COMMAND runs on rank 0 ---------------------------
-
-
-def _run_launcher(launcher: str, nodes: int, attributes: list[str], command: list[str]) -> int:
-    import subprocess
-
-    from tbon.overlay.ssh import remote_tbon
-
-    if launcher == "mpiexec":
-        head = [shutil.which("mpiexec.hydra") or "mpiexec", "-n", str(nodes)]
-    else:
-        head = ["srun", "--mpi=pmi2", "-N", str(nodes), "--ntasks-per-node=1"]
-    if shutil.which(head[0]) is None:
-        raise TbonError(f"--launcher {launcher}: {head[0]} is not on PATH")
-    argv = [*head, remote_tbon(), "broker"]
-    for attribute in attributes:
-        argv += ["-S", attribute]
-    return subprocess.run([*argv, *command]).returncode
-
-
-# --- ssh and local: this command serves PMI -----------------------------------------------------
+# --- the allocations: brokers started one way or another, watched the same way -----------------
 
 
 class Allocation:
-    """The brokers of one `tbon alloc`, their sessions pumped by a thread of their own."""
+    """The brokers of one `tbon alloc`: how they were started is the subclass's business;
+    waiting for them, shutting them down and making sure nothing is left are shared."""
+
+    uri: str
+    nodes: int
+
+    @property
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    def failures(self) -> list[str]:
+        """Why the instance cannot come up (a host, a launcher), if it cannot."""
+        raise NotImplementedError
+
+    def progress(self) -> str:
+        return f"starting {self.nodes} brokers"
+
+    def wired(self) -> bool:
+        """Whether rank 0's socket may be asked yet."""
+        return True
+
+    def quiet(self) -> None:
+        """Drop the brokers' output (a keeper has no terminal)."""
+
+    def hang_up(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def wait_up(self, limit: float) -> None:
+        """Until every broker is online (shown on a terminal); a clear error otherwise."""
+        from rich.console import Console
+
+        from tbon.overlay.client import Client
+
+        deadline = time.monotonic() + limit
+        console = Console(stderr=True)
+        spinner = console.status(self.progress()) if interactive() else nullcontext()
+        with spinner as shown:
+            while not self.wired():
+                self._check(deadline, limit)
+                if shown is not None:
+                    shown.update(self.progress())
+                time.sleep(0.05)
+            while True:  # rank 0's socket is there, or about to be
+                self._check(deadline, limit)
+                try:
+                    with Client(self.uri) as client:
+                        for status in client.watch_status(deadline):
+                            ranks = status["ranks"][: self.nodes]
+                            online = sum(r["state"] == "online" for r in ranks)
+                            if shown is not None:
+                                shown.update(f"{online} of {self.nodes} brokers online")
+                            if online == self.nodes:
+                                return
+                            self._check(deadline, limit)
+                except TbonError:
+                    time.sleep(0.1)
+
+    def _check(self, deadline: float, limit: float) -> None:
+        failed = self.failures()
+        if failed:
+            raise TbonError("; ".join(failed))
+        if time.monotonic() > deadline:
+            raise TbonError(f"the instance was not online within {limit:g}s")
+
+    def shut_down(self, grace: float = 30.0) -> None:
+        """Ask rank 0 to shut the instance down, then make sure everything has ended."""
+        from tbon.overlay.client import Client
+
+        try:
+            with Client(self.uri) as client:
+                client.rpc("instance.shutdown", nodeid=0, timeout=10)
+        except TbonError:
+            pass
+        self.end(grace)
+
+    def end(self, grace: float = 15.0) -> None:
+        for step in (lambda: None, self.hang_up):
+            step()
+            deadline = time.monotonic() + grace
+            while self.running and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.kill()
+
+
+class SessionAllocation(Allocation):
+    """ssh and local: one `tbon relay --pmi` session per broker, PMI served here, the sessions
+    pumped by a thread of their own."""
 
     def __init__(self, launcher: str, hosts: list[str], attributes: list[str]) -> None:
         from tbon.overlay.ssh_launch import HostLaunch
 
         token = secrets.token_hex(4)
         self.rundirs = [f"/tmp/tbon-alloc-{token}-{rank}" for rank in range(len(hosts))]
-        self.hosts = hosts
+        self.nodes = len(hosts)
         remote = launcher == "ssh"
 
         def broker_args(rank: int) -> list[str]:
@@ -175,6 +241,19 @@ class Allocation:
         while self.launch.running:
             self.launch.step(0.2)
 
+    @property
+    def running(self) -> bool:
+        return self.launch.running
+
+    def wired(self) -> bool:
+        return self.launch.wired == self.nodes
+
+    def progress(self) -> str:
+        return f"starting {self.nodes} brokers: {self.launch.wired} wired up"
+
+    def quiet(self) -> None:
+        self.launch.output = lambda _rank, _data: None
+
     def failures(self) -> list[str]:
         """Hosts that failed: unreachable, or whose broker ended before the instance was up."""
         found = []
@@ -187,64 +266,76 @@ class Allocation:
                 found.append(f"host {session.host} (rank {session.rank}): {why}")
         return found
 
-    def wait_up(self, limit: float) -> None:
-        """Until every broker is online (shown on a terminal); a clear error otherwise."""
-        from rich.console import Console
-
-        from tbon.overlay.client import Client
-
-        deadline = time.monotonic() + limit
-        nodes = len(self.hosts)
-        console = Console(stderr=True)
-        spinner = console.status(f"starting {nodes} brokers") if interactive() else nullcontext()
-        with spinner as shown:
-            while self.launch.wired < nodes:
-                self._check(deadline, limit)
-                if shown is not None:
-                    shown.update(f"starting {nodes} brokers: {self.launch.wired} wired up")
-                time.sleep(0.05)
-            while True:  # wired up: rank 0's socket is there, or about to be
-                self._check(deadline, limit)
-                try:
-                    with Client(self.uri) as client:
-                        for status in client.watch_status(deadline):
-                            online = sum(r["state"] == "online" for r in status["ranks"][:nodes])
-                            if shown is not None:
-                                shown.update(f"{online} of {nodes} brokers online")
-                            if online == nodes:
-                                return
-                            self._check(deadline, limit)
-                except TbonError:
-                    time.sleep(0.1)
-
-    def _check(self, deadline: float, limit: float) -> None:
-        failed = self.failures()
-        if failed:
-            raise TbonError("; ".join(failed))
-        if time.monotonic() > deadline:
-            raise TbonError(f"the instance was not online within {limit:g}s")
-
-    def shut_down(self, grace: float = 30.0) -> None:
-        """Ask rank 0 to shut the instance down, then make sure every session has ended."""
-        from tbon.overlay.client import Client
-
-        try:
-            with Client(self.uri) as client:
-                client.rpc("instance.shutdown", nodeid=0, timeout=10)
-        except TbonError:
-            pass
-        self.end(grace)
-
-    def end(self, grace: float = 15.0) -> None:
-        deadline = time.monotonic() + grace
-        while self.launch.running and time.monotonic() < deadline:
-            time.sleep(0.05)
+    def hang_up(self) -> None:
         self.launch.hang_up()  # each relay terminates its broker
-        deadline = time.monotonic() + grace
-        while self.launch.running and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+    def kill(self) -> None:
         self._pump.join(timeout=1)
         self.launch.kill()
+
+
+class LauncherAllocation(Allocation):
+    """mpiexec and srun: the launcher serves PMI; every broker gets a run directory of its own
+    (broker.rundir with %r), so that rank 0's socket is known in advance."""
+
+    def __init__(self, launcher: str, nodes: int, attributes: list[str]) -> None:
+        import subprocess
+
+        from tbon.overlay.ssh import remote_tbon
+
+        if launcher == "mpiexec":
+            head = [shutil.which("mpiexec.hydra") or "mpiexec", "-n", str(nodes)]
+        else:
+            head = ["srun", "--mpi=pmi2", "-N", str(nodes), "--ntasks-per-node=1"]
+        if shutil.which(head[0]) is None:
+            raise TbonError(f"--launcher {launcher}: {head[0]} is not on PATH")
+        rundir = f"/tmp/tbon-alloc-{secrets.token_hex(4)}-%r"
+        argv = [*head, remote_tbon(), "broker", "-S", f"broker.rundir={rundir}"]
+        for attribute in attributes:
+            argv += ["-S", attribute]
+        self.launcher, self.nodes = launcher, nodes
+        socket_path = f"{rundir.replace('%r', '0')}/local"
+        first = _first_node(launcher)
+        self.uri = f"ssh://{first}{socket_path}" if first else f"local://{socket_path}"
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def failures(self) -> list[str]:
+        code = self.process.poll()
+        if code is None:
+            return []
+        return [f"{self.launcher} exited with status {code} before the instance was up"]
+
+    def hang_up(self) -> None:
+        if self.running:
+            self.process.terminate()  # the launcher passes SIGTERM on to the brokers
+
+    def kill(self) -> None:
+        if self.running:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _first_node(launcher: str) -> str:
+    """Where rank 0 runs, if not here: srun puts it on the job's first node."""
+    import socket
+
+    from tbon.overlay.hostlist import expand_hostlist
+
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if launcher != "srun" or not nodelist:
+        return ""
+    first = expand_hostlist(nodelist)[0]
+    return "" if first == socket.gethostname().split(".")[0] else first
+
+
+def _allocate(launcher: str, hosts: list[str], attributes: list[str]) -> Allocation:
+    if launcher in ("mpiexec", "srun"):
+        return LauncherAllocation(launcher, len(hosts), attributes)
+    return SessionAllocation(launcher, hosts, attributes)
 
 
 def _foreground(
@@ -252,7 +343,7 @@ def _foreground(
 ) -> int:
     import subprocess
 
-    allocation = Allocation(launcher, hosts, attributes)
+    allocation = _allocate(launcher, hosts, attributes)
     try:
         allocation.wait_up(limit)
     except (TbonError, KeyboardInterrupt):
@@ -272,7 +363,7 @@ def _foreground(
                 return 130
         print(allocation.uri, flush=True)  # no COMMAND: serve until shut down or signalled
         try:
-            while allocation.launch.running and not stop.is_set():
+            while allocation.running and not stop.is_set():
                 stop.wait(0.2)
         except KeyboardInterrupt:
             pass
@@ -316,8 +407,8 @@ def _keep(launcher: str, hosts: list[str], attributes: list[str], limit: float, 
         os.close(fd)
 
     try:
-        allocation = Allocation(launcher, hosts, attributes)
-        allocation.launch.output = lambda _rank, _data: None
+        allocation = _allocate(launcher, hosts, attributes)
+        allocation.quiet()
         try:
             allocation.wait_up(limit)
         except TbonError as error:
@@ -325,7 +416,7 @@ def _keep(launcher: str, hosts: list[str], attributes: list[str], limit: float, 
             report(f"error {error}")
             return FAILED
         report(f"uri {allocation.uri}")
-        while allocation.launch.running:
+        while allocation.running:
             time.sleep(0.2)
         allocation.end(grace=1.0)
         return 0

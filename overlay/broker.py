@@ -98,7 +98,6 @@ class Broker(FlubServices, ExecServices, RetireServices):
 
     def _start(self) -> None:
         config = self.config
-        self.rundir = self._make_rundir()
         self._wakeup = self._install_signals()
         boot = load_bootconfig(config.config_file) if config.config_file is not None else None
         self.public, secret = self._keypair(boot.curve_cert if boot else config.cert)
@@ -142,6 +141,7 @@ class Broker(FlubServices, ExecServices, RetireServices):
         self.rank, self.topology = wireup.rank, wireup.topology
         self.incarnation = wireup.incarnation
         set_log_rank(self.rank)
+        self.rundir = self._make_rundir()  # once the rank is known: %r in broker.rundir
         self.local = LocalServer(self.context, self.rundir)
         self.uri = self.local.uri
         self.execd = ExecService(self.rank, self.uri, self._watch, self._unwatch, self._respond)
@@ -196,6 +196,8 @@ class Broker(FlubServices, ExecServices, RetireServices):
 
     def _make_rundir(self) -> str:
         wanted = self.config.rundir
+        if wanted is not None:
+            wanted = wanted.replace("%r", str(self.rank))  # one launch line, a dir per rank
         if wanted is None:
             self._created_rundir = tempfile.mkdtemp(prefix="tbon-")
             return self._created_rundir

@@ -152,7 +152,7 @@ def test_spares_of_an_srun_instance_fill_by_flub_and_take_work(slurm_env: dict[s
 
 
 @hydra
-def test_alloc_with_mpiexec_runs_the_command_on_rank_0() -> None:
+def test_alloc_with_mpiexec_runs_the_command_with_tbon_uri() -> None:
     result = subprocess.run(
         [TBON, "alloc", "-N", "3", "--size", "4", "--launcher", "mpiexec", "sh", "-c",
          "tbon status --json; exit 5"],
@@ -161,3 +161,34 @@ def test_alloc_with_mpiexec_runs_the_command_on_rank_0() -> None:
     assert result.returncode == 5, result.stderr
     status = json.loads(result.stdout)
     assert [r["state"] for r in status["ranks"]] == ["online"] * 3 + ["vacant"]
+
+
+@hydra
+def test_alloc_with_mpiexec_in_the_background() -> None:
+    started = subprocess.run(
+        [TBON, "alloc", "-N", "2", "--launcher", "mpiexec", "--bg"],
+        capture_output=True, text=True, env=child_env(), timeout=2 * DEADLINE,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    uri = started.stdout.strip()
+    try:
+        shown = subprocess.run(
+            [TBON, "status", uri, "--json"], capture_output=True, text=True, env=child_env()
+        )
+        assert [r["state"] for r in json.loads(shown.stdout)["ranks"]] == ["online"] * 2
+    finally:
+        done = subprocess.run([TBON, "shutdown", uri], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@with_slurm
+def test_alloc_with_srun(slurm_env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [TBON, "alloc", "-N", "1", "--size", "3", "--launcher", "srun", "sh", "-c",
+         "tbon expand --fill --json >/dev/null && tbon status --json"],
+        capture_output=True, text=True, timeout=2 * DEADLINE,
+        env={**child_env(), "SLURM_CONF": slurm_env["SLURM_CONF"]},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert [r["state"] for r in status["ranks"]] == ["online"] * 3
