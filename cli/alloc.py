@@ -10,18 +10,19 @@ status; `--bg` leaves a keeper process in charge and prints the URI instead.
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import signal
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import typer
 
 from tbon.cli.common import duration, interactive
 from tbon.overlay.errors import TbonError, UsageError
+
+if TYPE_CHECKING:
+    from tbon.overlay.allocation import Allocation
 
 LAUNCHERS = ("ssh", "mpiexec", "srun", "local")
 FAILED = 1  # a host unreachable, a broker that failed to start, or the instance not up in time
@@ -120,222 +121,15 @@ def _hosts(launcher: str, hosts: str | None, nodes: int) -> list[str]:
     return names[:nodes]
 
 
-# --- the allocations: brokers started one way or another, watched the same way -----------------
+def _wait_up(allocation: Allocation, limit: float) -> None:
+    """Wait for the instance, with a spinner telling how it goes on a terminal."""
+    if not interactive():
+        allocation.wait_up(limit)
+        return
+    from rich.console import Console
 
-
-class Allocation:
-    """The brokers of one `tbon alloc`: how they were started is the subclass's business;
-    waiting for them, shutting them down and making sure nothing is left are shared."""
-
-    uri: str
-    nodes: int
-
-    @property
-    def running(self) -> bool:
-        raise NotImplementedError
-
-    def failures(self) -> list[str]:
-        """Why the instance cannot come up (a host, a launcher), if it cannot."""
-        raise NotImplementedError
-
-    def progress(self) -> str:
-        return f"starting {self.nodes} brokers"
-
-    def wired(self) -> bool:
-        """Whether rank 0's socket may be asked yet."""
-        return True
-
-    def quiet(self) -> None:
-        """Drop the brokers' output (a keeper has no terminal)."""
-
-    def hang_up(self) -> None:
-        raise NotImplementedError
-
-    def kill(self) -> None:
-        raise NotImplementedError
-
-    def wait_up(self, limit: float) -> None:
-        """Until every broker is online (shown on a terminal); a clear error otherwise."""
-        from rich.console import Console
-
-        from tbon.overlay.client import Client
-
-        deadline = time.monotonic() + limit
-        console = Console(stderr=True)
-        spinner = console.status(self.progress()) if interactive() else nullcontext()
-        with spinner as shown:
-            while not self.wired():
-                self._check(deadline, limit)
-                if shown is not None:
-                    shown.update(self.progress())
-                time.sleep(0.05)
-            while True:  # rank 0's socket is there, or about to be
-                self._check(deadline, limit)
-                try:
-                    with Client(self.uri) as client:
-                        for status in client.watch_status(deadline):
-                            ranks = status["ranks"][: self.nodes]
-                            online = sum(r["state"] == "online" for r in ranks)
-                            if shown is not None:
-                                shown.update(f"{online} of {self.nodes} brokers online")
-                            if online == self.nodes:
-                                return
-                            self._check(deadline, limit)
-                except TbonError:
-                    time.sleep(0.1)
-
-    def _check(self, deadline: float, limit: float) -> None:
-        failed = self.failures()
-        if failed:
-            raise TbonError("; ".join(failed))
-        if time.monotonic() > deadline:
-            raise TbonError(f"the instance was not online within {limit:g}s")
-
-    def shut_down(self, grace: float = 30.0) -> None:
-        """Ask rank 0 to shut the instance down, then make sure everything has ended."""
-        from tbon.overlay.client import Client
-
-        try:
-            with Client(self.uri) as client:
-                client.rpc("instance.shutdown", nodeid=0, timeout=10)
-        except TbonError:
-            pass
-        self.end(grace)
-
-    def end(self, grace: float = 15.0) -> None:
-        for step in (lambda: None, self.hang_up):
-            step()
-            deadline = time.monotonic() + grace
-            while self.running and time.monotonic() < deadline:
-                time.sleep(0.05)
-        self.kill()
-
-
-class SessionAllocation(Allocation):
-    """ssh and local: one `tbon relay --pmi` session per broker, PMI served here, the sessions
-    pumped by a thread of their own."""
-
-    def __init__(self, launcher: str, hosts: list[str], attributes: list[str]) -> None:
-        from tbon.overlay.ssh_launch import HostLaunch
-
-        token = secrets.token_hex(4)
-        self.rundirs = [f"/tmp/tbon-alloc-{token}-{rank}" for rank in range(len(hosts))]
-        self.nodes = len(hosts)
-        remote = launcher == "ssh"
-
-        def broker_args(rank: int) -> list[str]:
-            args = ["-S", f"broker.rundir={self.rundirs[rank]}"]
-            if remote and _is_address(hosts[rank]) and not _endpoint_set(attributes):
-                args += ["-S", f"tbon.endpoint=tcp://{hosts[rank]}:*"]  # where peers reach it
-            for attribute in attributes:
-                args += ["-S", attribute]
-            return args
-
-        socket_path = f"{self.rundirs[0]}/local"
-        self.uri = f"ssh://{hosts[0]}{socket_path}" if remote else f"local://{socket_path}"
-        self.launch = HostLaunch(hosts, broker_args, ssh=remote)
-        self._pump = threading.Thread(target=self._run, daemon=True)
-        self._pump.start()
-
-    def _run(self) -> None:
-        while self.launch.running:
-            self.launch.step(0.2)
-
-    @property
-    def running(self) -> bool:
-        return self.launch.running
-
-    def wired(self) -> bool:
-        return self.launch.wired == self.nodes
-
-    def progress(self) -> str:
-        return f"starting {self.nodes} brokers: {self.launch.wired} wired up"
-
-    def quiet(self) -> None:
-        self.launch.output = lambda _rank, _data: None
-
-    def failures(self) -> list[str]:
-        """Hosts that failed: unreachable, or whose broker ended before the instance was up."""
-        found = []
-        for session in self.launch.sessions:
-            why = session.failure
-            if not why and session.status is not None:
-                last = f": {session.said[-1]}" if session.said else ""
-                why = f"its broker exited with status {session.status}{last}"
-            if why:
-                found.append(f"host {session.host} (rank {session.rank}): {why}")
-        return found
-
-    def hang_up(self) -> None:
-        self.launch.hang_up()  # each relay terminates its broker
-
-    def kill(self) -> None:
-        self._pump.join(timeout=1)
-        self.launch.kill()
-
-
-class LauncherAllocation(Allocation):
-    """mpiexec and srun: the launcher serves PMI; every broker gets a run directory of its own
-    (broker.rundir with %r), so that rank 0's socket is known in advance."""
-
-    def __init__(self, launcher: str, nodes: int, attributes: list[str]) -> None:
-        import subprocess
-
-        from tbon.overlay.ssh import remote_tbon
-
-        if launcher == "mpiexec":
-            head = [shutil.which("mpiexec.hydra") or "mpiexec", "-n", str(nodes)]
-        else:
-            head = ["srun", "--mpi=pmi2", "-N", str(nodes), "--ntasks-per-node=1"]
-        if shutil.which(head[0]) is None:
-            raise TbonError(f"--launcher {launcher}: {head[0]} is not on PATH")
-        rundir = f"/tmp/tbon-alloc-{secrets.token_hex(4)}-%r"
-        argv = [*head, remote_tbon(), "broker", "-S", f"broker.rundir={rundir}"]
-        for attribute in attributes:
-            argv += ["-S", attribute]
-        self.launcher, self.nodes = launcher, nodes
-        socket_path = f"{rundir.replace('%r', '0')}/local"
-        first = _first_node(launcher)
-        self.uri = f"ssh://{first}{socket_path}" if first else f"local://{socket_path}"
-        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    @property
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def failures(self) -> list[str]:
-        code = self.process.poll()
-        if code is None:
-            return []
-        return [f"{self.launcher} exited with status {code} before the instance was up"]
-
-    def hang_up(self) -> None:
-        if self.running:
-            self.process.terminate()  # the launcher passes SIGTERM on to the brokers
-
-    def kill(self) -> None:
-        if self.running:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-
-def _first_node(launcher: str) -> str:
-    """Where rank 0 runs, if not here: srun puts it on the job's first node."""
-    import socket
-
-    from tbon.overlay.hostlist import expand_hostlist
-
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if launcher != "srun" or not nodelist:
-        return ""
-    first = expand_hostlist(nodelist)[0]
-    return "" if first == socket.gethostname().split(".")[0] else first
-
-
-def _allocate(launcher: str, hosts: list[str], attributes: list[str]) -> Allocation:
-    if launcher in ("mpiexec", "srun"):
-        return LauncherAllocation(launcher, len(hosts), attributes)
-    return SessionAllocation(launcher, hosts, attributes)
+    with Console(stderr=True).status(allocation.progress()) as shown:
+        allocation.wait_up(limit, shown.update)
 
 
 def _foreground(
@@ -343,9 +137,11 @@ def _foreground(
 ) -> int:
     import subprocess
 
-    allocation = _allocate(launcher, hosts, attributes)
+    from tbon.overlay.allocation import allocate
+
+    allocation = allocate(launcher, hosts, attributes)
     try:
-        allocation.wait_up(limit)
+        _wait_up(allocation, limit)
     except (TbonError, KeyboardInterrupt):
         allocation.end(grace=2.0)
         raise
@@ -407,7 +203,9 @@ def _keep(launcher: str, hosts: list[str], attributes: list[str], limit: float, 
         os.close(fd)
 
     try:
-        allocation = _allocate(launcher, hosts, attributes)
+        from tbon.overlay.allocation import allocate
+
+        allocation = allocate(launcher, hosts, attributes)
         allocation.quiet()
         try:
             allocation.wait_up(limit)
@@ -448,17 +246,3 @@ def _write_config(path: str, hosts: list[str]) -> None:
     with open(path, "wb") as file:
         tomli_w.dump(table, file)
     print(f"tbon alloc: wrote {path} ({len(hosts)} hosts) and its certificate {cert_path}")
-
-
-def _is_address(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _endpoint_set(attributes: list[str]) -> bool:
-    return any(a.startswith("tbon.endpoint=") for a in attributes)

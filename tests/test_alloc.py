@@ -137,3 +137,11 @@ def test_write_config_makes_a_file_brokers_can_boot_from(tmp_path: Path) -> None
     assert load_certificate(config.curve_cert).secret is not None  # 0600, or it would not load
     again = alloc("-N", "3", "--hosts", "node[1-4]", "--write-config", str(path))
     assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_a_broker_that_fails_to_start_is_named() -> None:
+    result = alloc("-N", "2", "-S", "tbon.fanout=many", "true")
+    assert result.returncode == 1
+    assert "host localhost (rank 0): its broker exited with status 2" in result.stderr
+    assert "invalid tbon.fanout 'many'" in result.stderr
+    assert "Traceback" not in result.stderr
