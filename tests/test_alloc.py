@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,6 +143,9 @@ def test_write_config_makes_a_file_brokers_can_boot_from(tmp_path: Path) -> None
 def test_a_broker_that_fails_to_start_is_named() -> None:
     result = alloc("-N", "2", "-S", "tbon.fanout=many", "true")
     assert result.returncode == 1
-    assert "host localhost (rank 0): its broker exited with status 2" in result.stderr
+    # Whichever broker is seen to fail first is named (both do, here).
+    assert re.search(
+        r"host localhost \(rank [01]\): its broker exited with status 2", result.stderr
+    )
     assert "invalid tbon.fanout 'many'" in result.stderr
     assert "Traceback" not in result.stderr
