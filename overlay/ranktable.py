@@ -263,6 +263,11 @@ class RankTable:
                 "not come back (a new broker, with a new key, may join)",
                 never=True,
             )
+        for entry in self.entries:  # one broker, one rank: a key in the tree asks for no other
+            if entry.key == request.public_key and entry.state in CONNECTED:
+                return Reservation(
+                    False, reason=f"this key already holds rank {entry.rank} ({entry.state})"
+                )
         for entry in self.entries:
             if entry.state is RankState.RESERVED and entry.joiner == request.public_key:
                 if request.rank not in (None, entry.rank):

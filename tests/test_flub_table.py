@@ -617,6 +617,14 @@ class FlubMachine(RuleBasedStateMachine):
             assert f"key was retired from rank {retired_from}" in grant.reason
             assert frozen(self.table) == (generation, before)
             return
+        holding = [e for e in before if e.key == request.public_key and e.state in CONNECTED]
+        if holding:  # one broker, one rank
+            assert not grant.granted
+            assert grant.reason == (
+                f"this key already holds rank {holding[0].rank} ({holding[0].state})"
+            )
+            assert frozen(self.table) == (generation, before)
+            return
         after = self.table.entries
         changed = {r for r in range(self.table.size) if before[r] != after[r]}
         if held and request.rank in (None, held[0]):
