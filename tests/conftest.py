@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -121,7 +122,11 @@ class Instance:
                 last = reply.payload
                 if predicate(last):
                     return last
-        raise AssertionError(f"timed out waiting for {what}; last status: {json.dumps(last)}")
+        tail = " | ".join(self.stderr().splitlines()[-5:])
+        raise AssertionError(
+            f"timed out waiting for {what}; last status: {json.dumps(last)}; tbon start "
+            f"{'running' if self.process.poll() is None else 'exited'}; its stderr ends: {tail}"
+        )
 
     def join(self, *attributes: str) -> subprocess.Popen[str]:
         """Start `tbon broker` that joins this instance by FLUB (reaped by stop())."""
@@ -184,6 +189,14 @@ class Instance:
         for pid in leaked:
             os.kill(pid, signal.SIGKILL)
         assert not leaked, f"brokers left running after tbon start exited: {leaked}"
+        crashed = [
+            line
+            for line in self._stderr_text.splitlines()
+            if "internal error" in line
+            or "Traceback" in line
+            or re.search(r"request '.*' failed", line)
+        ]
+        assert not crashed, f"a broker of this instance failed: {crashed}"
         return code
 
 
