@@ -58,6 +58,7 @@ from common import (
     median,
     parse_args,
     progress,
+    sizes_arg,
 )
 
 RUN_TIMEOUT_S = 60.0  # for any one instance to start, run `true` and exit
@@ -204,20 +205,10 @@ def bench(
 # --- main ---------------------------------------------------------------------------------------
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(word) for word in text.split(",") if word.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid --sizes {text!r}: use e.g. 1,4,16") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("--sizes needs positive integers")
-    return sizes
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (default 5)")
-    parser.add_argument("--sizes", type=_sizes, default=[1, 4, 16], help="default 1,4,16")
+    parser.add_argument("--sizes", type=sizes_arg, default=[1, 4, 16], help="default 1,4,16")
     args = parse_args(parser, argv, SECTIONS)
     report = begin("alloc", args.markdown, bytecode_note=True)
     mpiexec = shutil.which("mpiexec")

@@ -333,6 +333,17 @@ def machine_line(*, bytecode_note: bool = False) -> str:
 # --- the command line ---------------------------------------------------------------------------
 
 
+def sizes_arg(text: str) -> list[int]:
+    """`--sizes 1,4,16`: instance sizes, positive integers."""
+    try:
+        sizes = [int(word) for word in text.split(",") if word.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid --sizes {text!r}: use e.g. 1,4,16") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("--sizes needs positive integers")
+    return sizes
+
+
 def parse_args(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,

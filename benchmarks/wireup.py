@@ -44,6 +44,7 @@ from common import (
     parse_args,
     percentile,
     progress,
+    sizes_arg,
     spread,
     stat_row,
     tbon_start,
@@ -314,20 +315,10 @@ def _rpc_pings(client: Any, rank: int, count: int) -> tuple[int, list[float]]:
 # --- main ---------------------------------------------------------------------------------------
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(word) for word in text.split(",") if word.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid --sizes {text!r}: use e.g. 1,4,16,64") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("--sizes needs positive integers")
-    return sizes
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (default 5)")
-    parser.add_argument("--sizes", type=_sizes, default=[1, 4, 16, 64], help="default 1,4,16,64")
+    parser.add_argument("--sizes", type=sizes_arg, default=[1, 4, 16, 64], help="default 1,4,16,64")
     args = parse_args(parser, argv, SECTIONS)
     report = begin("wireup", args.markdown)
     steps: dict[str, Callable[[], None]] = {

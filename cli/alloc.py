@@ -228,21 +228,13 @@ def _write_config(path: str, hosts: list[str]) -> None:
     import tomli_w
 
     from tbon.keys.cert import new_certificate, write_certificate
+    from tbon.overlay.bootconfig import bootstrap_table
 
     cert_path = os.path.abspath(f"{path}.cert")
     for existing in (path, cert_path):
         if os.path.exists(existing):
             raise TbonError(f"{existing} already exists: remove it first, or choose another FILE")
     write_certificate(cert_path, new_certificate("tbon instance"))
-    table = {
-        "bootstrap": {
-            "curve_cert": cert_path,
-            "default_port": 8050,
-            "default_bind": "tcp://*:%p",
-            "default_connect": "tcp://%h:%p",
-            "hosts": [{"host": host} for host in hosts],
-        }
-    }
     with open(path, "wb") as file:
-        tomli_w.dump(table, file)
+        tomli_w.dump(bootstrap_table(hosts, cert_path), file)
     print(f"tbon alloc: wrote {path} ({len(hosts)} hosts) and its certificate {cert_path}")

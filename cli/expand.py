@@ -145,11 +145,10 @@ def _wanted(
 
 
 def _tbon_command() -> list[str]:
-    """The console script next to this interpreter, so `ps` and `pgrep` see `tbon broker`."""
-    script = Path(sys.executable).parent / "tbon"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("tbon")
+    """This tbon, to start brokers here with."""
+    from tbon.overlay.ssh import tbon_script
+
+    found = tbon_script() or shutil.which("tbon")
     return [found] if found else [sys.executable, "-m", "tbon.cli"]
 
 
@@ -198,9 +197,8 @@ def _launch_remote(
     """Joiners on other hosts, each started over ssh and booting through an ssh:// URI. Each
     asks for a rank of its own (the lowest available first), so that it can be told apart
     once online; rank 0 still decides, and turns away any that lost a race (exit 69)."""
-    import ipaddress
 
-    from tbon.overlay.ssh import remote_tbon, ssh_argv
+    from tbon.overlay.ssh import endpoint_on, remote_tbon, ssh_argv
     from tbon.overlay.uri import to_remote
 
     available = [
@@ -221,12 +219,7 @@ def _launch_remote(
     for index, rank in enumerate(ranks):
         host = hosts[index % len(hosts)]
         attributes = [f"broker.boot-server={boot}", f"broker.rank={rank}", *extra]
-        try:
-            ipaddress.ip_address(host)
-            if not any(a.startswith("tbon.endpoint=") for a in extra):
-                attributes.append(f"tbon.endpoint=tcp://{host}:*")  # where its children reach it
-        except ValueError:
-            pass
+        attributes += endpoint_on(host, extra)
         remote = ["env", f"TBON_SSH={os.environ.get('TBON_SSH', 'ssh')}", tbon, "broker"]
         for attribute in attributes:
             remote += ["-S", attribute]

@@ -9,7 +9,6 @@ nothing is left running.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 import shutil
@@ -23,7 +22,7 @@ from collections.abc import Callable
 from tbon.overlay.client import Client
 from tbon.overlay.errors import TbonError
 from tbon.overlay.hostlist import expand_hostlist
-from tbon.overlay.ssh import remote_tbon
+from tbon.overlay.ssh import endpoint_on, remote_tbon
 from tbon.overlay.ssh_launch import HostLaunch
 
 
@@ -115,9 +114,10 @@ class SessionAllocation(Allocation):
 
         def broker_args(rank: int) -> list[str]:
             args = ["-S", f"broker.rundir={self.rundirs[rank]}"]
-            if remote and _is_address(hosts[rank]) and not _endpoint_set(attributes):
-                args += ["-S", f"tbon.endpoint=tcp://{hosts[rank]}:*"]  # where peers reach it
-            for attribute in attributes:
+            for attribute in [
+                *(endpoint_on(hosts[rank], attributes) if remote else []),
+                *attributes,
+            ]:
                 args += ["-S", attribute]
             return args
 
@@ -218,15 +218,3 @@ def allocate(launcher: str, hosts: list[str], attributes: list[str]) -> Allocati
     if launcher in ("mpiexec", "srun"):
         return LauncherAllocation(launcher, len(hosts), attributes)
     return SessionAllocation(launcher, hosts, attributes)
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _endpoint_set(attributes: list[str]) -> bool:
-    return any(a.startswith("tbon.endpoint=") for a in attributes)

@@ -71,6 +71,20 @@ class BootConfig:
             ) from None
 
 
+def bootstrap_table(hosts: list[str], curve_cert: str) -> dict[str, Any]:
+    """A config file's contents for `hosts` (rank = position) with the default templates:
+    the inverse of parse_bootconfig, for `tbon alloc --write-config`."""
+    return {
+        "bootstrap": {
+            "curve_cert": curve_cert,
+            "default_port": DEFAULT_PORT,
+            "default_bind": DEFAULT_BIND,
+            "default_connect": DEFAULT_CONNECT,
+            "hosts": [{"host": host} for host in hosts],
+        }
+    }
+
+
 def load_bootconfig(path: str) -> BootConfig:
     """Read FILE; every problem is one UsageError line naming the file."""
     try:

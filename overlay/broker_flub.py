@@ -159,13 +159,20 @@ class FlubServices:
         """A parent, told by rank 0 that an incarnation of its child is void: cut it off."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if not self._from_rank0(request):
-            log.warning("refused flub.revoke for rank %s: not from rank 0", rank)
-            return request.fail(errno.EPERM, "flub.revoke comes from rank 0 only")
+        if (refused := self._unless_from_rank0(request)) is not None:
+            return refused
         if self.children is not None and is_int(rank) and is_int(incarnation):
             assert isinstance(rank, int) and isinstance(incarnation, int)
             self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
         return None
+
+    def _unless_from_rank0(self, request: Message) -> Message | None:
+        """The refusal of an order that only rank 0 may give, when someone else gave it."""
+        if self._from_rank0(request):
+            return None
+        rank = request.payload.get("rank")
+        log.warning("refused %s for rank %s: not from rank 0", request.topic, rank)
+        return request.fail(errno.EPERM, f"{request.topic} comes from rank 0 only")
 
     def _from_rank0(self, request: Message) -> bool:
         """Whether rank 0 itself sent `request`. Each broker on the way pushed the hop it came

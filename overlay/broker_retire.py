@@ -57,7 +57,7 @@ class RetireServices:
     _respond: Callable[[Message], bool]
     _route: Callable[[Message, str, float], None]
     _call: Callable[[Message, Callable[[Message], None]], None]
-    _from_rank0: Callable[[Message], bool]
+    _unless_from_rank0: Callable[[Message], Message | None]
 
     retirement: Retirement | None
     _retire_waiters: list[RetireWaiter]
@@ -173,9 +173,8 @@ class RetireServices:
         """Rank 0's order to retire one of this broker's children: record, then tell it."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if not self._from_rank0(request):
-            log.warning("refused retire.order for rank %s: not from rank 0", rank)
-            return request.fail(errno.EPERM, "retire.order comes from rank 0 only")
+        if (refused := self._unless_from_rank0(request)) is not None:
+            return refused
         if self.children is None or not (is_int(rank) and is_int(incarnation)):
             return request.fail(errno.EINVAL, "retire.order needs a child's rank and incarnation")
         assert isinstance(rank, int) and isinstance(incarnation, int)

@@ -275,29 +275,34 @@ class Children:
         inbound: Inbound,
     ) -> None:
         session = self.sessions.get(sender.rank)
-        if sender in self._retired:
-            refusal: Refusal | None = Refusal(_retired_reason(sender), exitcodes.SHUTDOWN)
-        elif session is not None and session.identity == sender and session.ended:
-            # This very incarnation was lost (or left): it may not come back, but a new broker
-            # may take the rank by FLUB, so the exit code says "lost", not "refused".
-            refusal = Refusal(
-                f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}",
-                session.end_code,
-            )
-        else:
+        refusal = self._ended(sender)
+        if refusal is None:
             current = {r: s.identity.incarnation for r, s in self.sessions.items() if not s.ended}
             refusal = judge_hello(
                 hello.payload, sender, self.rank, self.topology, current, self.shutting_down
             )
         if refusal is not None or session is None:
-            self._refuse_hello(
-                routing_id, hello, refusal or Refusal("not expected", exitcodes.REFUSED)
-            )
+            self._refuse_hello(routing_id, hello, refusal or NOT_EXPECTED)
             return
         self._welcome(session, routing_id, fd, hello, now, inbound)
 
+    def _ended(self, sender: Identity) -> Refusal | None:
+        """Why an incarnation that has ended may not speak again, if it has: it was retired
+        (exit 0), or it was lost, left or revoked. A lost one's exit code says "lost", not
+        "refused": a new broker may take the rank by FLUB."""
+        if sender in self._retired:
+            return Refusal(_retired_reason(sender), exitcodes.SHUTDOWN)
+        session = self.sessions.get(sender.rank)
+        if session is not None and session.identity == sender and session.ended:
+            reason = f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}"
+            return Refusal(reason, session.end_code)
+        return None
+
     def _refuse_hello(self, routing_id: bytes, hello: Message, refusal: Refusal) -> None:
         log.warning("refused hello from rank %s: %s", hello.payload.get("rank"), refusal.reason)
+        self._refuse(routing_id, refusal)
+
+    def _refuse(self, routing_id: bytes, refusal: Refusal) -> None:
         self._send_raw(
             routing_id, _control("refuse", reason=refusal.reason, exit_code=refusal.exit_code)
         )
@@ -402,23 +407,17 @@ class Children:
     def _refuse_stale(self, routing_id: bytes, sender: Identity, message: Message) -> None:
         """Answer a broker whose incarnation has ended, so that it exits instead of lingering."""
         session = self.sessions.get(sender.rank)
-        if sender in self._retired:
-            self._send_raw(
-                routing_id,
-                _control("refuse", reason=_retired_reason(sender), exit_code=exitcodes.SHUTDOWN),
-            )
-        elif session is not None and session.identity == sender and session.ended:
-            reason = f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}"
-            self._send_raw(
-                routing_id, _control("refuse", reason=reason, exit_code=session.end_code)
-            )
-        elif session is not None and session.identity.incarnation > sender.incarnation:
-            reason = (
-                f"superseded: rank {sender.rank} is now incarnation {session.identity.incarnation}"
-            )
-            self._send_raw(
-                routing_id, _control("refuse", reason=reason, exit_code=exitcodes.REFUSED)
-            )
+        refusal = self._ended(sender)
+        if (
+            refusal is None
+            and session is not None
+            and (session.identity.incarnation > sender.incarnation)
+        ):
+            current = session.identity.incarnation
+            reason = f"superseded: rank {sender.rank} is now incarnation {current}"
+            refusal = Refusal(reason, exitcodes.REFUSED)
+        if refusal is not None:
+            self._refuse(routing_id, refusal)
         else:
             log.warning(
                 "dropped %s %r from rank %d: not connected",
@@ -452,9 +451,7 @@ class Children:
         if session is None or session.identity != identity or session.ended:
             return
         if session.connected and session.routing_id is not None:
-            self._send_raw(
-                session.routing_id, _control("refuse", reason=reason, exit_code=exitcodes.REFUSED)
-            )
+            self._refuse(session.routing_id, Refusal(reason, exitcodes.REFUSED))
         session.ended, session.end_code = f"was revoked: {reason}", exitcodes.REFUSED
         log.warning("rank %d incarnation %d revoked: %s", rank, incarnation, reason)
 

@@ -6,6 +6,7 @@ big-endian. The reader is a plain buffer: feed it what arrived, take out whole m
 
 from __future__ import annotations
 
+import os
 import struct
 
 MAX_FRAME = 8 * 1024 * 1024  # as a broker's maxmsgsize: a garbled stream is refused, not eaten
@@ -22,6 +23,13 @@ def encode_frames(frames: list[bytes]) -> bytes:
     for frame in frames:
         parts += [_U32.pack(len(frame)), frame]
     return b"".join(parts)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd`, however many writes a pipe takes."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class FrameReader:

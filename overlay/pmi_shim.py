@@ -10,6 +10,7 @@ launcher is gone) the broker is terminated, so that nothing is left running on t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from tbon.overlay.frames import FrameError, FrameReader, encode_frames
+from tbon.overlay.frames import FrameError, FrameReader, encode_frames, write_all
 
 STOP_GRACE = 10.0  # after SIGTERM, how long the broker has to shut its subtree down
 
@@ -87,9 +88,5 @@ def _carry(broker: subprocess.Popen[bytes], pmi: socket.socket, stdin: int, stdo
 
 def _send(fd: int, frames: list[bytes]) -> None:
     """Write a framed message; the launcher may be gone, and then nobody is listening."""
-    view = memoryview(encode_frames(frames))
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    except (BrokenPipeError, OSError):
-        pass
+    with contextlib.suppress(OSError):  # BrokenPipeError among them
+        write_all(fd, encode_frames(frames))

@@ -12,7 +12,7 @@ import sys
 
 import zmq
 
-from tbon.overlay.frames import FrameError, FrameReader, encode_frames
+from tbon.overlay.frames import FrameError, FrameReader, encode_frames, write_all
 
 
 def main(argv: list[str]) -> int:
@@ -55,7 +55,7 @@ def _pump(dealer: zmq.Socket, stdin: int, stdout: int) -> int:
         for ready, _ in poller.poll():
             if ready is dealer:
                 while dealer.poll(0):
-                    _write_all(stdout, encode_frames(dealer.recv_multipart()))
+                    write_all(stdout, encode_frames(dealer.recv_multipart()))
                 continue
             data = os.read(stdin, 65536)
             if not data:
@@ -67,9 +67,3 @@ def _pump(dealer: zmq.Socket, stdin: int, stdout: int) -> int:
             except FrameError as error:
                 print(f"tbon relay: garbled input ({error}): closing", file=sys.stderr)
                 return 1
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

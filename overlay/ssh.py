@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ipaddress
 import os
 import selectors
 import shlex
@@ -27,13 +28,29 @@ def ssh_command() -> list[str]:
     return shlex.split(os.environ.get("TBON_SSH") or "ssh")
 
 
+def tbon_script() -> str | None:
+    """The console script next to this interpreter, if there is one: started by its path,
+    brokers show as `tbon broker` to ps and pgrep, and other hosts find the same one."""
+    script = Path(sys.executable).parent / "tbon"
+    return str(script) if script.exists() else None
+
+
 def remote_tbon() -> str:
     """The tbon to run on other hosts: $TBON_REMOTE_TBON, else this very script."""
-    named = os.environ.get("TBON_REMOTE_TBON")
-    if named:
-        return named
-    script = Path(sys.executable).parent / "tbon"
-    return str(script) if script.exists() else "tbon"
+    return os.environ.get("TBON_REMOTE_TBON") or tbon_script() or "tbon"
+
+
+def endpoint_on(host: str, attributes: list[str]) -> list[str]:
+    """The tbon.endpoint for a broker started on `host` through ssh: when the host is given as
+    an address, bind there, so that its children reach it as this command does; otherwise (or
+    when the user chose) the broker's own default (tcp://%h:*) stands."""
+    if any(attribute.startswith("tbon.endpoint=") for attribute in attributes):
+        return []
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return []
+    return [f"tbon.endpoint=tcp://{host}:*"]
 
 
 def ssh_argv(host: str, user: str, port: int | None, remote: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tbon.overlay.frames import FrameError, FrameReader, encode_frames
+from tbon.overlay.frames import FrameError, FrameReader, encode_frames, write_all
 from tbon.overlay.pmi_server import PmiClientError, PmiServer
 from tbon.overlay.ssh import remote_tbon, ssh_argv
 
@@ -161,9 +161,6 @@ class HostLaunch:
 
 
 def _write(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    except BrokenPipeError:
-        pass
+    """Pass the brokers' output on; a reader that has gone takes nothing more."""
+    with contextlib.suppress(BrokenPipeError):
+        write_all(fd, data)

@@ -11,6 +11,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,13 @@ def tbon(
         env=child_env() if env is None else env,
         input=input,
     )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for files that must name one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def process_gone(pid: int) -> bool:
@@ -216,8 +224,13 @@ def instance() -> Iterator[Callable[..., Instance]]:
 
 def start_exec(*args: str) -> subprocess.Popen[str]:
     """`tbon exec ARGS...` in the background, its output piped to the test (wait for it!)."""
+    return start_tbon("exec", *args)
+
+
+def start_tbon(*args: str) -> subprocess.Popen[str]:
+    """`tbon ARGS...` in the background, its output piped to the test (wait for it!)."""
     return subprocess.Popen(
-        [TBON, "exec", *args],
+        [TBON, *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

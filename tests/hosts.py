@@ -48,6 +48,14 @@ class Hosts:
         return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], **options)  # type: ignore[call-overload]
 
 
+def pids_in(netns: str) -> list[int]:
+    """The processes living in a test host's network namespace."""
+    listed = subprocess.run(
+        ["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=30
+    )
+    return [int(pid) for pid in listed.stdout.split()]
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
@@ -122,12 +130,9 @@ def namespace_hosts(count: int, deadline: float = 20.0) -> Iterator[Hosts]:
         yield Hosts(hosts, env)
     finally:
         for netns in made_netns:  # whatever still runs in a test host is ours: end it
-            listed = subprocess.run(
-                ["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=30
-            )
-            for pid in listed.stdout.split():
+            for pid in pids_in(netns):
                 with suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
         for sshd in sshds:
             if sshd.poll() is None:
                 sshd.kill()

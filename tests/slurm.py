@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from conftest import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sinfo")
 
 
@@ -29,12 +31,6 @@ def missing() -> list[str]:
     return lacking
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _config(root: Path, node: str) -> str:
     return "\n".join(
         [
@@ -42,8 +38,8 @@ def _config(root: Path, node: str) -> str:
             f"SlurmctldHost={node}(127.0.0.1)",
             "SlurmUser=root",
             "SlurmdUser=root",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             "AuthType=auth/munge",
             f"AuthInfo=socket={root}/munge.socket",
             "CredType=cred/munge",

@@ -103,11 +103,8 @@ def test_alloc_over_ssh_then_expand_from_other_hosts(lab: hosts.Hosts) -> None:
 
 
 def only_sshd(host: hosts.Host) -> bool:
-    listed = subprocess.run(
-        ["ip", "netns", "pids", host.netns], capture_output=True, text=True, timeout=30
-    )
     names = []
-    for pid in listed.stdout.split():
+    for pid in hosts.pids_in(host.netns):
         with contextlib.suppress(FileNotFoundError):
             names.append(Path(f"/proc/{pid}/comm").read_text().strip())
     return all(name == "sshd" for name in names)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -11,18 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEADLINE, TBON, child_env, tbon, wait_for
+from conftest import DEADLINE, TBON, child_env, free_port, tbon, wait_for
 
 from tbon.overlay.bootconfig import parse_bootconfig
 from tbon.overlay.client import Client
 from tbon.overlay.errors import UsageError
 from tbon.overlay.hostlist import expand_hostlist
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ConfigInstance:

@@ -10,7 +10,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DEADLINE, TBON, child_env, process_gone, start_exec, tbon, wait_for
+from conftest import (
+    DEADLINE,
+    child_env,
+    process_gone,
+    start_exec,
+    start_tbon,
+    tbon,
+    wait_for,
+)
 
 from tbon.overlay.client import Client, RequestError
 
@@ -23,14 +31,7 @@ def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 def start_retire(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [TBON, "retire", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    return start_tbon("retire", *args)
 
 
 def retired(status: dict, rank: int) -> bool:
