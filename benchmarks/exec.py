@@ -117,7 +117,7 @@ def instance(size: int, topology: str) -> Iterator[Tree]:
 
 def _wait_online(inst: Instance, size: int) -> dict[int, int]:
     """Wait (status.watch, no polling) until all ranks are online; return each rank's depth."""
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     def up(snapshot: dict[str, Any]) -> bool:
         return len(snapshot["ranks"]) == size and all_online(snapshot)
@@ -212,7 +212,7 @@ def by_depth(runs: Sequence[Fanout], rank_depth: dict[int, int]) -> str:
 
 def bench_latency(report: Report, runs: int) -> dict[tuple[int, str], float]:
     """Returns the CLI median per (size, topology), for the flux comparison."""
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     progress("latency: CLI floor")
     floor: dict[str, list[float]] = {}
@@ -368,7 +368,7 @@ def _count_cli_output(argv: Sequence[str]) -> int:
 
 
 def bench_throughput(report: Report, runs: int) -> None:
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     def mbps(seconds: float) -> str:
         return f"{TOTAL_BYTES / 1e6 / seconds:.0f}"

@@ -169,7 +169,7 @@ class JoinTimes:
 
 def join_one(test_size: int, size: int, fanout: int, rank: int) -> JoinTimes:
     """A fresh instance; watch; Popen a joiner for `rank`; time until rank 0 pushes it online."""
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     attributes = [f"size={size}", f"tbon.fanout={fanout}"]
     with instance(test_size, attributes) as inst, Client(inst.uri) as client:
@@ -252,7 +252,7 @@ def cpu_seconds(pid: int) -> float | None:
 def join_many(count: int) -> ManyTimes:
     """Size count+1 (fanout 4), rank 0 only; Popen `count` joiners back to back (no rank asked)
     and time until rank 0 pushes all of them online."""
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     attributes = [f"size={count + 1}", "tbon.fanout=4"]
     with instance(1, attributes) as inst, Client(inst.uri) as client:
@@ -326,7 +326,7 @@ class ReplaceTimes:
 
 
 def replace_once() -> ReplaceTimes:
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     rank = 3
     with instance(4, ["tbon.fanout=2"]) as inst, Client(inst.uri) as client:

@@ -171,7 +171,7 @@ def retire_once(name: str) -> RetireTimes:
     """A fresh instance, every rank online; `tbon status` once; then watch, Popen `tbon retire`,
     and time until rank 0 pushes every rank asked for vacant and retired, and until the CLI
     exits 0."""
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     size, fanout, ranks, idset = CASES[name]
     with tbon_start(size, [f"tbon.fanout={fanout}"]) as inst, Client(inst.uri) as client:

@@ -194,7 +194,7 @@ def bench_rss(report: Report, sizes: Sequence[int]) -> None:
 
 
 def bench_lost(report: Report, runs: int) -> None:
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     lost_times: list[float] = []
     degraded_times: list[float] = []
@@ -253,7 +253,7 @@ def bench_lost(report: Report, runs: int) -> None:
 
 
 def bench_ping(report: Report, count_cli: int = 200, count_rpc: int = 1000) -> None:
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     progress("ping: size 16, fanout 2")
     rows = []

@@ -1,7 +1,7 @@
 """`tbon alloc`: an instance of one broker per node, started by the launcher the user has.
 
 With ssh (or `local`), each broker runs under `tbon relay --pmi` in a session of its own and
-this command serves their PMI (overlay/ssh_launch.py); with mpiexec or srun, the launcher does.
+this command serves their PMI (overlay/launch/ssh.py); with mpiexec or srun, the launcher does.
 Either way it waits until the instance is online, runs COMMAND here with TBON_URI set (an
 ssh:// URI when rank 0 is on another host), shuts the instance down and exits with COMMAND's
 status; `--bg` leaves a keeper process in charge and prints the URI instead.
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import typer
 
 from tbon.cli.common import duration, interactive
-from tbon.overlay.errors import TbonError, UsageError
+from tbon.errors import TbonError, UsageError
 
 if TYPE_CHECKING:
-    from tbon.overlay.allocation import Allocation
+    from tbon.overlay.launch.allocation import Allocation
 
 LAUNCHERS = ("ssh", "mpiexec", "srun", "local")
 FAILED = 1  # a host unreachable, a broker that failed to start, or the instance not up in time
@@ -112,7 +112,7 @@ def _launcher(launcher: str | None, hosts: str | None) -> str:
 def _hosts(launcher: str, hosts: str | None, nodes: int) -> list[str]:
     if launcher != "ssh":
         return ["localhost"] * nodes  # the launcher places them
-    from tbon.overlay.hostlist import expand_hostlist
+    from tbon.overlay.parse.hostlist import expand_hostlist
 
     assert hosts is not None
     names = expand_hostlist(hosts)
@@ -137,7 +137,7 @@ def _foreground(
 ) -> int:
     import subprocess
 
-    from tbon.overlay.allocation import allocate
+    from tbon.overlay.launch.allocation import allocate
 
     allocation = allocate(launcher, hosts, attributes)
     try:
@@ -203,7 +203,7 @@ def _keep(launcher: str, hosts: list[str], attributes: list[str], limit: float, 
         os.close(fd)
 
     try:
-        from tbon.overlay.allocation import allocate
+        from tbon.overlay.launch.allocation import allocate
 
         allocation = allocate(launcher, hosts, attributes)
         allocation.quiet()
@@ -228,7 +228,7 @@ def _write_config(path: str, hosts: list[str]) -> None:
     import tomli_w
 
     from tbon.keys.cert import new_certificate, write_certificate
-    from tbon.overlay.bootconfig import bootstrap_table
+    from tbon.overlay.boot.config_file import bootstrap_table
 
     cert_path = os.path.abspath(f"{path}.cert")
     for existing in (path, cert_path):

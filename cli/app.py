@@ -12,7 +12,7 @@ import sys
 import typer
 from typer._click import exceptions as click_exceptions
 
-from tbon.overlay.errors import TbonError, debugging
+from tbon.errors import TbonError, debugging
 
 COMMAND_MODULES = (
     "start",

@@ -17,6 +17,6 @@ def register(app: typer.Typer) -> None:
     )
     def broker(ctx: typer.Context) -> None:
         """Run one broker of an instance (see `tbon broker --help` and tbon-broker(1))."""
-        from tbon.overlay.main import main
+        from tbon.overlay.broker.main import main
 
         raise typer.Exit(main(list(ctx.args)))

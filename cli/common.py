@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from tbon.overlay.duration import parse_duration
+from tbon.overlay.parse.duration import parse_duration
 
 URI_HELP = "The instance to talk to (local://PATH or ssh://...); default: $TBON_URI."
 

@@ -18,8 +18,8 @@ from typing import Any
 import typer
 
 from tbon.cli.common import print_json
-from tbon.overlay.errors import UsageError
-from tbon.overlay.idset import format_idset, parse_idset
+from tbon.errors import UsageError
+from tbon.overlay.parse.idset import format_idset, parse_idset
 
 RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
 
@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         and SIGTERM are passed on to every process. Exit status: the largest of the commands'
         (128+N for signal N), or 68 if a target does not exist, is not online, or was lost.
         """
-        from tbon.overlay.client import connect
+        from tbon.overlay.connectors.client import connect
 
         uri, command = _split(words)
         uri = uri or uri_option

@@ -19,10 +19,10 @@ from typing import Any
 
 import typer
 
+from tbon import exitcodes
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
-from tbon.overlay import exitcodes
-from tbon.overlay.errors import TbonError, UsageError
-from tbon.overlay.idset import format_idset, parse_idset
+from tbon.errors import TbonError, UsageError
+from tbon.overlay.parse.idset import format_idset, parse_idset
 
 
 @dataclass
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every broker joined, 69 if some found no rank (the instance was
         full), 1 if any failed otherwise.
         """
-        from tbon.overlay.client import connect
+        from tbon.overlay.connectors.client import connect
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
@@ -146,7 +146,7 @@ def _wanted(
 
 def _tbon_command() -> list[str]:
     """This tbon, to start brokers here with."""
-    from tbon.overlay.ssh import tbon_script
+    from tbon.overlay.connectors.ssh import tbon_script
 
     found = tbon_script() or shutil.which("tbon")
     return [found] if found else [sys.executable, "-m", "tbon.cli"]
@@ -181,7 +181,7 @@ def _launch(
 def _remote_hosts(hosts: str | None) -> list[str]:
     if hosts is None:
         return []
-    from tbon.overlay.hostlist import expand_hostlist
+    from tbon.overlay.parse.hostlist import expand_hostlist
 
     return expand_hostlist(hosts)
 
@@ -198,8 +198,8 @@ def _launch_remote(
     asks for a rank of its own (the lowest available first), so that it can be told apart
     once online; rank 0 still decides, and turns away any that lost a race (exit 69)."""
 
-    from tbon.overlay.ssh import endpoint_on, remote_tbon, ssh_argv
-    from tbon.overlay.uri import to_remote
+    from tbon.overlay.connectors.ssh import endpoint_on, remote_tbon, ssh_argv
+    from tbon.overlay.connectors.uri import to_remote
 
     available = [
         e["rank"]

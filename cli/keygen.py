@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from tbon.overlay.errors import UsageError
+from tbon.errors import UsageError
 
 # One line per paragraph: Typer's rich help keeps the line breaks inside a paragraph.
 HELP = "\n\n".join(

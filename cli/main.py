@@ -14,11 +14,11 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["broker"]:
-        from tbon.overlay.main import main as broker_main
+        from tbon.overlay.broker.main import main as broker_main
 
         return broker_main(args[1:])
     if args[:1] == ["relay"]:  # started by ssh for an ssh:// URI: as lean as a broker
-        from tbon.overlay.relay import main as relay_main
+        from tbon.overlay.connectors.relay import main as relay_main
 
         return relay_main(args[1:])
     from tbon.cli.app import run

@@ -7,8 +7,8 @@ import time
 import typer
 
 from tbon.cli.common import URI_HELP, duration, print_json
-from tbon.overlay.errors import UsageError
-from tbon.overlay.numbers import is_decimal
+from tbon.errors import UsageError
+from tbon.overlay.parse.numbers import is_decimal
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     ) -> None:
         """Send a request to RANK and report how long the answer took, and how many hops."""
-        from tbon.overlay.client import connect
+        from tbon.overlay.connectors.client import connect
 
         if len(words) > 2:
             raise UsageError("expected [URI] RANK")

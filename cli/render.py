@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.text import Text
 
-from tbon.overlay.duration import format_duration
+from tbon.overlay.parse.duration import format_duration
 
 STYLE = {
     "full": "green",

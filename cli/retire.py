@@ -15,8 +15,8 @@ from typing import Any
 import typer
 
 from tbon.cli.common import interactive, print_json
-from tbon.overlay.errors import UsageError
-from tbon.overlay.idset import format_idset, parse_idset
+from tbon.errors import UsageError
+from tbon.overlay.parse.idset import format_idset, parse_idset
 
 REFUSED = 1  # some rank could not be retired (each is named)
 
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every rank is retired (or already was), 1 if some were refused.
         """
         from tbon.cli.common import duration
-        from tbon.overlay.client import connect
+        from tbon.overlay.connectors.client import connect
 
         uri, ranks = _split(words)
         wanted = _parse_ranks(ranks)

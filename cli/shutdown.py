@@ -9,8 +9,8 @@ from contextlib import nullcontext
 import typer
 
 from tbon.cli.common import URI_HELP, duration, interactive
-from tbon.overlay.errors import TbonError
-from tbon.overlay.uri import Uri
+from tbon.errors import TbonError
+from tbon.overlay.connectors.uri import Uri
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         no_wait: bool = typer.Option(False, "--no-wait", help="Return once rank 0 has agreed."),
     ) -> None:
         """Shut the instance down: every broker stops its children, then itself."""
-        from tbon.overlay.client import connect
+        from tbon.overlay.connectors.client import connect
 
         limit = duration(timeout, "--timeout")
         limit = 60.0 if limit is None else limit
@@ -60,7 +60,7 @@ def _still_there(remote: Uri | None, path: str) -> bool:
     """Whether rank 0 is still up: its socket here, or an answer through the ssh:// URI."""
     if remote is None:
         return os.path.exists(path)
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     try:
         with Client(remote) as client:

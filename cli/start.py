@@ -1,7 +1,8 @@
 """`tbon start`: a local instance of N brokers, for testing and for single-node jobs.
 
-The work is done by the launcher (tbon.overlay.launch), a lean process that serves PMI and forks
-the brokers; this command sets it up, waits, and owns the clean-up of everything it started.
+The work is done by the launcher (tbon.overlay.launch.local), a lean process that serves PMI
+and forks the brokers; this command sets it up, waits, and owns the clean-up of everything it
+started.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from contextlib import nullcontext
 import typer
 
 from tbon.cli.common import duration, interactive
-from tbon.overlay.errors import TbonError, UsageError
+from tbon.errors import TbonError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -86,13 +87,13 @@ def _broker_attributes(options: list[str]) -> list[str]:
 def run(
     size: int, attributes: list[str], exit_timeout: str, program: list[str], waiting: bool
 ) -> int:
-    from tbon.overlay.local import local_uri
+    from tbon.overlay.links.local import local_uri
 
     rundir = tempfile.mkdtemp(prefix="tbon-start-")
     argv = [
         sys.executable,
         "-m",
-        "tbon.overlay.launch",
+        "tbon.overlay.launch.local",
         "--size",
         str(size),
         "--rundir",
@@ -156,7 +157,7 @@ def _wait_up(launcher: subprocess.Popen[bytes], uri: str, size: int) -> bool:
     stopped answering."""
     from rich.console import Console
 
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     console = Console(stderr=True)
     path = uri[len("local://") :]

@@ -10,8 +10,8 @@ from typing import Any
 import typer
 
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
-from tbon.overlay.client import RequestError
-from tbon.overlay.errors import TbonError, UsageError
+from tbon.errors import TbonError, UsageError
+from tbon.overlay.connectors.client import RequestError
 
 SUBTREE_STATES = ("full", "partial", "degraded", "lost", "offline")
 
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         is offline, vacant, reserved or retiring) or degraded (some rank below is lost); other
         ranks show their own state: lost, offline, vacant, reserved, retiring.
         """
-        from tbon.overlay.client import connect
+        from tbon.overlay.connectors.client import connect
 
         if wait is not None and wait not in SUBTREE_STATES:
             raise UsageError(

@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from tbon.overlay.errors import TbonError, UsageError
+from tbon.errors import TbonError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Print the URI of an instance, for TBON_URI or for commands' URI argument."""
-        from tbon.overlay.uri import parse_uri, resolve_target, to_local, to_remote
+        from tbon.overlay.connectors.uri import parse_uri, resolve_target, to_local, to_remote
 
         if local and remote:
             raise UsageError("--local and --remote exclude each other")

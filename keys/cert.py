@@ -33,7 +33,7 @@ from pathlib import Path
 import nacl.public
 from zmq.utils import z85
 
-from tbon.overlay.errors import TbonError
+from tbon.errors import TbonError
 
 KEY_BYTES = 32
 """A Curve25519 key, public or secret, is 32 bytes."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tbon.overlay.client import Client
+from tbon.overlay.connectors.client import Client
 
 TBON = str(Path(sys.executable).parent / "tbon")
 DEADLINE = 20.0  # generous: the machine is shared and noisy

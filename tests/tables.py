@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tbon.overlay.ranktable import Online, RankTable
-from tbon.overlay.topology import Topology
+from tbon.overlay.state.ranktable import Online, RankTable
+from tbon.overlay.state.topology import Topology
 
 
 def table(spec: str, size: int, launched: int, now: float = 100.0) -> RankTable:

@@ -124,7 +124,7 @@ def test_an_unreachable_host_is_named_and_nothing_is_left_running(lab: hosts.Hos
 
 def test_write_config_makes_a_file_brokers_can_boot_from(tmp_path: Path) -> None:
     from tbon.keys.cert import load_certificate
-    from tbon.overlay.bootconfig import load_bootconfig
+    from tbon.overlay.boot.config_file import load_bootconfig
 
     path = tmp_path / "instance.toml"
     result = alloc("-N", "3", "--hosts", "node[1-4]", "--write-config", str(path))

@@ -12,16 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zmq.utils import z85
 
-from tbon.overlay import exitcodes
-from tbon.overlay.children import Children, ChildSession, Inbound, Refusal, judge_hello
-from tbon.overlay.config import DEFAULTS, KNOWN, broker_config, parse_assignments
-from tbon.overlay.duration import format_duration, parse_duration
-from tbon.overlay.errors import UsageError
-from tbon.overlay.keyring import Identity, KeyRing
-from tbon.overlay.message import PROTOCOL_VERSION, Kind, Message, MessageError
-from tbon.overlay.ranktable import Departed, Lost, Online, Torpid
-from tbon.overlay.reports import decode_event, encode_event
-from tbon.overlay.topology import Topology
+from tbon import exitcodes
+from tbon.errors import UsageError
+from tbon.overlay.broker.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
+from tbon.overlay.links.children import Children, ChildSession, Inbound, Refusal, judge_hello
+from tbon.overlay.links.keyring import Identity, KeyRing
+from tbon.overlay.parse.duration import format_duration, parse_duration
+from tbon.overlay.state.ranktable import Departed, Lost, Online, Torpid
+from tbon.overlay.state.reports import decode_event, encode_event
+from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, MessageError
 
 FAST = settings(max_examples=80, deadline=None)
 
@@ -731,7 +731,7 @@ def test_join_timeout_refuses_what_is_not_a_duration(text: str) -> None:
 
 @pytest.mark.parametrize(("launched", "requested", "size"), [(4, None, 4), (1, None, 1), (4, 5, 5)])
 def test_instance_size_by_pmi(launched: int, requested: int | None, size: int) -> None:
-    from tbon.overlay.bootstrap import instance_size
+    from tbon.overlay.boot.wireup import instance_size
 
     assert instance_size(requested, launched) == size
     assert instance_size(requested, launched, by_pmi=True) == size
@@ -740,7 +740,7 @@ def test_instance_size_by_pmi(launched: int, requested: int | None, size: int) -
 
 @pytest.mark.parametrize(("launched", "requested"), [(4, 4), (4, 3), (4, 1), (1, 1), (8, 2)])
 def test_instance_size_must_exceed_the_pmi_size(launched: int, requested: int) -> None:
-    from tbon.overlay.bootstrap import instance_size
+    from tbon.overlay.boot.wireup import instance_size
 
     with pytest.raises(UsageError) as caught:
         instance_size(requested, launched)
@@ -753,6 +753,6 @@ def test_instance_size_must_exceed_the_pmi_size(launched: int, requested: int) -
 
 @pytest.mark.parametrize(("requested", "size"), [(None, 1), (1, 1), (2, 2), (64, 64)])
 def test_instance_size_of_a_singleton(requested: int | None, size: int) -> None:
-    from tbon.overlay.bootstrap import instance_size
+    from tbon.overlay.boot.wireup import instance_size
 
     assert instance_size(requested, 1, by_pmi=False) == size

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from conftest import DEADLINE, TBON, child_env, free_port, tbon, wait_for
 
-from tbon.overlay.bootconfig import parse_bootconfig
-from tbon.overlay.client import Client
-from tbon.overlay.errors import UsageError
-from tbon.overlay.hostlist import expand_hostlist
+from tbon.errors import UsageError
+from tbon.overlay.boot.config_file import parse_bootconfig
+from tbon.overlay.connectors.client import Client
+from tbon.overlay.parse.hostlist import expand_hostlist
 
 
 class ConfigInstance:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tbon.overlay.connections import ConnectionLedger
+from tbon.overlay.links.connections import ConnectionLedger
 
 
 def test_a_peer_is_gone_when_its_connection_closes() -> None:

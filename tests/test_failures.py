@@ -14,7 +14,7 @@ from conftest import process_gone, start_exec, tbon, wait_for
 from zmq.utils.monitor import recv_monitor_message
 
 from tbon.keys.cert import generate_keypair
-from tbon.overlay.message import Kind, Message, encode
+from tbon.overlay.wire.message import Kind, Message, encode
 
 
 def healthy(inst, size: int) -> None:
@@ -233,7 +233,7 @@ def test_orphaned_brokers_take_their_exec_jobs_with_them(instance) -> None:
 
 
 def test_requests_with_payloads_of_the_wrong_types_are_answered_not_fatal(instance) -> None:
-    from tbon.overlay.client import RequestError
+    from tbon.overlay.connectors.client import RequestError
 
     inst = instance(3)
     wrong = [

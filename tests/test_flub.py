@@ -12,7 +12,7 @@ import zmq
 from conftest import DEADLINE, TBON, child_env, process_gone, tbon, wait_for
 
 from tbon.keys.cert import generate_keypair
-from tbon.overlay.client import Client, RequestError
+from tbon.overlay.connectors.client import Client, RequestError
 
 
 def finished(joiner: subprocess.Popen[str]) -> tuple[int, str]:

@@ -26,7 +26,7 @@ from tables import bring_up, started, table
 from zmq.utils import z85
 
 from tbon.keys.cert import fingerprint
-from tbon.overlay.ranktable import (
+from tbon.overlay.state.ranktable import (
     ALLOCATABLE,
     CONNECTED,
     Departed,

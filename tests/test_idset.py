@@ -1,4 +1,5 @@
-"""Tests of `tbon.overlay.idset`: rank sets as users write them (`tbon expand --ranks 0,3-7`)."""
+"""Tests of `tbon.overlay.parse.idset`: rank sets as users write them
+(`tbon expand --ranks 0,3-7`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbon.overlay import exitcodes
-from tbon.overlay.errors import UsageError
-from tbon.overlay.idset import format_idset, parse_idset
+from tbon import exitcodes
+from tbon.errors import UsageError
+from tbon.overlay.parse.idset import format_idset, parse_idset
 
 FAST = settings(max_examples=150, deadline=None)
 

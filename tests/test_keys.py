@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 from zmq.utils import z85
 
+from tbon.errors import TbonError
 from tbon.keys.cert import (
     MAX_CERTIFICATE_BYTES,
     Certificate,
@@ -33,7 +34,6 @@ from tbon.keys.cert import (
     public_from_secret,
     write_certificate,
 )
-from tbon.overlay.errors import TbonError
 
 TBON = Path(sys.executable).parent / "tbon"
 Z85_CHARS = z85.Z85CHARS.decode("ascii")

@@ -1,11 +1,12 @@
-"""Tests of `tbon.overlay.liveness`: how long a peer has been silent, and what that makes it."""
+"""Tests of `tbon.overlay.links.liveness`: how long a peer has been silent, and what that
+makes it."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbon.overlay.liveness import Liveness, Verdict
+from tbon.overlay.links.liveness import Liveness, Verdict
 
 
 def test_starts_alive() -> None:

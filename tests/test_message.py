@@ -1,4 +1,4 @@
-"""Tests of `tbon.overlay.message`: the two-frame JSON codec, strict on input."""
+"""Tests of `tbon.overlay.wire.message`: the two-frame JSON codec, strict on input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbon.overlay.message import (
+from tbon.overlay.wire.message import (
     ANY_RANK,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tbon.overlay.errors import TbonError
-from tbon.overlay.pmi_client import WIRE_LINE_MAX, PmiClient, PmiError
-from tbon.overlay.pmi_server import PmiClientError, PmiServer, SocketPmiServer
-from tbon.overlay.pmi_wire import (
+from tbon.errors import TbonError
+from tbon.overlay.boot.pmi_client import WIRE_LINE_MAX, PmiClient, PmiError
+from tbon.overlay.launch.pmi_server import PmiClientError, PmiServer, SocketPmiServer
+from tbon.overlay.wire.pmi import (
     MAX_LINE_BYTES,
     LineBuffer,
     PmiProtocolError,

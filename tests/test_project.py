@@ -34,7 +34,7 @@ def test_ruff_is_clean() -> None:
 
 def test_broker_imports_neither_typer_nor_rich() -> None:
     code = (
-        "import sys; import tbon.cli.main, tbon.overlay.broker, tbon.overlay.launch; "
+        "import sys; import tbon.cli.main, tbon.overlay.broker.broker, tbon.overlay.launch.local; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'rich')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -63,7 +63,8 @@ def test_installed_package_runs_an_instance(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert install.returncode == 0, install.stderr[-2000:]
-    assert (target / "tbon" / "overlay" / "broker.py").exists()
+    assert (target / "tbon" / "overlay" / "broker" / "broker.py").exists()
+    assert (target / "tbon" / "errors.py").exists()
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
     run = subprocess.run(
         [
@@ -71,7 +72,7 @@ def test_installed_package_runs_an_instance(tmp_path: Path) -> None:
             "-c",
             "import sys; from tbon.cli.main import main; "
             "sys.exit(main(['start', '--test-size=2', sys.executable, '-c', "
-            "'import tbon.overlay.broker as b; print(b.__file__)']))",
+            "'import tbon.overlay.broker.broker as b; print(b.__file__)']))",
         ],
         capture_output=True,
         text=True,

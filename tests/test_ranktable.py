@@ -1,4 +1,4 @@
-"""Tests of `tbon.overlay.ranktable`: the rank table at rank 0 as a pure state machine."""
+"""Tests of `tbon.overlay.state.ranktable`: the rank table at rank 0 as a pure state machine."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis.stateful import (
 )
 from tables import bring_up, started, table
 
-from tbon.overlay.ranktable import (
+from tbon.overlay.state.ranktable import (
     CONNECTED,
     Departed,
     Event,
@@ -596,7 +596,7 @@ def retire_table() -> RankTable:
 
 
 def test_a_leaf_retires_through_retiring_to_vacant() -> None:
-    from tbon.overlay.ranktable import Retire
+    from tbon.overlay.state.ranktable import Retire
 
     result = retire_table()
     outcome = result.apply(Retire(3, 1), 200.0)
@@ -605,7 +605,7 @@ def test_a_leaf_retires_through_retiring_to_vacant() -> None:
     assert result.subtree_statuses()[1] is SubtreeStatus.PARTIAL
     assert result.up()  # retiring is not "expected from bootstrap"
     # until it has left, nobody may have it
-    from tbon.overlay.ranktable import Reserve
+    from tbon.overlay.state.ranktable import Reserve
 
     assert not result.reserve(Reserve("k" * 40, "joiner", 3, 30.0), 201.0).granted
     outcome = result.apply(Departed(3, 1), 202.0)
@@ -617,7 +617,7 @@ def test_a_leaf_retires_through_retiring_to_vacant() -> None:
 
 
 def test_retiring_again_or_after_is_not_an_error() -> None:
-    from tbon.overlay.ranktable import Retire
+    from tbon.overlay.state.ranktable import Retire
 
     result = retire_table()
     result.apply(Retire(4, 1), 200.0)
@@ -629,7 +629,7 @@ def test_retiring_again_or_after_is_not_an_error() -> None:
 
 
 def test_unsafe_retires_are_refused_and_change_nothing() -> None:
-    from tbon.overlay.ranktable import Retire
+    from tbon.overlay.state.ranktable import Retire
 
     result = retire_table()
     result.apply(Lost(6, 1, "connection lost"), 200.0)
@@ -651,7 +651,7 @@ def test_unsafe_retires_are_refused_and_change_nothing() -> None:
 
 
 def test_a_retiring_parent_takes_no_new_children() -> None:
-    from tbon.overlay.ranktable import Reserve, Retire
+    from tbon.overlay.state.ranktable import Reserve, Retire
 
     result = started("kary:2", 7, launched=3)  # ranks 3-6 are spares
     bring_up(result, [1, 2])
@@ -663,7 +663,7 @@ def test_a_retiring_parent_takes_no_new_children() -> None:
 
 
 def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
-    from tbon.overlay.ranktable import Retire
+    from tbon.overlay.state.ranktable import Retire
 
     result = retire_table()
     result.apply(Retire(5, 1), 200.0)
@@ -673,7 +673,7 @@ def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
 
 @pytest.mark.parametrize("ending", ["departed", "lost"])
 def test_a_retired_joiners_key_never_gets_a_rank_again(ending: str) -> None:
-    from tbon.overlay.ranktable import Reserve, Retire
+    from tbon.overlay.state.ranktable import Reserve, Retire
 
     result = started("kary:2", 3, launched=1)
     key = "r" * 40

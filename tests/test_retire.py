@@ -20,7 +20,7 @@ from conftest import (
     wait_for,
 )
 
-from tbon.overlay.client import Client, RequestError
+from tbon.overlay.connectors.client import Client, RequestError
 
 MAN_BROKER = Path(__file__).resolve().parent.parent / "man" / "tbon-broker.1"
 

@@ -1,4 +1,4 @@
-"""Tests of `tbon.overlay.topology`: tree shapes are a pure function of (spec, size)."""
+"""Tests of `tbon.overlay.state.topology`: tree shapes are a pure function of (spec, size)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbon.overlay.errors import UsageError
-from tbon.overlay.topology import DEFAULT_SPEC, Topology, parse_spec, spec_from_fanout
+from tbon.errors import UsageError
+from tbon.overlay.state.topology import DEFAULT_SPEC, Topology, parse_spec, spec_from_fanout
 
 SPECS = st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "kary:7", "kary:32", "binomial"])
 FAST = settings(max_examples=60, deadline=None)

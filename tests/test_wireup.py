@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import DEADLINE, child_env, tbon
 
-from tbon.overlay.topology import Topology
+from tbon.overlay.state.topology import Topology
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_status_watch_prints_each_change(instance) -> None:
 def test_a_status_stream_survives_the_previous_client_hanging_up(instance) -> None:
     """A closed client's socket descriptor is soon given to the next client: its hang-up must
     not be taken for the new client's, whose stream would then fall silent."""
-    from tbon.overlay.client import Client
+    from tbon.overlay.connectors.client import Client
 
     inst = instance(1, "size=2")
     deadline = time.monotonic() + DEADLINE

@@ -1,0 +1,143 @@
+"""Broker attributes (`-S NAME=VALUE`), validated once into a BrokerConfig."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from tbon.errors import UsageError
+from tbon.overlay.parse.duration import parse_duration
+from tbon.overlay.parse.numbers import is_decimal
+from tbon.overlay.state.topology import DEFAULT_SPEC, parse_spec, spec_from_fanout
+
+DEFAULTS: dict[str, str] = {
+    "tbon.topo": DEFAULT_SPEC,
+    "tbon.heartbeat": "2s",
+    "tbon.torpid": "10s",
+    "tbon.timeout": "60s",
+    "tbon.endpoint": "tcp://%h:*",
+    "broker.shutdown-timeout": "10s",
+    "broker.join-timeout": "30s",
+    "log-stderr-level": "warning",
+}
+KNOWN = frozenset(
+    {
+        *DEFAULTS,
+        "size",
+        "tbon.fanout",
+        "broker.rundir",
+        "hostname",
+        "broker.boot-server",
+        "broker.rank",
+        "broker.cert",
+    }
+)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    size: int | None
+    topo: str
+    heartbeat: float
+    torpid: float
+    timeout: float
+    endpoint: str
+    shutdown_timeout: float
+    rundir: str | None
+    hostname: str
+    log_level: str
+    join_timeout: float = 30.0
+    boot_server: str | None = None
+    requested_rank: int | None = None
+    cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
+    config_file: str | None = None  # tbon broker -c FILE: config-file bootstrap
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+def parse_assignments(assignments: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` strings as a dict; unknown names and missing `=` are usage errors."""
+    attributes: dict[str, str] = {}
+    for text in assignments:
+        name, equals, value = text.partition("=")
+        if not equals or not name:
+            raise UsageError(f"invalid attribute {text!r}: use -S NAME=VALUE")
+        if name not in KNOWN:
+            raise UsageError(f"unknown attribute {name!r} (known: {', '.join(sorted(KNOWN))})")
+        attributes[name] = value
+    return attributes
+
+
+def broker_config(attributes: dict[str, str], config_file: str | None = None) -> BrokerConfig:
+    values = {**DEFAULTS, **attributes}
+    if config_file is not None:
+        for clash in ("broker.boot-server", "broker.cert"):
+            if clash in attributes:
+                raise UsageError(f"-c FILE and {clash} do not go together: choose one bootstrap")
+    topo = spec_from_fanout(values["tbon.fanout"]) if "tbon.fanout" in values else None
+    if "tbon.topo" in attributes or topo is None:
+        topo = parse_spec(values["tbon.topo"])
+    size = None
+    if "size" in values:
+        text = values["size"]
+        if not is_decimal(text) or int(text) < 1:
+            raise UsageError(f"invalid size {text!r}: use a whole number >= 1")
+        size = int(text)
+    level = values["log-stderr-level"].lower()
+    if level not in LOG_LEVELS:
+        raise UsageError(f"invalid log-stderr-level {level!r}: use one of {', '.join(LOG_LEVELS)}")
+    endpoint = values["tbon.endpoint"]
+    if not endpoint.startswith("tcp://") or ":" not in endpoint[6:]:
+        raise UsageError(f"invalid tbon.endpoint {endpoint!r}: use tcp://HOST:PORT (%h, * allowed)")
+    requested_rank = None
+    if "broker.rank" in values:
+        if not is_decimal(values["broker.rank"]):
+            raise UsageError(f"invalid broker.rank {values['broker.rank']!r}: use a whole number")
+        requested_rank = int(values["broker.rank"])
+        if "broker.boot-server" not in values:
+            raise UsageError("broker.rank only makes sense with broker.boot-server")
+    boot_server = values.get("broker.boot-server")
+    if boot_server is not None:
+        from tbon.overlay.connectors.uri import parse_uri
+
+        try:
+            parse_uri(boot_server)
+        except UsageError:
+            raise UsageError(
+                f"invalid broker.boot-server {boot_server!r}: use local://PATH or "
+                "ssh://[user@]host[:port]/PATH"
+            ) from None
+    join_timeout = parse_duration(values["broker.join-timeout"], "broker.join-timeout")
+    if join_timeout <= 0:
+        raise UsageError("broker.join-timeout must be greater than zero")
+    heartbeat = parse_duration(values["tbon.heartbeat"], "tbon.heartbeat")
+    if heartbeat <= 0:
+        raise UsageError("tbon.heartbeat must be greater than zero")
+    return BrokerConfig(
+        size=size,
+        topo=topo,
+        heartbeat=heartbeat,
+        torpid=parse_duration(values["tbon.torpid"], "tbon.torpid"),
+        timeout=parse_duration(values["tbon.timeout"], "tbon.timeout"),
+        endpoint=endpoint,
+        shutdown_timeout=parse_duration(
+            values["broker.shutdown-timeout"], "broker.shutdown-timeout"
+        ),
+        rundir=values.get("broker.rundir"),
+        hostname=values.get("hostname") or socket.gethostname(),
+        log_level=level,
+        join_timeout=join_timeout,
+        boot_server=boot_server,
+        requested_rank=requested_rank,
+        cert=values.get("broker.cert") or None,
+        config_file=config_file,
+        attributes=dict(attributes),
+    )
+
+
+def host_address(hostname: str) -> str:
+    """The address that `%h` in tbon.endpoint stands for: the host's own, else loopback."""
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
+        return "127.0.0.1"

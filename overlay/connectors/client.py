@@ -1,0 +1,176 @@
+"""A connection to an instance, for commands: requests, responses and streams.
+
+A request names a target rank; the broker it reaches routes it through the tree and the answer
+comes back the same way. Errors arrive as one-line TbonErrors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import zmq
+
+from tbon.errors import TbonError
+from tbon.overlay.connectors.uri import Uri, parse_uri
+from tbon.overlay.wire.message import ANY_RANK, Kind, Message, MessageError, decode, encode
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class RequestError(TbonError):
+    """The instance answered a request with an error."""
+
+    def __init__(self, errnum: int, message: str) -> None:
+        super().__init__(message)
+        self.errnum = errnum
+
+
+class Client:
+    def __init__(self, uri: str | Uri) -> None:
+        self.uri = parse_uri(uri) if isinstance(uri, str) else uri
+        self._transport: Transport
+        if self.uri.scheme == "local":
+            _probe(self.uri.path, str(self.uri))
+            self._transport = LocalTransport(self.uri.path)
+        else:
+            from tbon.overlay.connectors.ssh import SshTransport
+
+            self._transport = SshTransport(self.uri)
+        self._tags = itertools.count(1)
+
+    def send(
+        self, topic: str, payload: dict[str, Any] | None = None, nodeid: int = ANY_RANK
+    ) -> int:
+        tag = next(self._tags)
+        message = Message(Kind.REQUEST, topic, payload or {}, nodeid=nodeid, tag=tag)
+        self._transport.send(encode(message))
+        return tag
+
+    def receive(self, timeout: float | None) -> Message | None:
+        """The next response, or None if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._transport.poll(None if left is None else int(left * 1000)):
+                return None
+            try:
+                return decode(self._transport.recv())
+            except MessageError:
+                continue  # not ours to answer: skip it
+
+    def rpc(
+        self,
+        topic: str,
+        payload: dict[str, Any] | None = None,
+        nodeid: int = ANY_RANK,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> dict[str, Any]:
+        tag = self.send(topic, payload, nodeid)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            reply = self.receive(left)
+            if reply is None:
+                where = f"rank {nodeid}" if nodeid != ANY_RANK else str(self.uri)
+                raise TbonError(f"no answer from {where} within {timeout:g}s")
+            if reply.tag == tag:
+                return _payload(reply)
+
+    def watch_status(self, deadline: float | None = None) -> Iterator[dict[str, Any]]:
+        """The status table as rank 0 pushes it (now, then after each change) until `deadline`
+        (a time.monotonic() value; None: for ever). A stream that rank 0 ends, as it does when
+        the instance shuts down, raises RequestError (ENODATA)."""
+        tag = self.send("status.watch", {}, nodeid=0)
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            reply = self.receive(left)
+            if reply is None:
+                return
+            if reply.tag == tag:
+                yield _payload(reply)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Transport(Protocol):
+    """How a client's messages travel: a local socket, or an ssh session to a relay."""
+
+    def send(self, frames: list[bytes]) -> None: ...
+    def poll(self, timeout_ms: int | None) -> bool: ...
+    def recv(self) -> list[bytes]: ...
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    def __init__(self, path: str) -> None:
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.rcvhwm = 0
+        self.socket.connect(f"ipc://{path}")
+
+    def send(self, frames: list[bytes]) -> None:
+        self.socket.send_multipart(frames)
+
+    def poll(self, timeout_ms: int | None) -> bool:
+        return bool(self.socket.poll(timeout_ms))
+
+    def recv(self) -> list[bytes]:
+        return self.socket.recv_multipart()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self._context.term()
+
+
+def _payload(reply: Message) -> dict[str, Any]:
+    if reply.errnum:
+        raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+    return reply.payload
+
+
+def _probe(path: str, uri: str) -> None:
+    """Fail fast and clearly on a URI nobody serves: ZeroMQ would wait forever instead."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except FileNotFoundError:
+        raise TbonError(
+            f"cannot connect to {uri}: no such socket (is the instance running?)"
+        ) from None
+    except PermissionError:
+        raise TbonError(f"cannot connect to {uri}: permission denied") from None
+    except ConnectionRefusedError:
+        raise TbonError(
+            f"cannot connect to {uri}: connection refused (the broker is gone)"
+        ) from None
+    except OSError as error:
+        raise TbonError(f"cannot connect to {uri}: {error.strerror}") from None
+    finally:
+        probe.close()
+
+
+def connect(uri: str | None) -> Client:
+    """A client for `uri`, or for $TBON_URI when none is given."""
+    text = uri or os.environ.get("TBON_URI")
+    if not text:
+        raise TbonError(
+            "no URI given and TBON_URI is not set: pass the instance's URI, or run "
+            "inside an instance",
+            exit_code=2,
+        )
+    return Client(text)

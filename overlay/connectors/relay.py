@@ -1,0 +1,71 @@
+"""`tbon relay PATH`: carry a client's messages between an ssh session and a broker's socket.
+
+A command given an `ssh://host/PATH` URI runs `tbon relay PATH` on that host over ssh, and the
+relay passes framed messages (frames.py) from its stdin to the broker's local socket and back to
+its stdout. It ends when its stdin does (the client went away). Started by ssh, never by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import zmq
+
+from tbon.overlay.wire.frames import FrameError, FrameReader, encode_frames, write_all
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--pmi"]:  # a broker of tbon alloc --launcher ssh, PMI over this session
+        from tbon.overlay.launch.pmi_shim import main as shim_main
+
+        return shim_main(argv[1:])
+    if len(argv) != 1 or not argv[0].startswith("/"):
+        print("usage: tbon relay PATH (a broker's local socket; started over ssh)", file=sys.stderr)
+        return 2
+    from tbon.errors import TbonError
+    from tbon.overlay.connectors.client import (
+        _probe,  # the same clear errors as a local client gets
+    )
+
+    path = argv[0]
+    try:
+        _probe(path, f"local://{path}")
+    except TbonError as error:
+        print(f"tbon relay: {error}", file=sys.stderr)
+        return 1
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.rcvhwm = dealer.sndhwm = 0
+    dealer.connect(f"ipc://{path}")
+    try:
+        return _pump(dealer, sys.stdin.fileno(), sys.stdout.fileno())
+    except BrokenPipeError:
+        return 0  # the client went away while we answered
+    finally:
+        dealer.close(linger=0)
+        context.term()
+
+
+def _pump(dealer: zmq.Socket, stdin: int, stdout: int) -> int:
+    poller = zmq.Poller()
+    poller.register(dealer, zmq.POLLIN)
+    poller.register(stdin, zmq.POLLIN)
+    reader = FrameReader()
+    while True:
+        for ready, _ in poller.poll():
+            if ready is dealer:
+                while dealer.poll(0):
+                    write_all(stdout, encode_frames(dealer.recv_multipart()))
+                continue
+            data = os.read(stdin, 65536)
+            if not data:
+                return 0  # the client went away
+            reader.feed(data)
+            try:
+                while (frames := reader.next()) is not None:
+                    dealer.send_multipart(frames)
+            except FrameError as error:
+                print(f"tbon relay: garbled input ({error}): closing", file=sys.stderr)
+                return 1

@@ -1,0 +1,141 @@
+"""Instance URIs: `local://PATH` and `ssh://[user@]host[:port]/PATH`, and how to find one."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+from tbon.errors import TbonError, UsageError
+from tbon.overlay.links.local import SOCKET_NAME
+from tbon.overlay.parse.numbers import is_decimal
+
+_BOUND_NAME = re.compile(rf"{SOCKET_NAME}(\.\d+)?")
+_SSH = re.compile(r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>\d+))?(?P<path>/.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Uri:
+    scheme: str  # "local" or "ssh"
+    path: str
+    host: str = ""
+    user: str = ""
+    port: int | None = None
+
+    def __str__(self) -> str:
+        if self.scheme == "local":
+            return f"local://{self.path}"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"ssh://{user}{self.host}{port}{self.path}"
+
+
+def parse_uri(text: str) -> Uri:
+    if text.startswith("local://"):
+        path = text[len("local://") :]
+        if not path.startswith("/"):
+            raise UsageError(f"invalid URI {text!r}: local:// takes an absolute path")
+        return Uri("local", path)
+    match = _SSH.match(text)
+    if match:
+        port = int(match["port"]) if match["port"] else None
+        return Uri("ssh", match["path"], match["host"], match["user"] or "", port)
+    raise UsageError(f"invalid URI {text!r}: use local://PATH or ssh://[user@]host[:port]/PATH")
+
+
+def to_remote(uri: Uri) -> Uri:
+    """The form of `uri` that reaches it from another host."""
+    if uri.scheme == "ssh":
+        return uri
+    return Uri("ssh", uri.path, socket.gethostname())
+
+
+def to_local(uri: Uri) -> Uri:
+    return Uri("local", uri.path)
+
+
+def resolve_target(target: str) -> Uri:
+    """A URI from what `tbon uri` accepts: a URI, a run directory, or pid:PID."""
+    if target.startswith("pid:"):
+        pid = target[4:]
+        if not is_decimal(pid):
+            raise UsageError(f"invalid target {target!r}: use pid:PID")
+        return uri_of_pid(int(pid))
+    if "://" in target:
+        return parse_uri(target)
+    candidate = os.path.join(target, SOCKET_NAME)
+    if os.path.isdir(target):
+        if not os.path.exists(candidate):
+            raise TbonError(f"{target} is not a broker's run directory (no {SOCKET_NAME} socket)")
+        return Uri("local", os.path.abspath(candidate))
+    raise TbonError(f"{target}: no such run directory, URI or pid:PID")
+
+
+def uri_of_pid(pid: int) -> Uri:
+    """The instance a process belongs to: a broker's own socket, the TBON_URI in the
+    process's environment, or else the first broker among its descendants (`tbon start`)."""
+    if not os.path.exists(f"/proc/{pid}"):
+        raise TbonError(f"pid {pid}: no such process")
+    found = _broker_socket(pid) or _environment_uri(pid)
+    if found is None:
+        for child in _descendants(pid):
+            found = _broker_socket(child)
+            if found is not None:
+                break
+    if found is None:
+        raise TbonError(f"pid {pid} is not a broker and does not run inside a tbon instance")
+    return found
+
+
+def _broker_socket(pid: int) -> Uri | None:
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        with open("/proc/net/unix") as table:
+            next(table)
+            for line in table:
+                fields = line.split()
+                if len(fields) >= 8 and fields[6] in inodes:
+                    # The kernel lists the name the socket was bound under, which the broker
+                    # then renamed to SOCKET_NAME (overlay/links/local.py).
+                    bound = os.path.basename(fields[7])
+                    path = os.path.join(os.path.dirname(fields[7]), SOCKET_NAME)
+                    if _BOUND_NAME.fullmatch(bound) and os.path.exists(path):
+                        return Uri("local", path)
+    except OSError:
+        return None
+    return None
+
+
+def _environment_uri(pid: int) -> Uri | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            for entry in environ.read().split(b"\0"):
+                if entry.startswith(b"TBON_URI="):
+                    return parse_uri(entry[9:].decode())
+    except (OSError, UsageError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    kids = [int(word) for word in children.read().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            queue.extend(kids)
+    return found

@@ -1,0 +1,272 @@
+"""The local launcher behind `tbon start`: a PMI-1 server and N brokers forked from one process.
+
+A broker's start-up is mostly interpreter and import time (~0.1 s), so the launcher imports the
+broker once and forks it N times: 64 brokers start about as fast as one. Each child gets one end of
+a socketpair as PMI_FD, exactly as Hydra's mpiexec would hand it. The launcher reports brokers
+that exit badly, kills what is left once the instance is over (after --exit-timeout), and exits
+with rank 0's status.
+
+Run as `python -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D] [-S ...]
+[CMD]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from tbon import exitcodes
+from tbon.errors import TbonError
+from tbon.overlay.boot.wireup import instance_size
+from tbon.overlay.broker.attributes import BrokerConfig, broker_config, parse_assignments
+from tbon.overlay.broker.broker import run_broker
+from tbon.overlay.launch.pmi_server import SocketPmiServer
+from tbon.overlay.parse.duration import parse_duration
+
+PROG = "tbon start"
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+
+
+def _prctl(option: int, value: int | bytes) -> None:
+    """Linux prctl(2); silently nothing elsewhere."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Get SIGTERM when the process that started us dies, so that nothing is ever left behind."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@dataclass
+class BrokerProcess:
+    rank: int
+    pid: int
+    status: int | None = None  # exit code, or 128+signal
+
+    @property
+    def running(self) -> bool:
+        return self.status is None
+
+
+@dataclass
+class Launch:
+    size: int
+    rundir: str
+    config: BrokerConfig
+    command: list[str]
+    exit_timeout: float
+    brokers: dict[int, BrokerProcess] = field(default_factory=dict)
+    kill_at: float | None = None
+    started: bool = False  # every broker has finalized PMI: it was welcomed into the tree
+    failed: bool = False  # a broker failed before that: the instance never came up
+
+    def start(self) -> SocketPmiServer:
+        server = SocketPmiServer(self.size)
+        launcher = os.getpid()
+        for rank in range(self.size):
+            client_end = server.make_pair(rank)
+            pid = os.fork()
+            if pid == 0:
+                self._become_broker(rank, client_end, server, launcher)
+            client_end.close()
+            self.brokers[pid] = BrokerProcess(rank, pid)
+        return server
+
+    def _become_broker(
+        self, rank: int, pmi: socket.socket, server: SocketPmiServer, launcher: int
+    ) -> NoReturn:
+        code = exitcodes.INTERNAL
+        try:
+            die_with_parent(launcher)
+            _prctl(_PR_SET_NAME, b"tbon-broker")
+            for other in server.fileobjs():
+                other.close()
+            os.environ.update(PMI_FD=str(pmi.fileno()), PMI_RANK=str(rank), PMI_SIZE=str(self.size))
+            config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
+            code = run_broker(config, self.command if rank == 0 else [])
+        except BaseException as error:  # a forked child must never return into the launcher
+            print(f"tbon-broker[{rank}]: internal error: {error!r}", file=sys.stderr)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def reap(self, now: float) -> None:
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            broker = self.brokers.get(pid)
+            if broker is None:
+                continue
+            broker.status = _exit_status(wait_status)
+            if broker.status != 0:
+                print(
+                    f"{PROG}: rank {broker.rank} (pid {pid}) {_describe(wait_status)}",
+                    file=sys.stderr,
+                )
+            if broker.status != 0 and not self.started and self.kill_at is None:
+                self.failed = True
+                self.kill_at = now  # nothing to wait for: the instance never came up
+            elif broker.rank == 0:
+                self.end(now)
+
+    def end(self, now: float, grace: float = 0.0) -> None:
+        """The instance is over: give the brokers exit_timeout (plus `grace`) to finish."""
+        deadline = now + self.exit_timeout + grace
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
+
+    def kill_stragglers(self, now: float) -> None:
+        if self.kill_at is None or now < self.kill_at:
+            return
+        for broker in self.brokers.values():
+            if broker.running:
+                if not self.failed:
+                    print(
+                        f"{PROG}: killing rank {broker.rank} (pid {broker.pid}): it did not "
+                        "exit in time",
+                        file=sys.stderr,
+                    )
+                os.kill(broker.pid, signal.SIGKILL)
+
+    def terminate(self, now: float) -> None:
+        """Shut the instance down through rank 0, which takes its subtree down leaves first."""
+        root = next((b for b in self.brokers.values() if b.rank == 0), None)
+        if root is not None and root.running:
+            os.kill(root.pid, signal.SIGTERM)
+        # Rank 0 may take its shutdown timeout to bring the tree down, leaves first.
+        self.end(now, grace=self.config.shutdown_timeout)
+
+    def running(self) -> bool:
+        return any(broker.running for broker in self.brokers.values())
+
+    def root_status(self) -> int:
+        root = next(b for b in self.brokers.values() if b.rank == 0)
+        return root.status if root.status is not None else exitcodes.INTERNAL
+
+
+def _exit_status(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def _describe(wait_status: int) -> str:
+    if os.WIFSIGNALED(wait_status):
+        return f"killed by signal {signal.Signals(os.WTERMSIG(wait_status)).name}"
+    return f"exited with status {os.WEXITSTATUS(wait_status)}"
+
+
+def serve(launch: Launch) -> int:
+    signals: list[int] = []
+    reader, writer = socket.socketpair()
+    for end in (reader, writer):
+        end.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: signals.append(signum))
+    server = launch.start()
+    selector = selectors.DefaultSelector()
+    server.register(selector)
+    selector.register(reader, selectors.EVENT_READ, None)
+    try:
+        while launch.running():
+            now = time.monotonic()
+            timeout = None if launch.kill_at is None else max(0.0, launch.kill_at - now)
+            for key, _ in selector.select(timeout):
+                if key.data is server:
+                    server.handle(key.fileobj)  # type: ignore[arg-type]
+                else:
+                    _drain(reader)
+            now = time.monotonic()
+            if not launch.started and len(server.finalized) == launch.size:
+                launch.started = True
+            pending, signals[:] = list(signals), []
+            for signum in pending:
+                if signum == signal.SIGCHLD:
+                    launch.reap(now)
+                else:
+                    launch.terminate(now)
+            launch.reap(now)
+            launch.kill_stragglers(now)
+    finally:
+        server.close()
+        for broker in launch.brokers.values():
+            if broker.running:
+                os.kill(broker.pid, signal.SIGKILL)
+                os.waitpid(broker.pid, 0)
+        # The run directory is this instance's alone; remove it even if tbon start was killed.
+        shutil.rmtree(launch.rundir, ignore_errors=True)
+    if launch.failed:
+        print(f"{PROG}: the instance failed to start", file=sys.stderr)
+        return exitcodes.INTERNAL
+    return launch.root_status()
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: {message}", file=sys.stderr)
+        sys.exit(exitcodes.USAGE)
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog="python -m tbon.overlay.launch.local")
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--rundir", required=True)
+    parser.add_argument("--exit-timeout", default="10s")
+    parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("-S", "--setattr", action="append", default=[])
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    # Ctrl-C on the terminal is for the initial program; brokers inherit the launcher's SIG_IGN.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        if args.size < 1:
+            raise TbonError("--test-size must be at least 1", exitcodes.USAGE)
+        config = broker_config(parse_assignments(args.setattr))
+        instance_size(config.size, args.size)  # refuse a bad size once, before forking
+        launch = Launch(
+            args.size,
+            args.rundir,
+            config,
+            command,
+            parse_duration(args.exit_timeout, "--test-exit-timeout"),
+        )
+    except TbonError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return error.exit_code
+    return serve(launch)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

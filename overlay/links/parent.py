@@ -1,0 +1,178 @@
+"""A child's side of its link: the DEALER that connects to its parent's ROUTER.
+
+The link is CURVE-encrypted with the parent's public key as the server key. After the handshake the
+child says hello and waits to be welcomed or refused; from then on both ends send heartbeats and the
+child treats a dropped connection or a silent parent as the loss of the instance (exit 75).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from tbon import exitcodes
+from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.links.liveness import Liveness, Verdict
+from tbon.overlay.links.monitor import read_event
+from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
+
+log = logging.getLogger("tbon.parent")
+
+MONITORED = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEnded:
+    """The link is over and the broker must exit with `exit_code`."""
+
+    exit_code: int
+    reason: str
+
+
+@dataclass(slots=True)
+class ParentInbound:
+    welcomed: bool = False
+    shutdown: bool = False
+    retire: dict[str, Any] | None = None  # the parent's order to retire: force, timeout
+    ended: LinkEnded | None = None
+    messages: list[Message] = field(default_factory=list)
+
+
+class ParentLink:
+    def __init__(
+        self,
+        context: zmq.Context,
+        rank: int,
+        incarnation: int,
+        config: BrokerConfig,
+        keypair: tuple[str, str],
+    ) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.config = config
+        public, secret = keypair
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = int(config.shutdown_timeout * 1000)
+        self.socket.sndhwm = 0
+        self.socket.rcvhwm = 0
+        self.socket.maxmsgsize = 8 * 1024 * 1024
+        self.socket.curve_publickey = public.encode()
+        self.socket.curve_secretkey = secret.encode()
+        self.monitor = self.socket.get_monitor_socket(MONITORED)
+        self.welcomed = False
+        self._liveness: Liveness | None = None
+        self._next_heartbeat = 0.0
+
+    def connect(self, endpoint: str, parent_public_z85: str, now: float) -> None:
+        """Connect and say hello; the hello is queued until the CURVE handshake completes."""
+        self.socket.curve_serverkey = parent_public_z85.encode()
+        self.socket.connect(endpoint)
+        self.endpoint = endpoint
+        hello_timeout = self.config.timeout or 60.0
+        self._liveness = Liveness(0, hello_timeout, now)
+        self.send(
+            _control(
+                "hello",
+                rank=self.rank,
+                incarnation=self.incarnation,
+                version=PROTOCOL_VERSION,
+                hostname=self.config.hostname,
+                pid=os.getpid(),
+            )
+        )
+
+    def send(self, message: Message) -> None:
+        self.socket.send_multipart(encode(message))
+
+    def drain_monitor(self) -> LinkEnded | None:
+        while self.monitor.poll(0):
+            event, _fd = read_event(self.monitor.recv_multipart())
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return LinkEnded(
+                    exitcodes.REFUSED, f"parent at {self.endpoint} refused this broker's key"
+                )
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                log.warning("CURVE handshake with the parent at %s failed", self.endpoint)
+            elif event == zmq.EVENT_DISCONNECTED and self.welcomed:
+                return LinkEnded(exitcodes.LOST, "lost the connection to the parent")
+        return None
+
+    def read(self, now: float) -> ParentInbound:
+        inbound = ParentInbound()
+        frames = self.socket.recv_multipart()
+        try:
+            message = decode(frames)
+        except MessageError as error:
+            log.warning("dropped a malformed message from the parent: %s", error)
+            return inbound
+        if self._liveness is not None and self.welcomed:
+            self._liveness.heard(now)
+        if message.kind is not Kind.CONTROL:
+            inbound.messages.append(message)
+        elif message.topic == "welcome":
+            self.welcomed = inbound.welcomed = True
+            incarnation = message.payload.get("incarnation")
+            if isinstance(incarnation, int) and incarnation > 0:
+                self.incarnation = incarnation  # config bootstrap: the parent knows it
+            self._liveness = Liveness(0, self.config.timeout, now, 3 * self.config.heartbeat)
+        elif message.topic == "refuse":
+            code = message.payload.get("exit_code", exitcodes.REFUSED)
+            code = code if code in (exitcodes.SHUTDOWN, exitcodes.LOST) else exitcodes.REFUSED
+            reason = str(message.payload.get("reason", "refused"))
+            inbound.ended = LinkEnded(code, f"refused by the parent: {reason}")
+        elif message.topic == "shutdown":
+            inbound.shutdown = True
+        elif message.topic == "retire":
+            inbound.retire = dict(message.payload)
+        elif message.topic != "heartbeat":
+            log.warning("unknown control message %r from the parent", message.topic)
+        return inbound
+
+    def tick(self, now: float) -> LinkEnded | None:
+        if self.welcomed and now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat
+            self.send(_control("heartbeat"))
+        if self._liveness is not None and self._liveness.check(now) is Verdict.LOST:
+            if self.welcomed:
+                return LinkEnded(
+                    exitcodes.LOST,
+                    f"the parent has been silent for {now - self._liveness.last_heard:.1f}s",
+                )
+            return LinkEnded(
+                exitcodes.LOST, f"no answer to hello from the parent at {self.endpoint}"
+            )
+        return None
+
+    def verdict_due(self, now: float) -> bool:
+        """Whether the parent's silence is about to be judged at `now`."""
+        deadline = self._liveness.deadline() if self._liveness is not None else None
+        return deadline is not None and deadline <= now
+
+    def next_deadline(self) -> float | None:
+        deadlines = [self._next_heartbeat] if self.welcomed else []
+        if self._liveness is not None and (deadline := self._liveness.deadline()) is not None:
+            deadlines.append(deadline)
+        return min(deadlines) if deadlines else None
+
+    def goodbye(self) -> None:
+        """Tell the parent this incarnation ends cleanly (sent before the socket lingers closed)."""
+        if self.welcomed:
+            self.send(_control("goodbye"))
+
+    def close(self, linger: bool) -> None:
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
+        self.socket.close(linger=None if linger else 0)
+
+
+def _control(topic: str, **payload: Any) -> Message:
+    return Message(Kind.CONTROL, topic, payload)

@@ -1,0 +1,145 @@
+"""Tree shapes: who is whose parent.
+
+A topology is a pure function of (spec, size). `kary:K` puts rank i>0 under (i-1)//K;
+`kary:0` is flat (every rank under 0); `kary:1` is a chain; `binomial` is the binomial tree
+rooted at 0, where rank i's parent is i with its highest set bit cleared. `parents:P1,P2,...`
+lists the parent of every rank from 1 on, for trees a config file draws by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tbon.errors import UsageError
+from tbon.overlay.parse.numbers import is_decimal
+
+DEFAULT_SPEC = "kary:32"
+_KARY = re.compile(r"^kary:(\d+)$")
+_PARENTS = re.compile(r"^parents:(\d+(?:,\d+)*)?$")
+
+
+def parse_spec(spec: str) -> str:
+    """Normalise a topology spec; a clear UsageError for anything we cannot build."""
+    text = spec.strip()
+    if text == "binomial" or _PARENTS.match(text):
+        return text
+    match = _KARY.match(text)
+    if not match:
+        raise UsageError(
+            f"invalid topology {spec!r}: use kary:K (K >= 0; 0 flat, 1 chain) or binomial"
+        )
+    return f"kary:{int(match.group(1))}"
+
+
+def spec_from_fanout(fanout: str) -> str:
+    """`tbon.fanout=K` is an alias for `tbon.topo=kary:K`."""
+    if not is_decimal(fanout.strip()):
+        raise UsageError(f"invalid tbon.fanout {fanout!r}: use a whole number K >= 0")
+    return f"kary:{int(fanout)}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The tree of `size` ranks for one spec; every query is O(depth) or O(children)."""
+
+    spec: str
+    size: int
+    _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", parse_spec(self.spec))
+        if self.size < 1:
+            raise UsageError(f"invalid size {self.size}: an instance has at least one rank")
+        if self.spec.startswith("parents:"):
+            _check_parents(self.spec, self.size)
+        children: list[list[int]] = [[] for _ in range(self.size)]
+        for rank in range(1, self.size):
+            children[self._parent_of(rank)].append(rank)
+        object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
+
+    def _parent_of(self, rank: int) -> int:
+        if self.spec.startswith("parents:"):
+            return int(self.spec[len("parents:") :].split(",")[rank - 1])
+        if self.spec == "binomial":
+            return rank & ~(1 << (rank.bit_length() - 1))
+        k = int(self.spec.split(":")[1])
+        if k == 0:
+            return 0
+        if k == 1:
+            return rank - 1
+        return (rank - 1) // k
+
+    def _check(self, rank: int) -> None:
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} is not in 0..{self.size - 1}")
+
+    def parent(self, rank: int) -> int | None:
+        """The parent of `rank`, or None for the root."""
+        self._check(rank)
+        return None if rank == 0 else self._parent_of(rank)
+
+    def children(self, rank: int) -> tuple[int, ...]:
+        self._check(rank)
+        return self._children[rank]
+
+    def ancestors(self, rank: int) -> Iterator[int]:
+        """Parent, grandparent, ... up to and including rank 0."""
+        current = self.parent(rank)
+        while current is not None:
+            yield current
+            current = self.parent(current)
+
+    def level(self, rank: int) -> int:
+        return sum(1 for _ in self.ancestors(rank))
+
+    def descendants(self, rank: int) -> list[int]:
+        """Every rank below `rank`, in pre-order."""
+        found: list[int] = []
+        stack = list(reversed(self.children(rank)))
+        while stack:
+            current = stack.pop()
+            found.append(current)
+            stack.extend(reversed(self._children[current]))
+        return found
+
+    def is_ancestor(self, ancestor: int, rank: int) -> bool:
+        return ancestor in self.ancestors(rank)
+
+    def next_hop(self, rank: int, target: int) -> int:
+        """The neighbour of `rank` that a message for `target` goes to: a child or the parent."""
+        self._check(target)
+        if target == rank:
+            return rank
+        previous = target
+        for ancestor in self.ancestors(target):
+            if ancestor == rank:
+                return previous
+            previous = ancestor
+        parent = self.parent(rank)
+        assert parent is not None  # rank 0 is an ancestor of every other rank
+        return parent
+
+    def max_level(self) -> int:
+        return max(self.level(rank) for rank in range(self.size))
+
+
+def _check_parents(spec: str, size: int) -> None:
+    """An explicit parent list must name one parent per rank 1..size-1, each chain reaching 0."""
+    text = spec[len("parents:") :]
+    parents = [0, *map(int, text.split(","))] if text else [0]
+    if len(parents) != size:
+        raise UsageError(f"invalid topology {spec!r}: {len(parents) - 1} parents for size {size}")
+    for rank in range(1, size):
+        seen, current = set(), rank
+        while current != 0:
+            if current in seen or not 0 <= parents[current] < size or parents[current] == current:
+                raise UsageError(f"invalid topology {spec!r}: rank {rank} never reaches rank 0")
+            seen.add(current)
+            current = parents[current]
+
+
+def explicit_parents(parents: list[int]) -> str:
+    """The spec of a tree given as the parent of each rank from 1 on."""
+    return "parents:" + ",".join(map(str, parents))

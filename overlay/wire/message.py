@@ -1,0 +1,132 @@
+"""The overlay message: two ZeroMQ frames, a JSON header and a JSON payload.
+
+docs/protocol.md is the reference. Decoding is strict: anything malformed raises MessageError,
+which a broker logs and drops; it never reaches a handler and never stops the broker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tbon.overlay.parse.numbers import is_int
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+ANY_RANK = -1
+
+
+class MessageError(ValueError):
+    """A message that cannot be decoded or is not of this protocol."""
+
+
+class Kind(StrEnum):
+    REQUEST = "request"
+    RESPONSE = "response"
+    EVENT = "event"
+    CONTROL = "control"
+
+
+@dataclass(slots=True)
+class Message:
+    """One overlay message.
+
+    `nodeid` is the destination rank of a request (ANY_RANK: the first broker that receives it).
+    `route` is the way back: each broker that forwards a request appends one hop, and each hop is
+    popped as the response travels back. A response with `streaming` set is one of several.
+    """
+
+    kind: Kind
+    topic: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    nodeid: int = ANY_RANK
+    tag: int = 0
+    route: list[str] = field(default_factory=list)
+    errnum: int = 0
+    errstr: str = ""
+    streaming: bool = False
+    version: int = PROTOCOL_VERSION
+
+    def respond(self, payload: dict[str, Any] | None = None, *, streaming: bool = False) -> Message:
+        return Message(
+            Kind.RESPONSE,
+            self.topic,
+            payload or {},
+            nodeid=self.nodeid,
+            tag=self.tag,
+            route=list(self.route),
+            streaming=streaming,
+        )
+
+    def fail(self, errnum: int, errstr: str) -> Message:
+        reply = self.respond()
+        reply.errnum, reply.errstr = errnum, errstr
+        return reply
+
+
+def encode(message: Message) -> list[bytes]:
+    header: dict[str, Any] = {"v": message.version, "k": message.kind.value, "t": message.topic}
+    if message.nodeid != ANY_RANK:
+        header["n"] = message.nodeid
+    if message.tag:
+        header["g"] = message.tag
+    if message.route:
+        header["r"] = message.route
+    if message.errnum:
+        header["e"] = message.errnum
+        header["es"] = message.errstr
+    if message.streaming:
+        header["s"] = True
+    body = json.dumps(message.payload, separators=(",", ":")).encode() if message.payload else b""
+    return [json.dumps(header, separators=(",", ":")).encode(), body]
+
+
+def decode(frames: list[bytes]) -> Message:
+    """The message in `frames` (routing envelope already removed), or MessageError.
+
+    Any protocol version decodes, so that a broker can answer a peer of another version with a
+    clear refusal: the header keys v, k and t keep their meaning in every version.
+    """
+    if len(frames) != 2:
+        raise MessageError(f"expected 2 frames, got {len(frames)}")
+    head_bytes, body = frames
+    if len(head_bytes) + len(body) > MAX_MESSAGE_BYTES:
+        raise MessageError("message too large")
+    try:
+        header = json.loads(head_bytes)
+        payload = json.loads(body) if body else {}
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise MessageError(f"not JSON: {type(error).__name__}") from None
+    if not isinstance(header, dict) or not isinstance(payload, dict):
+        raise MessageError("header and payload must be JSON objects")
+    version = header.get("v")
+    if not is_int(version) or version < 1:
+        raise MessageError(f"bad protocol version {version!r}")
+    try:
+        kind = Kind(header.get("k"))
+    except ValueError:
+        raise MessageError(f"unknown message kind {header.get('k')!r}") from None
+    topic, nodeid, tag = header.get("t"), header.get("n", ANY_RANK), header.get("g", 0)
+    route, errnum, errstr = header.get("r", []), header.get("e", 0), header.get("es", "")
+    if not isinstance(topic, str) or not topic:
+        raise MessageError("missing topic")
+    if not is_int(nodeid) or not is_int(tag) or not is_int(errnum) or nodeid < ANY_RANK:
+        raise MessageError("nodeid, tag and errnum must be integers")
+    if not isinstance(route, list) or not all(isinstance(hop, str) for hop in route):
+        raise MessageError("route must be a list of strings")
+    if not isinstance(errstr, str):
+        raise MessageError("errstr must be a string")
+    return Message(
+        kind,
+        topic,
+        payload,
+        nodeid=nodeid,
+        tag=tag,
+        route=route,
+        errnum=errnum,
+        errstr=errstr,
+        streaming=bool(header.get("s", False)),
+        version=version,
+    )
