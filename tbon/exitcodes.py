@@ -1,4 +1,4 @@
-"""Broker exit codes (design.md), chosen so that a supervisor knows whether to restart."""
+"""Broker exit codes (docs/design.md), chosen so that a supervisor knows whether to restart."""
 
 SHUTDOWN = 0  # instance shut down, or this broker was retired: do not restart
 INTERNAL = 1  # internal error: restart with back-off

@@ -237,7 +237,7 @@ def test_requests_with_payloads_of_the_wrong_types_are_answered_not_fatal(instan
 
     inst = instance(3)
     wrong = [
-        ("flub.verify", {"rank": "one", "incarnation": [], "public_key": 5}, 0),
+        ("flub.authorize", {"rank": "one", "incarnation": [], "public_key": 5}, 1),
         ("flub.allocate", {"public_key": "x", "hostname": 3, "rank": "2"}, 0),
         ("flub.kex", {"rank": "1", "incarnation": None, "public_key": {}}, 0),
         ("exec.start", {"id": 1, "argv": "true", "targets": "all"}, 0),

@@ -254,32 +254,32 @@ def test_hostile_key_exchange_for_someone_elses_rank_is_refused(instance) -> Non
             {"public_key": generate_keypair()[0], "hostname": "elsewhere", "rank": 2},
             nodeid=0,
         )
+        # Only rank 0 hands out a parent's card, and only for its current reservation.
         attempts = [
             (
-                0,
                 {"rank": 2, "incarnation": grant["incarnation"], "public_key": hostile_key},
                 "reserved for another key",
             ),
-            (1, {"rank": 3, "incarnation": 1, "public_key": hostile_key}, "is not reserved"),
-            (1, {"rank": 3, "incarnation": 2, "public_key": hostile_key}, "is not reserved"),
-            (
-                0,
-                {"rank": 3, "incarnation": 1, "public_key": hostile_key},
-                "rank 3 is not a child of rank 0",
-            ),
-            (
-                1,
-                {"rank": 1, "incarnation": 1, "public_key": hostile_key},
-                "rank 1 is not a child of rank 1",
-            ),
+            ({"rank": 3, "incarnation": 1, "public_key": hostile_key}, "is not reserved"),
+            ({"rank": 3, "incarnation": 2, "public_key": hostile_key}, "is not reserved"),
+            ({"rank": 1, "incarnation": 1, "public_key": hostile_key}, "is not reserved"),
         ]
-        for parent, payload, why in attempts:
+        for payload, why in attempts:
             try:
-                client.rpc("flub.kex", payload, nodeid=parent)
+                client.rpc("flub.kex", payload, nodeid=0)
             except RequestError as error:
                 assert why in str(error), (payload, str(error))
             else:
                 raise AssertionError(f"kex {payload} was accepted")
+        # A parent admits a key only on rank 0's own order, whoever relays a forged one.
+        for parent, rank in ((1, 3), (0, 1), (1, 4)):
+            order = {"rank": rank, "incarnation": 2, "public_key": hostile_key}
+            try:
+                client.rpc("flub.authorize", order, nodeid=parent)
+            except RequestError as error:
+                assert "flub.authorize comes from rank 0 only" in str(error), str(error)
+            else:
+                raise AssertionError(f"a forged order to rank {parent} was obeyed")
     status = inst.status()
     assert states(status)[:2] == ["online", "online"] and states(status)[3] == "online"
     assert status["ranks"][1]["pid"] == owner.pid and status["ranks"][3]["pid"] == waiting.pid

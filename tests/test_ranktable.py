@@ -57,7 +57,7 @@ def fingerprint(result: RankTable) -> tuple[Any, ...]:
 
 
 def brute_subtree(result: RankTable, rank: int) -> SubtreeStatus:
-    """The subtree status of `rank`, straight from the definition in design.md."""
+    """The subtree status of `rank`, straight from the definition in docs/design.md."""
     entry = result.entry(rank)
     if entry.state is RankState.LOST:
         return SubtreeStatus.LOST
@@ -402,7 +402,7 @@ SPECS = st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "binomial"])
 
 
 class RankTableMachine(RuleBasedStateMachine):
-    """Random events, stale and current, against the invariants of design.md."""
+    """Random events, stale and current, against the invariants of docs/design.md."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -14,7 +14,8 @@ FAST = settings(max_examples=60, deadline=None)
 
 
 def brute_parent(spec: str, rank: int) -> int | None:
-    """The parent of `rank` straight from the definitions in design.md and the module docstring."""
+    """The parent of `rank` straight from the definitions in docs/design.md and the module
+    docstring."""
     if rank == 0:
         return None
     if spec == "binomial":

@@ -2,10 +2,12 @@
 
 1. Ask rank 0 (through the boot server's local socket) for a rank: it reserves a vacant or lost
    one for this broker's public key, with a new incarnation and a lease (broker.join-timeout).
-2. Wait, if need be, for the parent rank to come online: ranks may join in any order.
-3. Key exchange with the parent, routed through the tree: the parent checks the reservation
-   with rank 0, authorizes this key for (rank, incarnation) only, and answers with its own key
-   and endpoint. The broker then connects and says hello like any other.
+   If the rank's parent is online, rank 0 has it admit this key for (rank, incarnation) at once
+   and the answer carries the parent's card (its endpoint and public key): the join is one
+   round trip.
+2. Otherwise wait for the parent rank to come online (ranks may join in any order), then ask
+   rank 0 for the card (`flub.kex`): it has the parent admit the key the same way.
+3. Connect to the parent and say hello like any other broker.
 docs/flub.md has the whole protocol and its security argument.
 """
 
@@ -54,8 +56,10 @@ def flub_wireup(
                 bind(topology, rank)
             parent = topology.parent(rank)
             assert parent is not None  # rank 0 is never allocatable
-            _wait_online(client, rank, parent, grant["lease"])
-            card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
+            card = _card(grant.get("parent_card"))
+            if card is None:
+                _wait_online(client, rank, parent, grant["lease"])
+                card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
     except RequestError as error:
         raise TbonError(f"FLUB: {error}", exitcodes.INTERNAL) from None
     except TbonError as error:
@@ -153,7 +157,7 @@ def _key_exchange(
         reply = client.rpc(
             "flub.kex",
             {"rank": rank, "incarnation": incarnation, "public_key": public_key},
-            nodeid=parent,
+            nodeid=0,
             timeout=timeout,
         )
     except RequestError as error:
@@ -165,4 +169,17 @@ def _key_exchange(
         if error.errnum in codes:
             raise TbonError(f"FLUB: rank {parent}: {error}", codes[error.errnum]) from None
         raise
-    return BusinessCard(reply.get("hostname", ""), reply["public_key"], reply["endpoint"])
+    card = _card(reply)
+    if card is None:
+        raise TbonError(f"FLUB: rank {parent}: no endpoint and key in the answer")
+    return card
+
+
+def _card(payload: object) -> BusinessCard | None:
+    """The parent's card in an answer of rank 0, if it carries one."""
+    if not isinstance(payload, dict):
+        return None
+    endpoint, key = payload.get("endpoint"), payload.get("public_key")
+    if not isinstance(endpoint, str) or not isinstance(key, str) or not endpoint:
+        return None
+    return BusinessCard(str(payload.get("hostname", "")), key, endpoint)

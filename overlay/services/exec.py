@@ -1,103 +1,127 @@
-"""The broker's side of `tbon exec`: fan a request out to the targets below, act on it here,
-and kill what a vanished client started. A mixin of Broker, in a module of its own."""
+"""`tbon exec`, the brokers' side: fan a request out to the targets below, act on it here, and
+kill what a vanished client started.
+
+One `exec.start` reaches every target: each broker acts on it if it is a target itself and
+sends one copy to each child whose subtree holds targets. Answers travel back along the
+request's route, so rank 0 never talks to more than its own children. The processes themselves
+are started and watched by the broker's job runner (overlay/broker/jobs.py).
+"""
 
 from __future__ import annotations
 
 import errno
-import logging
 import signal
-import time
-from collections.abc import Callable
+from typing import Any
 
-from tbon.overlay.links.children import Children
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.services.jobs import ExecService
-from tbon.overlay.state.retirement import Retirement
+from tbon.overlay.services.actions import (
+    Action,
+    ForgetWatches,
+    Forward,
+    KillJobsFrom,
+    Respond,
+    Send,
+    SignalJob,
+    StartJob,
+    WriteStdin,
+)
+from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
-log = logging.getLogger("tbon.broker")
+EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
 
 
-class ExecServices:
-    """exec.start, exec.stdin and exec.signal (the attributes are Broker's)."""
+class ExecService:
+    def __init__(self, rank: int, topology: Topology, lifecycle: Lifecycle) -> None:
+        self.rank = rank
+        self.topology = topology
+        self.lifecycle = lifecycle
+        self._client_jobs: dict[str, list[dict[str, Any]]] = {}  # exec jobs by local client
 
-    rank: int
-    topology: Topology
-    children: Children | None
-    execd: ExecService
-    stopping: bool
-    retirement: Retirement | None
-    _client_jobs: dict[str, list[dict[str, object]]]
-    _gone: set[tuple[str, int]]
-    _respond: Callable[[Message], bool]
-    _route: Callable[[Message, str, float], None]
-    _unreachable: Callable[[int, int], str]
-    _client_gone: Callable[[str, int], None]
-
-    def _fan_out(self, request: Message) -> Message | None:
-        """exec.*: act here if this rank is a target, and send one copy to each child whose
-        subtree holds targets. Answers travel back along the request's route, so one request
-        reaches every target and rank 0 never talks to more than its own children."""
+    def handle(self, request: Message, now: float) -> list[Action]:
+        """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
+        the work itself here if this rank is one of them."""
         targets = request.payload.get("targets")
         if not isinstance(targets, list) or not all(is_int(t) for t in targets):
-            return request.fail(errno.EINVAL, f"{request.topic} needs a list of target ranks")
+            why = f"{request.topic} needs a list of target ranks"
+            return [Respond(request.fail(errno.EINVAL, why))]
         below: dict[int, list[int]] = {}
         for target in targets:
             if 0 <= target < self.topology.size and self.topology.is_ancestor(self.rank, target):
                 below.setdefault(self.topology.next_hop(self.rank, target), []).append(target)
-        for child, ranks in below.items():
-            copy = Message(
-                Kind.REQUEST,
-                request.topic,
-                {**request.payload, "targets": ranks},
-                nodeid=child,
-                tag=request.tag,
-                route=list(request.route),
-            )
-            sent = self.children is not None and self.children.send(child, copy)
-            if not sent and request.topic == "exec.start":
-                for rank in ranks:
-                    self._respond(
-                        request.respond(
-                            {"rank": rank, "error": self._unreachable(rank, child)}, streaming=True
-                        )
-                    )
+        actions: list[Action] = [
+            self._copy_down(request, child, ranks) for child, ranks in below.items()
+        ]
         if self.rank in targets:
-            self._exec_here(request)
-        return None
+            actions += self._here(request)
+        return actions
 
-    def _exec_here(self, request: Message) -> None:
+    def _copy_down(self, request: Message, child: int, ranks: list[int]) -> Forward:
+        copy = Message(
+            Kind.REQUEST,
+            request.topic,
+            {**request.payload, "targets": ranks},
+            nodeid=child,
+            tag=request.tag,
+            route=list(request.route),
+        )
+        otherwise: tuple[Action, ...] = ()
+        if request.topic == "exec.start":  # every target answers, if only to say it is missing
+            otherwise = tuple(
+                _answer(request, {"rank": rank, "error": unreachable(rank, child)})
+                for rank in ranks
+            )
+        return Forward(child, copy, otherwise)
+
+    def _here(self, request: Message) -> list[Action]:
         payload = request.payload
         job_id = str(payload.get("id", ""))
         if request.topic == "exec.stdin":
-            data, eof = payload.get("data", ""), bool(payload.get("eof"))
-            self.execd.write_stdin(job_id, data if isinstance(data, str) else "", eof)
-        elif request.topic == "exec.signal":
+            data = payload.get("data", "")
+            text = data if isinstance(data, str) else ""
+            return [WriteStdin(job_id, text, bool(payload.get("eof")))]
+        if request.topic == "exec.signal":
             signum = payload.get("signal")
             if is_int(signum) and 0 < signum < signal.NSIG:
-                self.execd.send_signal(job_id, signum)
-        elif self.stopping or self.retirement is not None:
-            why = "is shutting down" if self.stopping else "is retiring: it takes no new work"
-            self._respond(
-                request.respond(
-                    {"rank": self.rank, "error": f"rank {self.rank} {why}"}, streaming=True
-                )
-            )
-        elif (refused := self.execd.start(request)) is not None:
-            self._respond(
-                request.respond({"rank": self.rank, "error": refused.errstr}, streaming=True)
-            )
+                return [SignalJob(job_id, signum)]
+            return []
+        if why := self.lifecycle.refusing_work(self.rank):
+            return [_answer(request, {"rank": self.rank, "error": why})]
+        return [StartJob(request)]
 
-    def _local_client_gone(self, hop: str) -> None:
-        """A client of this broker's socket closed its connection: kill the jobs it started
-        wherever they run, and end its status streams at rank 0."""
+    # --- clients that go away -------------------------------------------------------------
+
+    def started_by(self, hop: str, request: Message) -> None:
+        """A local client (route hop `hop`) asked for a job: remember it, to kill it should the
+        client vanish."""
+        self._client_jobs.setdefault(hop, []).append(dict(request.payload))
+
+    def client_gone(self, hop: str) -> list[Action]:
+        """A client of this broker's socket closed its connection: kill the jobs it started,
+        wherever they run."""
+        actions: list[Action] = []
         for job in self._client_jobs.pop(hop, []):
             kill = {
                 "id": job.get("id"),
                 "signal": int(signal.SIGKILL),
                 "targets": job.get("targets", []),
             }
-            self._route(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0), "s", time.monotonic())
-        self._client_gone(hop, 0)
-        self._gone = {(h, r) for h, r in self._gone if h != hop}  # ids are never reused soon
+            actions.append(Send(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0)))
+        return actions
+
+    def disconnect(self, request: Message, now: float) -> list[Action]:
+        """client.disconnect: the client whose answers travel along this route has gone. Its
+        jobs here are killed, and at rank 0 its status streams end too."""
+        route = tuple(request.route)
+        return [KillJobsFrom(route), ForgetWatches(route)]
+
+
+def unreachable(target: int, hop: int) -> str:
+    if hop == target:
+        return f"rank {target} is not connected"
+    return f"rank {target} is unreachable: rank {hop} is not connected"
+
+
+def _answer(request: Message, payload: dict[str, Any]) -> Respond:
+    return Respond(request.respond(payload, streaming=True))

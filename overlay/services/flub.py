@@ -1,260 +1,291 @@
-"""The broker's FLUB services: reservations and lease expiry at rank 0, key exchange and
-revocation at a joiner's parent (docs/flub.md). A mixin of Broker, in a module of its own."""
+"""FLUB, the serving side (docs/flub.md): rank 0 reserves ranks and orders parents to admit
+joiners' keys; a parent obeys only rank 0. Config-booted brokers that come back are given their
+incarnation by rank 0 through the same service.
+
+Rank 0 alone decides, and only rank 0 tells a parent to admit a key: in one step of its own loop
+it checks that (rank, incarnation, key) is its current reservation and sends `flub.authorize` to
+the parent, which answers with its endpoint and public key for the joiner. A revocation for the
+same incarnation can only follow that order down the same links, so a parent never admits a key
+that rank 0 has already voided.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from tbon.keys.cert import decode_key, fingerprint
-from tbon.overlay.broker.attributes import BrokerConfig
-from tbon.overlay.links.children import Children, Rejoin
-from tbon.overlay.links.parent import ParentLink
+from tbon.overlay.links.children import Rejoin
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.instance import Instance
-from tbon.overlay.state.ranktable import Event, Reboot, Reserve
+from tbon.overlay.services.actions import (
+    Action,
+    Authorize,
+    Call,
+    Readmit,
+    Respond,
+    Revoke,
+    Send,
+    info,
+    warning,
+)
+from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.trust import from_parent_of, from_rank0
+from tbon.overlay.state.ranktable import CONNECTED, RankState, RankTable, Reboot, Reserve
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
-log = logging.getLogger("tbon.broker")
+Card = dict[str, str]
+"""What a joiner needs to reach its parent: endpoint, public_key (Z85), hostname."""
 
 
-class FlubServices:
-    """What a broker does for joining brokers (the attributes are Broker's)."""
+class FlubService:
+    def __init__(
+        self,
+        rank: int,
+        topology: Topology,
+        table: RankTable | None,
+        lifecycle: Lifecycle,
+        card: Card,
+        attributes: dict[str, float],
+    ) -> None:
+        """`table` is rank 0's (None elsewhere); `card` is this broker's own, for joiners that
+        become its children; `attributes` are the liveness settings every joiner adopts."""
+        self.rank = rank
+        self.topology = topology
+        self.table = table
+        self.lifecycle = lifecycle
+        self.card = card
+        self.attributes = attributes
+        self.waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
 
-    rank: int
-    config: BrokerConfig
-    topology: Topology
-    children: Children | None
-    instance: Instance | None
-    stopping: bool
-    public: str
-    endpoint: str
-    _due: float
-    _call: Callable[[Message, Callable[[Message], None]], None]
-    _respond: Callable[[Message], bool]
-    _route: Callable[[Message, str, float], None]
-    _report: Callable[[list[Event], float], None]
-    parent: ParentLink | None
-    _waiting_admission: list[Rejoin]
+    # --- rank 0 -------------------------------------------------------------------------------
 
-    def _adopt(self, attributes: dict[str, Any]) -> None:
-        """Take the instance's liveness settings, so that both ends of each link agree."""
-        self.config = dataclasses.replace(
-            self.config,
-            heartbeat=float(attributes["tbon.heartbeat"]),
-            torpid=float(attributes["tbon.torpid"]),
-            timeout=float(attributes["tbon.timeout"]),
-            join_timeout=float(attributes["broker.join-timeout"]),
-        )
-        if self.children is not None:
-            self.children.config = self.config
-
-    def _instance_attributes(self) -> dict[str, Any]:
-        return {
-            "tbon.heartbeat": self.config.heartbeat,
-            "tbon.torpid": self.config.torpid,
-            "tbon.timeout": self.config.timeout,
-            "broker.join-timeout": self.config.join_timeout,
-        }
-
-    def _allocate(self, request: Message, now: float) -> Message:
-        """Rank 0: reserve a rank for a joining broker's key (atomic: one table, one thread)."""
-        assert self.instance is not None
+    def allocate(self, request: Message, now: float) -> list[Action]:
+        """Reserve a rank for a joiner's key, in one step of the table. When the rank's parent
+        is online, have it admit the key at once and give the joiner its card in the answer, so
+        that the joiner needs no second round."""
+        assert self.table is not None
         payload = request.payload
         key, host, rank = payload.get("public_key"), payload.get("hostname"), payload.get("rank")
         if not isinstance(key, str) or not _valid_key(key) or not isinstance(host, str):
-            return request.fail(errno.EINVAL, "flub.allocate needs public_key and hostname")
-        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
-            return request.fail(errno.EINVAL, "flub.allocate: rank must be a whole number")
-        if self.stopping:
-            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
-        table = self.instance.table
-        grant = table.reserve(Reserve(key, host, rank, self.config.join_timeout), now)
+            return _fail(request, errno.EINVAL, "flub.allocate needs public_key and hostname")
+        if rank is not None and not is_int(rank):
+            return _fail(request, errno.EINVAL, "flub.allocate: rank must be a whole number")
+        if self.lifecycle.stopping:
+            return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+        lease = float(self.attributes["broker.join-timeout"])
+        grant = self.table.reserve(Reserve(key, host, rank, lease), now)
         if not grant.granted:
-            log.info("FLUB: refused a joiner on %s: %s", host, grant.reason)
             errnum = errno.ENOSPC if rank is None else errno.EBUSY
             if rank is not None and not 0 <= rank < self.topology.size:
                 errnum = errno.ENOENT
             if grant.never:
                 errnum = errno.EPERM
-            return request.fail(errnum, grant.reason)
-        self._due = 0.0  # a new lease to watch
+            return [
+                info(f"FLUB: refused a joiner on {host}: {grant.reason}"),
+                *_fail(request, errnum, grant.reason),
+            ]
+        actions: list[Action] = []
         if not grant.repeated:
-            log.info(
-                "FLUB: rank %d incarnation %d reserved for %s (key %s)",
-                grant.rank,
-                grant.incarnation,
-                host,
-                fingerprint(key),
+            actions.append(
+                info(
+                    f"FLUB: rank {grant.rank} incarnation {grant.incarnation} reserved for "
+                    f"{host} (key {fingerprint(key)})"
+                )
             )
-        return request.respond(
-            {
+        parent = self.topology.parent(grant.rank)
+        assert parent is not None  # rank 0 is never reserved
+
+        def answer(card: Card | None, now: float) -> list[Action]:
+            reply = {
                 "rank": grant.rank,
                 "incarnation": grant.incarnation,
                 "size": self.topology.size,
                 "topo": self.topology.spec,
-                "parent": self.topology.parent(grant.rank),
+                "parent": parent,
                 "lease": self._lease_left(grant.rank, now),
-                "attributes": self._instance_attributes(),
+                "attributes": self.attributes,
             }
-        )
+            if card is not None:
+                reply["parent_card"] = card
+            return [Respond(request.respond(reply))]
+
+        if self.table.entry(parent).state is not RankState.ONLINE:
+            return [*actions, *answer(None, now)]  # the joiner waits, then asks flub.kex
+        return [
+            *actions,
+            self._order_authorize(
+                grant.rank,
+                grant.incarnation,
+                key,
+                then=lambda reply, now: answer(None if reply.errnum else _card(reply), now),
+            ),
+        ]
+
+    def kex(self, request: Message, now: float) -> list[Action]:
+        """A joiner whose parent is online now asks for its card: check the reservation, have
+        the parent admit the key, and pass the parent's answer on."""
+        assert self.table is not None
+        payload = request.payload
+        rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
+            return _fail(request, errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if (why := self.table.verify(rank, incarnation, key)) is not None:
+            return [
+                warning(f"refused a key exchange for rank {rank}: {why}"),
+                *_fail(request, errno.EPERM, why),
+            ]
+        if self.lifecycle.stopping:
+            return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+        parent = self.topology.parent(rank)
+        assert parent is not None  # verify refuses rank 0: it is never reserved
+        state = self.table.entry(parent).state
+        if state not in CONNECTED:
+            return _fail(request, errno.EHOSTUNREACH, f"rank {parent} is {state}")
+
+        def passed_on(reply: Message, now: float) -> list[Action]:
+            if reply.errnum:
+                errnum = reply.errnum if reply.errnum in _KEPT else errno.EPERM
+                return _fail(request, errnum, reply.errstr)
+            return [Respond(request.respond(_card(reply)))]
+
+        return [self._order_authorize(rank, incarnation, key, then=passed_on)]
+
+    def _order_authorize(
+        self,
+        rank: int,
+        incarnation: int,
+        key: str,
+        then: Callable[[Message, float], list[Action]],
+    ) -> Call:
+        parent = self.topology.parent(rank)
+        assert parent is not None
+        order = {"rank": rank, "incarnation": incarnation, "public_key": key}
+        return Call(Message(Kind.REQUEST, "flub.authorize", order, nodeid=parent), then)
 
     def _lease_left(self, rank: int, now: float) -> float:
-        assert self.instance is not None
-        until = self.instance.table.entry(rank).lease_until
+        assert self.table is not None
+        until = self.table.entry(rank).lease_until
         return max(0.0, (until or now) - now)
 
-    def _kex(self, request: Message) -> Message | None:
-        """A parent: check a joiner's key with rank 0, then authorize it for that incarnation."""
-        payload = request.payload
-        rank, incarnation, key = (
-            payload.get("rank"),
-            payload.get("incarnation"),
-            payload.get("public_key"),
-        )
-        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
-            return request.fail(errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
-        assert isinstance(rank, int) and isinstance(incarnation, int)
-        if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
-            return request.fail(errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
-        if self.stopping:
-            return request.fail(errno.ESHUTDOWN, "the instance is shutting down")
-        if self.children is None:
-            return request.fail(errno.EPERM, f"rank {self.rank} takes no children")
-
-        def verified(reply: Message) -> None:
-            if reply.errnum:
-                log.warning("refused a key exchange for rank %d: %s", rank, reply.errstr)
-                self._respond(request.fail(errno.EPERM, reply.errstr))
-                return
-            assert self.children is not None
-            self.children.authorize(rank, incarnation, key)
-            self._respond(
-                request.respond(
-                    {
-                        "endpoint": self.endpoint,
-                        "public_key": self.public,
-                        "hostname": self.config.hostname,
-                    }
+    def expire(self, now: float) -> list[Action]:
+        """Void every reservation whose lease ran out before its joiner said hello."""
+        assert self.table is not None
+        actions: list[Action] = []
+        for expiry in self.table.expired(now):
+            host = self.table.entry(expiry.rank).host
+            if self.table.apply(expiry, now).applied:
+                actions.append(
+                    warning(
+                        f"FLUB: the reservation of rank {expiry.rank} incarnation "
+                        f"{expiry.incarnation} for {host} expired"
+                    )
                 )
-            )
+                actions += self.void(expiry.rank, expiry.incarnation, "the reservation expired")
+        return actions
 
-        self._call(
-            Message(
-                Kind.REQUEST,
-                "flub.verify",
-                {"rank": rank, "incarnation": incarnation, "public_key": key},
-                nodeid=0,
-            ),
-            verified,
-        )
-        return None
-
-    def _revoke(self, request: Message) -> Message | None:
-        """A parent, told by rank 0 that an incarnation of its child is void: cut it off."""
-        payload = request.payload
-        rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if (refused := self._unless_from_rank0(request)) is not None:
-            return refused
-        if self.children is not None and is_int(rank) and is_int(incarnation):
-            assert isinstance(rank, int) and isinstance(incarnation, int)
-            self.children.revoke(rank, incarnation, str(payload.get("reason", "revoked")))
-        return None
-
-    def _unless_from_rank0(self, request: Message) -> Message | None:
-        """The refusal of an order that only rank 0 may give, when someone else gave it."""
-        if self._from_rank0(request):
-            return None
-        rank = request.payload.get("rank")
-        log.warning("refused %s for rank %s: not from rank 0", request.topic, rank)
-        return request.fail(errno.EPERM, f"{request.topic} comes from rank 0 only")
-
-    def _from_rank0(self, request: Message) -> bool:
-        """Whether rank 0 itself sent `request`. Each broker on the way pushed the hop it came
-        from, and only the last level+1 hops were pushed by brokers we trust (our ancestors):
-        rank 0's own "s" followed by one "p" per level down to us."""
-        level = self.topology.level(self.rank)
-        return request.route[-(level + 1) :] == ["s"] + ["p"] * level
-
-    def _void(self, rank: int, incarnation: int, reason: str) -> None:
-        """Rank 0: make the parent of `rank` drop that incarnation's key and connection."""
+    def void(self, rank: int, incarnation: int, reason: str) -> list[Action]:
+        """Make the parent of `rank` drop that incarnation's key and connection (one-way)."""
         parent = self.topology.parent(rank)
         if parent is None:
-            return
-        notice = Message(
-            Kind.REQUEST,
-            "flub.revoke",
-            {"rank": rank, "incarnation": incarnation, "reason": reason},
-            nodeid=parent,
-        )
-        self._route(notice, "s", time.monotonic())  # one-way: no tag, no answer awaited
+            return []
+        notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
+        return [Send(Message(Kind.REQUEST, "flub.revoke", notice, nodeid=parent))]
 
-    def _ask_rejoin(self, rejoin: Rejoin) -> None:
-        """A parent: a config-booted child's broker is here; rank 0 gives its incarnation.
-        Until this broker is itself in the tree, the child waits."""
-        if self.parent is not None and not self.parent.welcomed:
-            self._waiting_admission.append(rejoin)
-            return
-
-        def answered(reply: Message) -> None:
-            assert self.children is not None
-            incarnation = None if reply.errnum else reply.payload.get("incarnation")
-            why = reply.errstr or "rank 0 did not give a new incarnation"
-            if incarnation is not None:
-                log.info("rank %d rejoins as incarnation %d", rejoin.rank, incarnation)
-            inbound = self.children.rejoined(rejoin, incarnation, why, time.monotonic())
-            self._report(inbound.reports, time.monotonic())
-            self._due = 0.0
-
-        ask = {"rank": rejoin.rank, "incarnation": rejoin.incarnation}
-        self._call(Message(Kind.REQUEST, "config.rejoin", ask, nodeid=0), answered)
-
-    def _admit_waiting(self) -> None:
-        waiting, self._waiting_admission = self._waiting_admission, []
-        for rejoin in waiting:
-            self._ask_rejoin(rejoin)
-
-    def _rejoin(self, request: Message, now: float) -> Message:
-        """Rank 0: a parent asks for a new incarnation of its config-booted child."""
-        assert self.instance is not None
+    def rejoin(self, request: Message, now: float) -> list[Action]:
+        """A parent asks for the incarnation of its config-booted child, back at its door."""
+        assert self.table is not None
         rank, incarnation = request.payload.get("rank"), request.payload.get("incarnation")
         if not (is_int(rank) and is_int(incarnation)):
-            return request.fail(errno.EINVAL, "config.rejoin needs rank and incarnation")
+            return _fail(request, errno.EINVAL, "config.rejoin needs rank and incarnation")
         assert isinstance(rank, int) and isinstance(incarnation, int)
-        if not 0 < rank < self.topology.size or not self._from_parent_of(request, rank):
-            return request.fail(errno.EPERM, "config.rejoin comes from the rank's parent only")
-        outcome = self.instance.apply(Reboot(rank, incarnation), now)  # the ended one, or 0
+        if not 0 < rank < self.topology.size or not from_parent_of(request, self.topology, rank):
+            return _fail(request, errno.EPERM, "config.rejoin comes from the rank's parent only")
+        outcome = self.table.apply(Reboot(rank, incarnation), now)  # the ended one, or 0
         if not outcome.applied:
-            return request.fail(errno.EPERM, outcome.reason)
-        return request.respond({"incarnation": self.instance.table.entry(rank).incarnation})
+            said = info(f"ignored {Reboot(rank, incarnation)}: {outcome.reason}")
+            return [said, *_fail(request, errno.EPERM, outcome.reason)]
+        return [Respond(request.respond({"incarnation": self.table.entry(rank).incarnation}))]
 
-    def _from_parent_of(self, request: Message, rank: int) -> bool:
-        """Whether the parent broker of `rank` itself sent `request` to rank 0: its own "s",
-        then one "c<child>" pushed by each broker on the way up."""
-        hops, current = [], self.topology.parent(rank)
-        while current:
-            hops.append(f"c{current}")
-            current = self.topology.parent(current)
-        return request.route == ["s", *hops]
+    # --- a parent -----------------------------------------------------------------------------
 
-    def _expire_leases(self, now: float) -> None:
-        assert self.instance is not None
-        for expiry in self.instance.table.expired(now):
-            entry = self.instance.table.entry(expiry.rank)
-            host = entry.host
-            if self.instance.apply(expiry, now).applied:
-                log.warning(
-                    "FLUB: the reservation of rank %d incarnation %d for %s expired",
-                    expiry.rank,
-                    expiry.incarnation,
-                    host,
-                )
-                self._void(expiry.rank, expiry.incarnation, "the reservation expired")
+    def authorize(self, request: Message, now: float) -> list[Action]:
+        """Rank 0's order to admit a joiner's key as one of this broker's children."""
+        if (refused := self._unless_from_rank0(request)) is not None:
+            return refused
+        payload = request.payload
+        rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
+            return _fail(request, errno.EINVAL, "flub.authorize needs rank, incarnation, key")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
+            return _fail(request, errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
+        if self.lifecycle.stopping:
+            return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+        return [Authorize(rank, incarnation, key), Respond(request.respond(self.card))]
+
+    def revoke(self, request: Message, now: float) -> list[Action]:
+        """Rank 0 voided an incarnation of a child: cut it off (one-way: nothing to answer)."""
+        if (refused := self._unless_from_rank0(request)) is not None:
+            return refused
+        payload = request.payload
+        rank, incarnation = payload.get("rank"), payload.get("incarnation")
+        if not (is_int(rank) and is_int(incarnation)) or not self.topology.children(self.rank):
+            return []
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        return [Revoke(rank, incarnation, str(payload.get("reason", "revoked")))]
+
+    def _unless_from_rank0(self, request: Message) -> list[Action] | None:
+        if from_rank0(request, self.topology, self.rank):
+            return None
+        rank = request.payload.get("rank")
+        return [
+            warning(f"refused {request.topic} for rank {rank}: not from rank 0"),
+            *_fail(request, errno.EPERM, f"{request.topic} comes from rank 0 only"),
+        ]
+
+    def ask_rejoin(self, rejoin: Rejoin, welcomed: bool) -> list[Action]:
+        """A config-booted child's broker is at the door: rank 0 gives its incarnation. Until
+        this broker is itself in the tree (`welcomed`), the child waits."""
+        if not welcomed:
+            self.waiting_admission.append(rejoin)
+            return []
+
+        def answered(reply: Message, now: float) -> list[Action]:
+            incarnation = None if reply.errnum else reply.payload.get("incarnation")
+            if not is_int(incarnation):
+                why = reply.errstr or "rank 0 did not give a new incarnation"
+                return [Readmit(rejoin, None, why)]
+            assert isinstance(incarnation, int)
+            said = info(f"rank {rejoin.rank} rejoins as incarnation {incarnation}")
+            return [said, Readmit(rejoin, incarnation, "")]
+
+        ask = {"rank": rejoin.rank, "incarnation": rejoin.incarnation}
+        return [Call(Message(Kind.REQUEST, "config.rejoin", ask, nodeid=0), answered)]
+
+    def welcomed(self) -> list[Action]:
+        """This broker is in the tree now: ask for the children that waited at its door."""
+        waiting, self.waiting_admission = self.waiting_admission, []
+        return [action for rejoin in waiting for action in self.ask_rejoin(rejoin, True)]
+
+
+_KEPT = frozenset({errno.ESHUTDOWN, errno.EHOSTUNREACH})
+"""Errors of a parent that reach the joiner as they are: they tell it what to do (exit 0, 75)."""
+
+
+def _card(reply: Message) -> Card:
+    payload = reply.payload
+    return {
+        "endpoint": str(payload.get("endpoint", "")),
+        "public_key": str(payload.get("public_key", "")),
+        "hostname": str(payload.get("hostname", "")),
+    }
+
+
+def _fail(request: Message, errnum: int, errstr: str) -> list[Action]:
+    return [Respond(request.fail(errnum, errstr))]
 
 
 def _valid_key(key: str) -> bool:
@@ -263,3 +294,13 @@ def _valid_key(key: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def flub_attributes(heartbeat: float, torpid: float, timeout: float, join: float) -> dict[str, Any]:
+    """The settings a joiner takes from the instance, so that both ends of each link agree."""
+    return {
+        "tbon.heartbeat": heartbeat,
+        "tbon.torpid": torpid,
+        "tbon.timeout": timeout,
+        "broker.join-timeout": join,
+    }

@@ -1,4 +1,4 @@
-"""The broker's side of `tbon retire`, at each of the three brokers involved. A mixin of Broker.
+"""`tbon retire`, at each of the three brokers involved (docs/protocol.md §8).
 
 1. Rank 0 records the rank `retiring` in its table (refusing unsafe retires there), then
 2. orders the rank's parent to record it too, and only then does the parent tell the broker;
@@ -11,24 +11,28 @@
 from __future__ import annotations
 
 import errno
-import logging
 import signal
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tbon.overlay.links.children import Children
-from tbon.overlay.links.parent import ParentLink
+from tbon import exitcodes
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.services.jobs import ExecService
-from tbon.overlay.state.instance import Instance
-from tbon.overlay.state.ranktable import RankState, Retire
+from tbon.overlay.services.actions import (
+    Action,
+    Call,
+    KillAllJobs,
+    Leave,
+    Respond,
+    RetireChild,
+    Send,
+    info,
+    warning,
+)
+from tbon.overlay.services.trust import from_rank0
+from tbon.overlay.state.ranktable import RankState, RankTable, Retire
 from tbon.overlay.state.retirement import Retirement, Step
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
-
-log = logging.getLogger("tbon.broker")
 
 
 @dataclass
@@ -42,111 +46,106 @@ class RetireWaiter:
     already: bool
 
 
-class RetireServices:
-    """retire.rank and retire.progress (rank 0), retire.order (a parent), and draining."""
+class RetireService:
+    """retire.rank and retire.progress at rank 0; retire.order at a parent."""
 
-    rank: int
-    incarnation: int
-    topology: Topology
-    children: Children | None
-    parent: ParentLink | None
-    instance: Instance | None
-    execd: ExecService
-    exit_code: int | None
-    _due: float
-    _respond: Callable[[Message], bool]
-    _route: Callable[[Message, str, float], None]
-    _call: Callable[[Message, Callable[[Message], None]], None]
-    _unless_from_rank0: Callable[[Message], Message | None]
+    def __init__(self, rank: int, topology: Topology, table: RankTable | None) -> None:
+        self.rank = rank
+        self.topology = topology
+        self.table = table
+        self.waiters: list[RetireWaiter] = []
+        self._settled_generation = -1
 
-    retirement: Retirement | None
-    _retire_waiters: list[RetireWaiter]
-    _retire_generation: int
+    # --- rank 0 -------------------------------------------------------------------------------
 
-    # --- rank 0 -----------------------------------------------------------------------------
-
-    def _retire_rank(self, request: Message, now: float) -> Message | None:
+    def retire_rank(self, request: Message, now: float) -> list[Action]:
         """Record a rank retiring and set its retirement going; answered when it has left."""
-        assert self.instance is not None
+        table = self.table
+        assert table is not None
         payload = request.payload
         rank, force, timeout = payload.get("rank"), payload.get("force"), payload.get("timeout")
         if not is_int(rank) or not isinstance(force, bool):
-            return request.fail(errno.EINVAL, "retire.rank needs rank and force")
-        if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
-            return request.fail(errno.EINVAL, "retire.rank: timeout must be seconds, or null")
+            return [Respond(request.fail(errno.EINVAL, "retire.rank needs rank and force"))]
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0
+        ):
+            why = "retire.rank: timeout must be seconds, or null"
+            return [Respond(request.fail(errno.EINVAL, why))]
         assert isinstance(rank, int)
-        table = self.instance.table
         if not 0 <= rank < table.size:
-            return request.fail(
-                errno.ENOENT, f"no rank {rank} in this instance of size {table.size}"
-            )
+            why = f"no rank {rank} in this instance of size {table.size}"
+            return [Respond(request.fail(errno.ENOENT, why))]
         incarnation = payload.get("incarnation", table.entry(rank).incarnation)
         if not is_int(incarnation):
-            return request.fail(errno.EINVAL, "retire.rank: incarnation must be a whole number")
+            why = "retire.rank: incarnation must be a whole number"
+            return [Respond(request.fail(errno.EINVAL, why))]
         was = table.entry(rank).state
-        outcome = self.instance.apply(Retire(rank, incarnation), now)
+        event = Retire(rank, incarnation)
+        outcome = table.apply(event, now)
         if not outcome.applied:
-            return request.fail(errno.EPERM, outcome.reason)
+            return [
+                info(f"ignored {event}: {outcome.reason}"),
+                Respond(request.fail(errno.EPERM, outcome.reason)),
+            ]
         entry = table.entry(rank)
         if entry.state is RankState.VACANT:  # retired already
-            return request.respond({"rank": rank, "event": "retired", "already": True})
+            return [Respond(request.respond({"rank": rank, "event": "retired", "already": True}))]
         already = was is RankState.RETIRING
-        self._retire_waiters.append(RetireWaiter(request, rank, incarnation, now, already))
-        self._respond(
-            request.respond(
-                {
-                    "rank": rank,
-                    "event": "retiring",
-                    "already": already,
-                    "host": entry.host,
-                    "pid": entry.pid,
-                },
-                streaming=True,
-            )
-        )
+        self.waiters.append(RetireWaiter(request, rank, incarnation, now, already))
+        news = {
+            "rank": rank,
+            "event": "retiring",
+            "already": already,
+            "host": entry.host,
+            "pid": entry.pid,
+        }
+        actions: list[Action] = [Respond(request.respond(news, streaming=True))]
         if not already:
-            log.info("rank %d incarnation %d: retiring", rank, incarnation)
-            order = {"force": force, "timeout": timeout}
-            self._order_retirement(rank, incarnation, order)
-        return None
+            actions.append(info(f"rank {rank} incarnation {incarnation}: retiring"))
+            actions.append(self._order(rank, incarnation, {"force": force, "timeout": timeout}))
+        return actions
 
-    def _order_retirement(self, rank: int, incarnation: int, order: dict[str, Any]) -> None:
+    def _order(self, rank: int, incarnation: int, order: dict[str, Any]) -> Call:
         parent = self.topology.parent(rank)
         assert parent is not None  # rank 0 never retires
 
-        def ordered(reply: Message) -> None:
-            if reply.errnum:
-                log.warning("rank %d: the order to retire did not arrive: %s", rank, reply.errstr)
-                self._retire_news(
-                    rank, incarnation, {"event": "unreachable", "reason": reply.errstr}
-                )
+        def ordered(reply: Message, now: float) -> list[Action]:
+            if not reply.errnum:
+                return []
+            return [
+                warning(f"rank {rank}: the order to retire did not arrive: {reply.errstr}"),
+                *self._news(rank, incarnation, {"event": "unreachable", "reason": reply.errstr}),
+            ]
 
         notice = {"rank": rank, "incarnation": incarnation, **order}
-        self._call(Message(Kind.REQUEST, "retire.order", notice, nodeid=parent), ordered)
+        return Call(Message(Kind.REQUEST, "retire.order", notice, nodeid=parent), ordered)
 
-    def _retire_progress(self, request: Message) -> None:
+    def progress(self, request: Message, now: float) -> list[Action]:
         """News from a retiring broker (its running work, what it killed), for its waiters."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if is_int(rank) and is_int(incarnation):
-            assert isinstance(rank, int) and isinstance(incarnation, int)
-            news = {k: v for k, v in payload.items() if k in ("event", "running", "killed", "why")}
-            self._retire_news(rank, incarnation, news)
+        if not (is_int(rank) and is_int(incarnation)):
+            return []
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        news = {k: v for k, v in payload.items() if k in ("event", "running", "killed", "why")}
+        return self._news(rank, incarnation, news)
 
-    def _retire_news(self, rank: int, incarnation: int, news: dict[str, Any]) -> None:
-        for waiter in self._retire_waiters:
-            if (waiter.rank, waiter.incarnation) == (rank, incarnation):
-                self._respond(waiter.request.respond({"rank": rank, **news}, streaming=True))
+    def _news(self, rank: int, incarnation: int, news: dict[str, Any]) -> list[Action]:
+        return [
+            Respond(waiter.request.respond({"rank": rank, **news}, streaming=True))
+            for waiter in self.waiters
+            if (waiter.rank, waiter.incarnation) == (rank, incarnation)
+        ]
 
-    def _settle_retirements(self, now: float) -> None:
-        """Answer every waiter whose incarnation has ended (checked when the table changed)."""
-        assert self.instance is not None
-        table = self.instance.table
-        if not self._retire_waiters or table.generation == self._retire_generation:
-            return
-        self._retire_generation = table.generation
+    def settle(self, now: float) -> list[Action]:
+        """Answer every waiter whose incarnation has ended (looked at when the table changed)."""
+        table = self.table
+        if table is None or not self.waiters or table.generation == self._settled_generation:
+            return []
+        self._settled_generation = table.generation
+        actions: list[Action] = []
         waiting = []
-        for waiter in self._retire_waiters:
+        for waiter in self.waiters:
             entry = table.entry(waiter.rank)
             if entry.incarnation == waiter.incarnation and entry.state is RankState.RETIRING:
                 waiting.append(waiter)
@@ -159,65 +158,81 @@ class RetireServices:
             }
             if entry.incarnation == waiter.incarnation and entry.state is RankState.LOST:
                 answer["lost"] = True  # it never said goodbye; should it wake, it is told "retired"
-            self._respond(waiter.request.respond(answer))
-        self._retire_waiters = waiting
+            actions.append(Respond(waiter.request.respond(answer)))
+        self.waiters = waiting
+        return actions
 
-    def _end_retirements(self) -> None:
-        for waiter in self._retire_waiters:
-            self._respond(waiter.request.fail(errno.ESHUTDOWN, "the instance shut down"))
-        self._retire_waiters = []
+    def end(self) -> list[Action]:
+        """The instance shuts down: no retirement will be seen through."""
+        ended: list[Action] = [
+            Respond(waiter.request.fail(errno.ESHUTDOWN, "the instance shut down"))
+            for waiter in self.waiters
+        ]
+        self.waiters = []
+        return ended
 
     # --- the parent -------------------------------------------------------------------------
 
-    def _retire_order(self, request: Message) -> Message | None:
+    def order(self, request: Message, now: float) -> list[Action]:
         """Rank 0's order to retire one of this broker's children: record, then tell it."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if (refused := self._unless_from_rank0(request)) is not None:
-            return refused
-        if self.children is None or not (is_int(rank) and is_int(incarnation)):
-            return request.fail(errno.EINVAL, "retire.order needs a child's rank and incarnation")
+        if not from_rank0(request, self.topology, self.rank):
+            return [
+                warning(f"refused retire.order for rank {rank}: not from rank 0"),
+                Respond(request.fail(errno.EPERM, "retire.order comes from rank 0 only")),
+            ]
+        if not self.topology.children(self.rank) or not (is_int(rank) and is_int(incarnation)):
+            why = "retire.order needs a child's rank and incarnation"
+            return [Respond(request.fail(errno.EINVAL, why))]
         assert isinstance(rank, int) and isinstance(incarnation, int)
         order = {"force": bool(payload.get("force")), "timeout": payload.get("timeout")}
-        why = self.children.retire(rank, incarnation, order)
-        return request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})
+        return [RetireChild(request, rank, incarnation, order)]
 
-    # --- the retiring broker ----------------------------------------------------------------
 
-    def _begin_retirement(self, order: dict[str, Any], now: float) -> None:
-        if self.retirement is not None:
-            return
+class Draining:
+    """The retiring broker itself: from the parent's order to its goodbye.
+
+    It takes no new work from the moment it is told (the loop marks its Lifecycle). What runs
+    may finish, until the drain deadline or at once under --force; then it is killed, and rank 0
+    hears of it. When nothing runs any more the broker says goodbye and exits 0.
+    """
+
+    def __init__(self, rank: int, incarnation: int, order: dict[str, Any], now: float) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
         timeout = order.get("timeout")
-        limit = float(timeout) if isinstance(timeout, int | float) else float("inf")
+        limit = float(timeout) if is_number(timeout) else float("inf")
         self.retirement = Retirement(now + limit, bool(order.get("force")))
-        running = len(self.execd.jobs)
-        log.info("retiring: taking no new work; %d job(s) running", running)
+
+    def begin(self, running: int) -> list[Action]:
+        actions: list[Action] = [info(f"retiring: taking no new work; {running} job(s) running")]
         if running:
-            self._tell_rank0({"event": "draining", "running": running})
-        self._due = 0.0
+            actions.append(self._tell_rank0({"event": "draining", "running": running}))
+        return actions
 
-    def _drain(self, now: float) -> None:
-        """After every batch of input while retiring: wait, kill, or leave."""
-        retirement = self.retirement
-        if retirement is None or self.exit_code is not None:
-            return
-        running = len(self.execd.jobs)
-        step = retirement.step(now, running)
-
+    def step(self, now: float, running: int) -> list[Action]:
+        """After every batch of input: wait, kill, or leave."""
+        step = self.retirement.step(now, running)
         if step is Step.KILL:
-            why = retirement.why_killed
-            log.warning("retiring: killing %d running job(s) (%s)", running, why)
-            retirement.killing(now, running)
-            self.execd.kill_all(signal.SIGKILL, note=f"killed: rank {self.rank} retired ({why})")
-            self._tell_rank0({"event": "killed", "killed": running, "why": why})
-            self._due = 0.0
-        elif step is Step.LEAVE:
-            log.info("retired: leaving")
-            assert self.parent is not None
-            self.parent.goodbye()
-            self.exit_code = 0
+            why = self.retirement.why_killed
+            self.retirement.killing(now, running)
+            return [
+                warning(f"retiring: killing {running} running job(s) ({why})"),
+                KillAllJobs(signal.SIGKILL, note=f"killed: rank {self.rank} retired ({why})"),
+                self._tell_rank0({"event": "killed", "killed": running, "why": why}),
+            ]
+        if step is Step.LEAVE:
+            return [info("retired: leaving"), Leave(exitcodes.SHUTDOWN)]
+        return []
 
-    def _tell_rank0(self, news: dict[str, Any]) -> None:
+    def next_deadline(self) -> float | None:
+        return self.retirement.next_deadline()
+
+    def _tell_rank0(self, news: dict[str, Any]) -> Send:
         payload = {"rank": self.rank, "incarnation": self.incarnation, **news}
-        progress = Message(Kind.REQUEST, "retire.progress", payload, nodeid=0)
-        self._route(progress, "s", time.monotonic())  # one-way: no tag, no answer awaited
+        return Send(Message(Kind.REQUEST, "retire.progress", payload, nodeid=0))
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tbon.overlay.broker.program import program_environment
 from tbon.overlay.wire.message import Message
 
 log = logging.getLogger("tbon.exec")
@@ -50,7 +51,9 @@ class Job:
         return self.status is not None and not self.streams
 
 
-class ExecService:
+class JobRunner:
+    """The processes of `tbon exec` on this broker: the I/O edge of the exec service."""
+
     def __init__(
         self,
         rank: int,
@@ -87,9 +90,7 @@ class ExecService:
             )
             self.send(request.respond({"rank": self.rank, "exit": 126}, streaming=True))
             return None
-        env = {**os.environ, "TBON_URI": self.uri, "TBON_RANK": str(self.rank)}
-        for name in ("PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID"):
-            env.pop(name, None)
+        env = program_environment(self.uri, self.rank)
         try:
             if os.sep not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
@@ -218,6 +219,13 @@ class ExecService:
         if job.note:
             answer["note"] = job.note
         self.send(job.request.respond(answer, streaming=True))
+
+    def kill_from(self, route: tuple[str, ...]) -> None:
+        """Kill the jobs whose answers travel along `route`: their client has gone."""
+        for job in list(self.jobs.values()):
+            if tuple(job.request.route) == route:
+                log.info("exec %s: its client went away, killing it", job.id)
+                self.send_signal(job.id, signal.SIGKILL)
 
     def busy(self) -> bool:
         return bool(self.jobs)

@@ -1,0 +1,171 @@
+"""A broker's start-up, before its loop: its key pair, its rank (by one of the four bootstraps in
+overlay/boot/), the children's ROUTER if its rank has children, and its run directory.
+
+What comes out is a `Booted`: everything the broker needs to exist, made in the order that
+bootstrap demands (a parent binds before its card is shared, children are authorized before they
+connect). Whatever fails half-way is closed again here, so the caller has nothing to guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from tbon import exitcodes
+from tbon.errors import TbonError
+from tbon.keys.cert import generate_keypair, load_certificate
+from tbon.overlay.boot.config_file import load_bootconfig
+from tbon.overlay.boot.flub import flub_wireup
+from tbon.overlay.boot.pmi_client import PmiClient
+from tbon.overlay.boot.wireup import Wireup, config_wireup, pmi_wireup, singleton_wireup
+from tbon.overlay.broker.attributes import BrokerConfig, host_address
+from tbon.overlay.links.children import Children
+from tbon.overlay.state.topology import Topology
+
+
+@dataclass
+class Booted:
+    config: BrokerConfig  # a joiner's carries the instance's liveness settings
+    public: str
+    secret: str
+    wireup: Wireup
+    children: Children | None  # bound if the rank has children
+    endpoint: str  # what children dial: the address bound, or the config file's
+    pmi: PmiClient | None  # finalized once the broker is in the tree
+    by_config: bool  # config-file bootstrap: its ranks belong to their hosts
+
+    def close(self) -> None:
+        if self.children is not None:
+            self.children.close()
+
+
+def boot(config: BrokerConfig, context: zmq.Context) -> Booted:
+    """Learn this broker's rank and parent, binding the children's ROUTER on the way."""
+    binder = _Binder(context, config)
+    try:
+        return _boot(config, binder)
+    except BaseException:
+        if binder.children is not None:
+            binder.children.close()
+        raise
+
+
+def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
+    file = load_bootconfig(config.config_file) if config.config_file is not None else None
+    public, secret = keypair(config, file.curve_cert if file else config.cert)
+    binder.secret = secret
+    pmi = PmiClient.from_environment() if file is None else None
+    if file is not None:
+
+        def share() -> None:  # its config-booted children hold the instance's key
+            assert binder.children is not None
+            binder.children.keyring.share(public)
+
+        wireup = config_wireup(
+            file, config.topo, config.size, config.hostname, public, binder.bind, share
+        )
+        if binder.children is not None:  # what its children dial, as the file says
+            binder.endpoint = file.hosts[wireup.rank].connect
+    elif config.boot_server is not None:
+        wireup, attributes = flub_wireup(
+            config.boot_server,
+            config.requested_rank,
+            config.hostname,
+            public,
+            config.join_timeout,
+            binder.bind,
+        )
+        config = adopt(config, attributes)
+        if binder.children is not None:
+            binder.children.config = config
+    elif pmi is not None:
+        wireup = pmi_wireup(
+            pmi, config.topo, config.size, config.hostname, public, binder.bind, binder.authorize
+        )
+    else:
+        wireup = singleton_wireup(config.topo, config.size, config.hostname, binder.bind)
+    return Booted(
+        config, public, secret, wireup, binder.children, binder.endpoint, pmi, file is not None
+    )
+
+
+class _Binder:
+    """Makes this broker a parent when bootstrap finds its rank has children."""
+
+    def __init__(self, context: zmq.Context, config: BrokerConfig) -> None:
+        self.context = context
+        self.config = config
+        self.secret = ""
+        self.children: Children | None = None
+        self.endpoint = ""
+
+    def bind(self, topology: Topology, rank: int, template: str | None = None) -> str:
+        """Bind the ROUTER to tbon.endpoint, or to the config file's bind URI; returns the
+        address bound."""
+        self.children = Children(self.context, rank, topology, self.config, self.secret)
+        address = host_address(self.config.hostname)
+        where = (template or self.config.endpoint).replace("%h", address)
+        self.endpoint = self.children.bind(where)
+        return self.endpoint
+
+    def authorize(self, rank: int, incarnation: int, public_key: str) -> None:
+        assert self.children is not None
+        self.children.authorize(rank, incarnation, public_key)
+
+
+def keypair(config: BrokerConfig, path: str | None) -> tuple[str, str]:
+    """A fresh key pair, or the one in a certificate: broker.cert, or the instance's shared
+    one (config bootstrap). A broker that keeps its key keeps its identity, so that once
+    retired it is recognised and refused should it come back."""
+    if path is None:
+        return generate_keypair()
+    what = "curve_cert" if config.config_file else "broker.cert"
+    try:
+        cert = load_certificate(path)
+    except TbonError as error:
+        raise TbonError(f"{what}: {error}", exitcodes.USAGE) from None
+    if cert.secret is None:
+        raise TbonError(
+            f"{what}: {path} has no secret key (make one with tbon keygen)", exitcodes.USAGE
+        )
+    return cert.public, cert.secret
+
+
+def adopt(config: BrokerConfig, attributes: dict[str, Any]) -> BrokerConfig:
+    """A joiner takes the instance's liveness settings, so that both ends of each link agree."""
+    return dataclasses.replace(
+        config,
+        heartbeat=float(attributes["tbon.heartbeat"]),
+        torpid=float(attributes["tbon.torpid"]),
+        timeout=float(attributes["tbon.timeout"]),
+        join_timeout=float(attributes["broker.join-timeout"]),
+    )
+
+
+@dataclass
+class Rundir:
+    """The run directory that holds the local socket; removed at the end if this broker made it."""
+
+    path: str
+    created: bool
+
+    @staticmethod
+    def make(wanted: str | None, rank: int) -> Rundir:
+        if wanted is None:
+            return Rundir(tempfile.mkdtemp(prefix="tbon-"), True)
+        wanted = wanted.replace("%r", str(rank))  # one launch line, a directory per rank
+        created = not os.path.isdir(wanted)
+        if created:
+            os.makedirs(wanted, mode=0o700)
+        os.chmod(wanted, 0o700)
+        return Rundir(wanted, created)
+
+    def remove(self) -> None:
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,21 @@
+"""Where this broker is in its life: what several services must know before taking on work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Lifecycle:
+    """Written by the broker's loop, read by its services."""
+
+    stopping: bool = False  # shutting its subtree down: no new work, no new children
+    retiring: bool = False  # told to retire: no new work; it leaves once its jobs are done
+
+    def refusing_work(self, rank: int) -> str:
+        """Why this broker takes no new exec work, or ""."""
+        if self.stopping:
+            return f"rank {rank} is shutting down"
+        if self.retiring:
+            return f"rank {rank} is retiring: it takes no new work"
+        return ""

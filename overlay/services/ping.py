@@ -1,0 +1,56 @@
+"""broker.ping and broker.info, served by every broker; instance.shutdown, served by rank 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbon.overlay.services.actions import Action, Respond, ShutDown
+from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import Message
+
+
+@dataclass(frozen=True)
+class Whoami:
+    """What a broker says about itself."""
+
+    rank: int
+    hostname: str
+    pid: int
+    uri: str
+    endpoint: str
+    public_key: str
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+class PingService:
+    def __init__(self, me: Whoami, topology: Topology) -> None:
+        self.me = me
+        self.topology = topology
+
+    def identity(self) -> dict[str, Any]:
+        return {"rank": self.me.rank, "hostname": self.me.hostname, "pid": self.me.pid}
+
+    def ping(self, request: Message, now: float) -> list[Action]:
+        """Echo the payload with who answered and how many brokers it crossed."""
+        hops = len(request.route) - 1
+        return [Respond(request.respond({**request.payload, **self.identity(), "hops": hops}))]
+
+    def info(self, request: Message, now: float) -> list[Action]:
+        rank = self.me.rank
+        about = {
+            **self.identity(),
+            "size": self.topology.size,
+            "topo": self.topology.spec,
+            "uri": self.me.uri,
+            "endpoint": self.me.endpoint,
+            "public_key": self.me.public_key,
+            "parent": self.topology.parent(rank),
+            "children": list(self.topology.children(rank)),
+            "attributes": self.me.attributes,
+        }
+        return [Respond(request.respond(about))]
+
+    def shutdown(self, request: Message, now: float) -> list[Action]:
+        """Rank 0: answer at once, then end the initial program and shut the tree down."""
+        return [Respond(request.respond({"rank": self.me.rank})), ShutDown(end_program=True)]
