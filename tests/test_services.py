@@ -1,0 +1,538 @@
+"""The broker's services without sockets or processes: a request and a time go in, the actions
+come out (overlay/services/). Each test builds a service with a rank table, a topology and a
+lifecycle, as the broker does, and reads the list it returns."""
+
+from __future__ import annotations
+
+import errno
+import signal
+from typing import Any
+
+import pytest
+from tables import bring_up, started
+
+from tbon import exitcodes
+from tbon.keys.cert import generate_keypair
+from tbon.overlay.services.actions import (
+    Action,
+    Authorize,
+    Call,
+    ForgetWatches,
+    Forward,
+    KillAllJobs,
+    KillJobsFrom,
+    Leave,
+    Log,
+    Readmit,
+    Respond,
+    RetireChild,
+    Revoke,
+    Send,
+    ShutDown,
+    SignalJob,
+    StartJob,
+    WriteStdin,
+)
+from tbon.overlay.services.exec import ExecService
+from tbon.overlay.services.flub import FlubService, flub_attributes
+from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.ping import PingService, Whoami
+from tbon.overlay.services.retire import Draining, RetireService
+from tbon.overlay.services.status import StatusService
+from tbon.overlay.services.trust import from_parent_of, from_rank0
+from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
+from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import Kind, Message
+
+NOW = 200.0
+CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "parent"}
+ATTRIBUTES = flub_attributes(2.0, 10.0, 60.0, 30.0)
+
+
+def request(
+    topic: str,
+    payload: dict[str, Any] | None = None,
+    route: list[str] | None = None,
+    nodeid: int = 0,
+) -> Message:
+    return Message(
+        Kind.REQUEST,
+        topic,
+        payload or {},
+        nodeid=nodeid,
+        tag=7,
+        route=route if route is not None else ["l01"],
+    )
+
+
+def responses(actions: list[Action]) -> list[Message]:
+    return [a.message for a in actions if isinstance(a, Respond)]
+
+
+def only_response(actions: list[Action]) -> Message:
+    found = responses(actions)
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def of_type(actions: list[Action], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def reply_to(
+    call: Call, payload: dict[str, Any] | None = None, errnum: int = 0, errstr: str = ""
+) -> Message:
+    reply = call.request.respond(payload or {})
+    reply.errnum, reply.errstr = errnum, errstr
+    return reply
+
+
+# --- trust ----------------------------------------------------------------------------------
+
+
+def test_only_rank0s_own_requests_pass_as_from_rank0() -> None:
+    topology = Topology("kary:2", 7)  # rank 3 is at level 2: 0 -> 1 -> 3
+    assert from_rank0(request("x", route=["s", "p", "p"]), topology, 3)
+    assert from_rank0(request("x", route=["l00", "c2", "s", "p", "p"]), topology, 3)
+    assert not from_rank0(request("x", route=["l00", "p", "p"]), topology, 3)
+    assert not from_rank0(request("x", route=["s", "p"]), topology, 3)
+    assert from_rank0(request("x", route=["s"]), topology, 0)
+    assert not from_rank0(request("x", route=["l00"]), topology, 0)
+
+
+def test_only_the_parent_itself_passes_as_the_parent_of_a_rank() -> None:
+    topology = Topology("kary:2", 7)
+    assert from_parent_of(request("x", route=["s", "c1"]), topology, 3)
+    assert not from_parent_of(request("x", route=["l00", "c1"]), topology, 3)
+    assert not from_parent_of(request("x", route=["s", "c3", "c1"]), topology, 3)
+    assert from_parent_of(request("x", route=["s"]), topology, 1)
+
+
+# --- ping -----------------------------------------------------------------------------------
+
+
+def ping_service() -> PingService:
+    me = Whoami(1, "node1", 4242, "local:///run/local", "tcp://h:1", "K" * 40, {"size": "4"})
+    return PingService(me, Topology("kary:2", 4))
+
+
+def test_ping_echoes_its_payload_with_who_answered_and_the_hops() -> None:
+    reply = only_response(
+        ping_service().ping(request("broker.ping", {"seq": 3}, route=["l0a", "p"]), NOW)
+    )
+    assert reply.payload == {"seq": 3, "rank": 1, "hostname": "node1", "pid": 4242, "hops": 1}
+    assert reply.route == ["l0a", "p"]
+
+
+def test_info_says_where_the_broker_sits() -> None:
+    reply = only_response(ping_service().info(request("broker.info"), NOW))
+    assert reply.payload["parent"] == 0 and reply.payload["children"] == [3]
+    assert reply.payload["size"] == 4 and reply.payload["topo"] == "kary:2"
+    assert reply.payload["endpoint"] == "tcp://h:1"
+
+
+def test_shutdown_answers_first_then_shuts_down() -> None:
+    actions = ping_service().shutdown(request("instance.shutdown"), NOW)
+    assert isinstance(actions[0], Respond) and actions[1] == ShutDown(end_program=True)
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def test_a_watcher_gets_the_table_then_one_push_per_change() -> None:
+    table = started("kary:2", 3)
+    lifecycle = Lifecycle()
+    status = StatusService(table, lifecycle)
+    first = only_response(status.watch(request("status.watch"), NOW))
+    assert first.streaming and first.payload["ranks"][1]["state"] == "offline"
+    assert len(status.pushes(NOW)) == 1  # the table is newer than nothing pushed yet
+    assert status.pushes(NOW) == []  # nothing changed since
+    bring_up(table, [1, 2])
+    pushed = status.pushes(NOW)
+    assert len(pushed) == 1 and pushed[0][1].payload["ranks"][2]["state"] == "online"
+    assert status.pushes(NOW) == []
+
+
+def test_watches_end_with_their_client_and_at_shutdown() -> None:
+    table = started("kary:2", 3)
+    status = StatusService(table, Lifecycle())
+    status.watch(request("status.watch", route=["l01"]), NOW)
+    status.watch(request("status.watch", route=["l02"]), NOW)
+    status.forget(("l01",))
+    assert [w.route for w in status.watchers] == [["l02"]]
+    ended = only_response(status.end())
+    assert ended.errnum == errno.ENODATA and status.watchers == []
+
+
+def test_no_new_watch_while_the_instance_stops() -> None:
+    lifecycle = Lifecycle(stopping=True)
+    status = StatusService(started("kary:2", 3), lifecycle)
+    assert only_response(status.watch(request("status.watch"), NOW)).errnum == errno.ENODATA
+    assert status.watchers == []
+
+
+# --- FLUB: rank 0 ---------------------------------------------------------------------------
+
+
+def flub_at_rank0(table: RankTable, lifecycle: Lifecycle | None = None) -> FlubService:
+    return FlubService(0, table.topology, table, lifecycle or Lifecycle(), CARD, ATTRIBUTES)
+
+
+def allocate(key: str, rank: int | None = None) -> Message:
+    return request("flub.allocate", {"public_key": key, "hostname": "joiner", "rank": rank})
+
+
+def test_allocation_under_an_online_parent_orders_it_to_admit_the_key_and_passes_its_card() -> None:
+    table = started("kary:2", 4, launched=2)
+    bring_up(table, [1])
+    flub = flub_at_rank0(table)
+    key = generate_keypair()[0]
+    actions = flub.allocate(allocate(key), NOW)
+    assert responses(actions) == []  # the answer waits for the parent
+    [call] = of_type(actions, Call)
+    assert call.request.topic == "flub.authorize" and call.request.nodeid == 0  # 2's parent is 0
+    assert call.request.payload == {"rank": 2, "incarnation": 1, "public_key": key}
+    assert table.entry(2).state is RankState.RESERVED
+    answer = only_response(call.then(reply_to(call, CARD), NOW + 1))
+    assert answer.payload["rank"] == 2 and answer.payload["incarnation"] == 1
+    assert answer.payload["parent_card"] == CARD
+    assert answer.payload["lease"] == pytest.approx(29.0)
+    assert answer.payload["attributes"] == ATTRIBUTES
+
+
+def test_allocation_answers_without_a_card_when_the_parent_is_not_online_or_refuses() -> None:
+    table = started("kary:2", 4, launched=2)  # rank 1 is offline: rank 3's parent
+    flub = flub_at_rank0(table)
+    answer = only_response(flub.allocate(allocate(generate_keypair()[0], rank=3), NOW))
+    assert answer.payload["rank"] == 3 and "parent_card" not in answer.payload
+    assert of_type(flub.allocate(allocate(generate_keypair()[0], rank=3), NOW), Call) == []
+    [call] = of_type(flub.allocate(allocate(generate_keypair()[0], rank=2), NOW), Call)
+    refused = call.then(reply_to(call, errnum=errno.ESHUTDOWN, errstr="shutting down"), NOW)
+    assert "parent_card" not in only_response(refused).payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "errnum"),
+    [
+        ({"public_key": "nope", "hostname": "h"}, errno.EINVAL),
+        ({"public_key": None, "hostname": "h"}, errno.EINVAL),
+        ({"hostname": 5}, errno.EINVAL),
+        ({"rank": True}, errno.EINVAL),
+        ({"rank": 9}, errno.ENOENT),
+        ({"rank": 1}, errno.EBUSY),
+    ],
+)
+def test_allocation_refusals_carry_the_errno_the_joiner_maps_to_an_exit_code(
+    payload: dict[str, Any], errnum: int
+) -> None:
+    table = started("kary:2", 4, launched=2)
+    bring_up(table, [1])
+    body = {"public_key": generate_keypair()[0], "hostname": "joiner", "rank": None, **payload}
+    answer = only_response(flub_at_rank0(table).allocate(request("flub.allocate", body), NOW))
+    assert answer.errnum == errnum, answer.errstr
+
+
+def test_no_allocation_while_stopping_and_none_when_full() -> None:
+    table = started("kary:2", 2)
+    stopping = only_response(
+        flub_at_rank0(table, Lifecycle(stopping=True)).allocate(
+            allocate(generate_keypair()[0]), NOW
+        )
+    )
+    assert stopping.errnum == errno.ESHUTDOWN
+    full = only_response(flub_at_rank0(table).allocate(allocate(generate_keypair()[0]), NOW))
+    assert full.errnum == errno.ENOSPC and "no available ranks" in full.errstr
+
+
+def test_kex_checks_the_reservation_then_orders_the_parent_and_passes_its_answer_on() -> None:
+    table = started("kary:2", 4, launched=2)
+    bring_up(table, [1])
+    flub = flub_at_rank0(table)
+    key, other = generate_keypair()[0], generate_keypair()[0]
+    flub.allocate(allocate(key, rank=3), NOW)
+    kex = {"rank": 3, "incarnation": 1, "public_key": other}
+    refused = only_response(flub.kex(request("flub.kex", kex), NOW))
+    assert refused.errnum == errno.EPERM and "reserved for another key" in refused.errstr
+    stale = only_response(
+        flub.kex(request("flub.kex", {**kex, "public_key": key, "incarnation": 2}), NOW)
+    )
+    assert stale.errnum == errno.EPERM and "is not reserved" in stale.errstr
+    [call] = flub.kex(request("flub.kex", {**kex, "public_key": key}), NOW)
+    assert isinstance(call, Call) and call.request.nodeid == 1
+    assert call.request.topic == "flub.authorize"
+    assert only_response(call.then(reply_to(call, CARD), NOW)).payload == CARD
+    lost = call.then(reply_to(call, errnum=errno.EHOSTUNREACH, errstr="gone"), NOW)
+    assert only_response(lost).errnum == errno.EHOSTUNREACH
+    odd = call.then(reply_to(call, errnum=errno.EINVAL, errstr="odd"), NOW)
+    assert only_response(odd).errnum == errno.EPERM
+
+
+def test_kex_for_a_rank_whose_parent_is_not_connected_is_unreachable() -> None:
+    table = started("kary:2", 4, launched=2)  # rank 1 offline
+    flub = flub_at_rank0(table)
+    key = generate_keypair()[0]
+    flub.allocate(allocate(key, rank=3), NOW)
+    answer = only_response(
+        flub.kex(request("flub.kex", {"rank": 3, "incarnation": 1, "public_key": key}), NOW)
+    )
+    assert answer.errnum == errno.EHOSTUNREACH and answer.errstr == "rank 1 is offline"
+
+
+def test_an_expired_lease_is_voided_at_the_parent_once() -> None:
+    table = started("kary:2", 4, launched=2)
+    flub = flub_at_rank0(table)
+    flub.allocate(allocate(generate_keypair()[0], rank=3), NOW)
+    assert flub.expire(NOW + 29) == []
+    actions = flub.expire(NOW + 31)
+    [send] = of_type(actions, Send)
+    assert send.message.topic == "flub.revoke" and send.message.nodeid == 1
+    assert send.message.payload == {
+        "rank": 3,
+        "incarnation": 1,
+        "reason": "the reservation expired",
+    }
+    assert table.entry(3).state is RankState.VACANT and flub.expire(NOW + 32) == []
+
+
+def test_config_rejoin_is_answered_only_to_the_ranks_parent() -> None:
+    table = RankTable(Topology("kary:2", 4), ["h0", "h1", "h2", "h3"], NOW, fixed=True)
+    table.apply(Online(0, 1, "h0", 1), NOW)
+    bring_up(table, [1, 3])
+    table.apply(Lost(3, 1, "connection lost"), NOW)
+    flub = flub_at_rank0(table)
+    forged = only_response(
+        flub.rejoin(
+            request("config.rejoin", {"rank": 3, "incarnation": 1}, route=["l00", "c1"]), NOW
+        )
+    )
+    assert forged.errnum == errno.EPERM
+    asked = request("config.rejoin", {"rank": 3, "incarnation": 1}, route=["s", "c1"])
+    assert only_response(flub.rejoin(asked, NOW)).payload == {"incarnation": 2}
+
+
+# --- FLUB: a parent -------------------------------------------------------------------------
+
+
+def flub_at(rank: int, lifecycle: Lifecycle | None = None) -> FlubService:
+    return FlubService(
+        rank, Topology("kary:2", 7), None, lifecycle or Lifecycle(), CARD, ATTRIBUTES
+    )
+
+
+def test_a_parent_admits_a_key_on_rank0s_order_and_answers_its_card() -> None:
+    key = generate_keypair()[0]
+    order = request(
+        "flub.authorize",
+        {"rank": 3, "incarnation": 2, "public_key": key},
+        route=["s", "p"],
+        nodeid=1,
+    )
+    actions = flub_at(1).authorize(order, NOW)
+    assert actions[0] == Authorize(3, 2, key)
+    assert only_response(actions).payload == CARD
+
+
+@pytest.mark.parametrize(
+    ("rank", "route", "why"),
+    [
+        (3, ["l05", "p"], "comes from rank 0 only"),
+        (3, ["s", "c2", "p"], "comes from rank 0 only"),
+        (5, ["s", "p"], "rank 5 is not a child of rank 1"),
+        (0, ["s", "p"], "rank 0 is not a child of rank 1"),
+    ],
+)
+def test_a_parent_refuses_forged_and_misdirected_orders(
+    rank: int, route: list[str], why: str
+) -> None:
+    key = generate_keypair()[0]
+    order = request(
+        "flub.authorize", {"rank": rank, "incarnation": 2, "public_key": key}, route=route, nodeid=1
+    )
+    actions = flub_at(1).authorize(order, NOW)
+    assert of_type(actions, Authorize) == []
+    answer = only_response(actions)
+    assert answer.errnum == errno.EPERM and why in answer.errstr
+
+
+def test_a_stopping_parent_admits_no_one() -> None:
+    order = request(
+        "flub.authorize",
+        {"rank": 3, "incarnation": 2, "public_key": generate_keypair()[0]},
+        route=["s", "p"],
+    )
+    answer = only_response(flub_at(1, Lifecycle(stopping=True)).authorize(order, NOW))
+    assert answer.errnum == errno.ESHUTDOWN
+
+
+def test_revoke_is_obeyed_from_rank0_only_and_answers_nothing() -> None:
+    notice = {"rank": 3, "incarnation": 2, "reason": "the reservation expired"}
+    obeyed = flub_at(1).revoke(request("flub.revoke", notice, route=["s", "p"]), NOW)
+    assert obeyed == [Revoke(3, 2, "the reservation expired")]
+    forged = flub_at(1).revoke(request("flub.revoke", notice, route=["l00", "p"]), NOW)
+    assert of_type(forged, Revoke) == [] and only_response(forged).errnum == errno.EPERM
+    assert flub_at(1).revoke(request("flub.revoke", {"rank": "x"}, route=["s", "p"]), NOW) == []
+
+
+def test_a_config_child_at_the_door_waits_until_its_parent_is_welcomed() -> None:
+    from tbon.overlay.links.children import Rejoin
+
+    flub = flub_at(1)
+    rejoin = Rejoin(3, 1, b"id", 9, request("hello"))
+    assert flub.ask_rejoin(rejoin, welcomed=False) == []
+    [call] = flub.welcomed()
+    assert isinstance(call, Call) and call.request.topic == "config.rejoin"
+    assert call.request.payload == {"rank": 3, "incarnation": 1} and flub.welcomed() == []
+    readmitted = call.then(reply_to(call, {"incarnation": 2}), NOW)
+    assert Readmit(rejoin, 2, "") in readmitted
+    refused = call.then(reply_to(call, errnum=errno.EPERM, errstr="was retired"), NOW)
+    assert refused == [Readmit(rejoin, None, "was retired")]
+
+
+# --- retire ---------------------------------------------------------------------------------
+
+
+def retire_body(rank: int, **more: Any) -> dict[str, Any]:
+    return {"rank": rank, "force": False, "timeout": None, **more}
+
+
+def test_retire_records_first_then_orders_the_parent_then_answers_when_gone() -> None:
+    table = started("kary:2", 4)
+    bring_up(table, [1, 2, 3])
+    service = RetireService(0, table.topology, table)
+    actions = service.retire_rank(request("retire.rank", retire_body(3)), NOW)
+    assert table.entry(3).state is RankState.RETIRING  # recorded before anyone is told
+    news = only_response(actions)
+    assert news.streaming and news.payload["event"] == "retiring"
+    [call] = of_type(actions, Call)
+    assert call.request.topic == "retire.order" and call.request.nodeid == 1
+    assert call.request.payload == {"rank": 3, "incarnation": 1, "force": False, "timeout": None}
+    assert service.settle(NOW) == []
+    progress = service.progress(
+        request(
+            "retire.progress", {"rank": 3, "incarnation": 1, "event": "draining", "running": 2}
+        ),
+        NOW,
+    )
+    assert only_response(progress).payload == {"rank": 3, "event": "draining", "running": 2}
+    table.apply(Departed(3, 1), NOW + 1)
+    done = only_response(service.settle(NOW + 1))
+    assert done.payload["event"] == "retired" and not done.streaming
+    assert done.payload["seconds"] == pytest.approx(1.0)
+    assert service.waiters == []
+
+
+def test_retire_refusals_are_the_tables_and_a_lost_order_is_news() -> None:
+    table = started("kary:2", 4)
+    bring_up(table, [1, 3])
+    service = RetireService(0, table.topology, table)
+    busy = only_response(service.retire_rank(request("retire.rank", retire_body(1)), NOW))
+    assert busy.errnum == errno.EPERM and "children" in busy.errstr
+    missing = only_response(service.retire_rank(request("retire.rank", retire_body(9)), NOW))
+    assert missing.errnum == errno.ENOENT
+    bad = only_response(service.retire_rank(request("retire.rank", {"rank": 3}), NOW))
+    assert bad.errnum == errno.EINVAL
+    [call] = of_type(service.retire_rank(request("retire.rank", retire_body(3)), NOW), Call)
+    unreachable = call.then(reply_to(call, errnum=errno.EHOSTUNREACH, errstr="gone"), NOW)
+    assert only_response(unreachable).payload["event"] == "unreachable"
+    assert of_type(unreachable, Log)
+
+
+def test_waiting_retirements_fail_when_the_instance_ends() -> None:
+    table = started("kary:2", 4)
+    bring_up(table, [1, 3])
+    service = RetireService(0, table.topology, table)
+    service.retire_rank(request("retire.rank", retire_body(3)), NOW)
+    assert only_response(service.end()).errnum == errno.ESHUTDOWN
+
+
+def test_a_parent_passes_rank0s_retire_order_to_its_links_and_refuses_forgeries() -> None:
+    service = RetireService(1, Topology("kary:2", 7), None)
+    order = request(
+        "retire.order", {"rank": 3, "incarnation": 1, "force": True, "timeout": 5}, route=["s", "p"]
+    )
+    [action] = service.order(order, NOW)
+    assert action == RetireChild(order, 3, 1, {"force": True, "timeout": 5})
+    forged = request("retire.order", {"rank": 3, "incarnation": 1}, route=["l01", "p"])
+    assert only_response(service.order(forged, NOW)).errnum == errno.EPERM
+
+
+def test_a_draining_broker_waits_kills_at_its_deadline_and_leaves() -> None:
+    draining = Draining(3, 1, {"force": False, "timeout": 10}, NOW)
+    begun = draining.begin(running=2)
+    [told] = of_type(begun, Send)
+    assert told.message.topic == "retire.progress" and told.message.nodeid == 0
+    assert draining.step(NOW + 5, running=2) == []
+    killed = draining.step(NOW + 10, running=2)
+    assert of_type(killed, KillAllJobs)[0].signum == signal.SIGKILL
+    assert of_type(killed, Send)[0].message.payload["event"] == "killed"
+    assert draining.step(NOW + 11, running=0)[-1] == Leave(exitcodes.SHUTDOWN)
+
+
+def test_an_idle_broker_leaves_at_once_when_told_to_retire() -> None:
+    draining = Draining(3, 1, {"force": False, "timeout": None}, NOW)
+    assert of_type(draining.begin(running=0), Send) == []
+    assert draining.next_deadline() is None
+    assert draining.step(NOW, running=0)[-1] == Leave(exitcodes.SHUTDOWN)
+
+
+# --- exec -----------------------------------------------------------------------------------
+
+
+def exec_at(rank: int, lifecycle: Lifecycle | None = None) -> ExecService:
+    return ExecService(rank, Topology("kary:2", 7), lifecycle or Lifecycle())
+
+
+def start_request(targets: list[int]) -> Message:
+    return request("exec.start", {"id": "j1", "argv": ["true"], "targets": targets})
+
+
+def test_exec_sends_one_copy_down_each_branch_and_starts_here_if_targeted() -> None:
+    actions = exec_at(0).handle(start_request([0, 3, 4, 5]), NOW)
+    forwards = of_type(actions, Forward)
+    assert {(f.child, tuple(f.message.payload["targets"])) for f in forwards} == {
+        (1, (3, 4)),
+        (2, (5,)),
+    }
+    assert of_type(actions, StartJob)
+    down = forwards[0]
+    assert down.message.route == ["l01"] and down.message.tag == 7
+    assert all(
+        r.message.payload["error"].endswith("is not connected")
+        for r in down.otherwise
+        if isinstance(r, Respond)
+    )
+
+
+def test_exec_ignores_targets_outside_its_subtree_and_refuses_bad_ones() -> None:
+    assert exec_at(1).handle(start_request([2, 5, 99]), NOW) == []
+    bad = only_response(exec_at(0).handle(request("exec.start", {"targets": "all"}), NOW))
+    assert bad.errnum == errno.EINVAL
+
+
+def test_stdin_and_signals_reach_the_job_and_odd_signals_do_not() -> None:
+    stdin = request("exec.stdin", {"id": "j1", "data": "x\n", "eof": True, "targets": [0]})
+    assert exec_at(0).handle(stdin, NOW) == [WriteStdin("j1", "x\n", True)]
+    kill = request("exec.signal", {"id": "j1", "signal": 9, "targets": [0]})
+    assert exec_at(0).handle(kill, NOW) == [SignalJob("j1", 9)]
+    odd = request("exec.signal", {"id": "j1", "signal": 999, "targets": [0]})
+    assert exec_at(0).handle(odd, NOW) == []
+
+
+def test_a_retiring_or_stopping_broker_takes_no_new_work() -> None:
+    for lifecycle, why in (
+        (Lifecycle(retiring=True), "retiring"),
+        (Lifecycle(stopping=True), "shutting down"),
+    ):
+        answer = only_response(exec_at(0, lifecycle).handle(start_request([0]), NOW))
+        assert why in answer.payload["error"] and answer.streaming
+
+
+def test_a_vanished_clients_jobs_are_killed_everywhere() -> None:
+    service = exec_at(0)
+    service.started_by("l0a", start_request([0, 3]))
+    [send] = service.client_gone("l0a")
+    assert send.message.topic == "exec.signal"
+    assert send.message.payload == {"id": "j1", "signal": int(signal.SIGKILL), "targets": [0, 3]}
+    assert service.client_gone("l0a") == []
+    gone = service.disconnect(request("client.disconnect", route=["l0a", "c1"]), NOW)
+    assert gone == [KillJobsFrom(("l0a", "c1")), ForgetWatches(("l0a", "c1"))]
