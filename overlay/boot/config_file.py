@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tbon.errors import UsageError
+from tbon.overlay.boot.wireup import BusinessCard, Wireup
 from tbon.overlay.parse.hostlist import expand_hostlist
 from tbon.overlay.state.topology import Topology, explicit_parents
 
@@ -172,3 +174,32 @@ def _template(value: object, where: str, fail: Any) -> str:
 
 def _fill(template: str, host: str, port: int) -> str:
     return template.replace("%p", str(port)).replace("%h", host)
+
+
+def config_wireup(
+    boot: BootConfig,
+    topo: str,
+    requested_size: int | None,
+    hostname: str,
+    public_key: str,
+    bind: Callable[[Topology, int, str], str],
+    share: Callable[[], None],
+) -> Wireup:
+    """Config-file bootstrap: everything is in the file, so there is nothing to exchange. The
+    rank is this host's place in `hosts`; every rank holds the instance's one key pair."""
+    rank = boot.rank_of(hostname)
+    launched = len(boot.hosts)
+    size = launched if requested_size is None else requested_size
+    if size < launched:
+        raise UsageError(f"size={size} is smaller than the {launched} hosts of {boot.path}")
+    topology = boot.topology(topo, size)
+    if topology.children(rank):
+        bind(topology, rank, boot.hosts[rank].bind)
+        share()  # its config-booted children hold the instance's key
+    parent = topology.parent(rank)
+    card = None
+    if parent is not None:
+        entry = boot.hosts[parent]
+        card = BusinessCard(entry.host, public_key, entry.connect)
+    hosts = [entry.host for entry in boot.hosts]
+    return Wireup(rank, size, launched, topology, parent=card, hosts=hosts)

@@ -1,18 +1,14 @@
-"""Wire-up by PMI: learn rank and size, swap business cards, authorize children, then connect.
+"""What every bootstrap produces: a broker's rank, its tree, and where its parent is.
 
-The order matters for security and speed: every parent binds and puts its card, all meet at a
-barrier, each parent authorizes exactly its children's keys, all meet again, and only then do the
-children connect. No child ever knocks on a door that is not yet expecting it.
+Four bootstraps fill it in, each in a module of its own: PMI (pmi.py), a config file
+(config_file.py), FLUB, joining a running instance (flub.py), and a broker alone (singleton.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tbon.errors import TbonError, UsageError
-from tbon.overlay.boot.config_file import BootConfig
-from tbon.overlay.boot.pmi_client import PmiClient
 from tbon.overlay.state.topology import Topology
 
 FIRST_INCARNATION = 1
@@ -54,10 +50,6 @@ class Wireup:
     incarnation: int = FIRST_INCARNATION
 
 
-def card_key(rank: int) -> str:
-    return f"tbon-card-{rank}"
-
-
 def instance_size(requested: int | None, launched: int, by_pmi: bool = True) -> int:
     """The instance's size: the brokers launched, or more with `-S size=S` (the rest spares)."""
     if requested is None:
@@ -69,75 +61,3 @@ def instance_size(requested: int | None, launched: int, by_pmi: bool = True) -> 
             f"{launched}"
         )
     return requested
-
-
-def pmi_wireup(
-    pmi: PmiClient,
-    topo: str,
-    requested_size: int | None,
-    hostname: str,
-    public_key: str,
-    bind: Callable[[Topology, int], str],
-    authorize: Callable[[int, int, str], None],
-) -> Wireup:
-    """Run the two-barrier exchange; `bind` is called only by brokers that have children."""
-    pmi.init()
-    rank, launched = pmi.rank, pmi.size
-    topology = Topology(topo, instance_size(requested_size, launched))
-    endpoint = bind(topology, rank) if topology.children(rank) else ""
-    pmi.put(card_key(rank), BusinessCard(hostname, public_key, endpoint).encode())
-    pmi.barrier()
-    wireup = Wireup(rank, topology.size, launched, topology)
-    parent = topology.parent(rank)
-    if parent is not None:
-        wireup.parent = BusinessCard.decode(pmi.get(card_key(parent)))
-    for child in topology.children(rank):
-        if child < launched:
-            authorize(
-                child, FIRST_INCARNATION, BusinessCard.decode(pmi.get(card_key(child))).public_key
-            )
-    if rank == 0:
-        wireup.hosts = [hostname] + [
-            BusinessCard.decode(pmi.get(card_key(other))).host for other in range(1, launched)
-        ]
-    pmi.barrier()
-    return wireup
-
-
-def config_wireup(
-    boot: BootConfig,
-    topo: str,
-    requested_size: int | None,
-    hostname: str,
-    public_key: str,
-    bind: Callable[[Topology, int, str], str],
-    share: Callable[[], None],
-) -> Wireup:
-    """Config-file bootstrap: everything is in the file, so there is nothing to exchange. The
-    rank is this host's place in `hosts`; every rank holds the instance's one key pair."""
-    rank = boot.rank_of(hostname)
-    launched = len(boot.hosts)
-    size = launched if requested_size is None else requested_size
-    if size < launched:
-        raise UsageError(f"size={size} is smaller than the {launched} hosts of {boot.path}")
-    topology = boot.topology(topo, size)
-    if topology.children(rank):
-        bind(topology, rank, boot.hosts[rank].bind)
-        share()  # its config-booted children hold the instance's key
-    parent = topology.parent(rank)
-    card = None
-    if parent is not None:
-        entry = boot.hosts[parent]
-        card = BusinessCard(entry.host, public_key, entry.connect)
-    hosts = [entry.host for entry in boot.hosts]
-    return Wireup(rank, size, launched, topology, parent=card, hosts=hosts)
-
-
-def singleton_wireup(
-    topo: str, requested_size: int | None, hostname: str, bind: Callable[[Topology, int], str]
-) -> Wireup:
-    """No PMI: this broker is rank 0 of an instance it launched alone (others may join later)."""
-    topology = Topology(topo, instance_size(requested_size, 1, by_pmi=False))
-    if topology.children(0):
-        bind(topology, 0)
-    return Wireup(0, topology.size, 1, topology, hosts=[hostname])

@@ -9,11 +9,9 @@ broker with the exit code that tells a supervisor what to do.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,40 +20,22 @@ import zmq
 
 from tbon.errors import TbonError
 from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.broker.dispatch import ROOT_TOPICS, Services
 from tbon.overlay.broker.jobs import JobRunner
 from tbon.overlay.broker.logs import set_log_rank, setup_logging
+from tbon.overlay.broker.perform import Performer
 from tbon.overlay.broker.program import InitialProgram
-from tbon.overlay.broker.router import Handler, Router
+from tbon.overlay.broker.router import Router
+from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Rundir, boot
 from tbon.overlay.links.local import LocalServer
 from tbon.overlay.links.parent import LinkEnded, ParentLink
 from tbon.overlay.services.actions import (
     Action,
-    Authorize,
-    Call,
-    ForgetWatches,
-    Forward,
-    KillAllJobs,
-    KillJobsFrom,
-    Leave,
-    Log,
-    Readmit,
-    Report,
-    Respond,
-    RetireChild,
-    Revoke,
-    Send,
-    ShutDown,
-    SignalJob,
-    StartJob,
-    WriteStdin,
 )
-from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
-from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.ping import PingService, Whoami
-from tbon.overlay.services.retire import Draining, RetireService
-from tbon.overlay.services.status import StatusService
+from tbon.overlay.services.ping import Whoami
+from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.ranktable import Event, Online, Outcome, RankTable
 from tbon.overlay.state.reports import encode_event
 from tbon.overlay.wire.message import Kind, Message
@@ -64,8 +44,6 @@ log = logging.getLogger("tbon.broker")
 
 BATCH = 256  # messages read from one socket before the others get a turn
 VERDICT_GRACE_MS = 100  # before judging a peer's silence, how long to look for its messages
-ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown", "flub.kex"})
-"""Topics that a request without a rank sends to rank 0."""
 
 
 class Broker:
@@ -126,49 +104,24 @@ class Broker:
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
 
     def _build_services(self) -> None:
-        """The services, and the one table that maps each topic to the one that serves it."""
-        config, rank, topology, table = self.config, self.rank, self.topology, self.table
         me = Whoami(
-            rank,
-            config.hostname,
+            self.rank,
+            self.config.hostname,
             os.getpid(),
             self.uri,
             self.booted.endpoint,
             self.public,
-            config.attributes,
+            self.config.attributes,
         )
-        attributes = flub_attributes(
-            config.heartbeat, config.torpid, config.timeout, config.join_timeout
-        )
-        card = {"endpoint": me.endpoint, "public_key": me.public_key, "hostname": me.hostname}
-        self.ping = PingService(me, topology)
-        self.exec = ExecService(rank, topology, self.lifecycle)
-        self.flub = FlubService(rank, topology, table, self.lifecycle, card, attributes)
-        self.retire = RetireService(rank, topology, table)
-        self.status = StatusService(table, self.lifecycle) if table is not None else None
-        handlers: dict[str, Handler] = {
-            "broker.ping": self.ping.ping,
-            "broker.info": self.ping.info,
-            "client.disconnect": self.exec.disconnect,
-            **{topic: self.exec.handle for topic in EXEC_TOPICS},
-            "flub.authorize": self.flub.authorize,
-            "flub.revoke": self.flub.revoke,
-            "retire.order": self.retire.order,
-        }
-        if self.status is not None:  # rank 0 only: they need the rank table
-            handlers |= {
-                "status.get": self.status.get,
-                "status.watch": self.status.watch,
-                "instance.shutdown": self.ping.shutdown,
-                "flub.allocate": self.flub.allocate,
-                "flub.kex": self.flub.kex,
-                "config.rejoin": self.flub.rejoin,
-                "retire.rank": self.retire.retire_rank,
-                "retire.progress": self.retire.progress,
-            }
+        self.services = Services.build(me, self.config, self.topology, self.table, self.lifecycle)
         links = (self.parent, self.children, self.local)
-        self.router = Router(rank, topology, table, links, handlers, ROOT_TOPICS, self.perform)
+        handlers = self.services.handlers()
+        self.router = Router(
+            self.rank, self.topology, self.table, links, handlers, ROOT_TOPICS, self.perform
+        )
         self.router.on_local_request = self._local_request
+        status = self.services.status
+        self.performer = Performer(self.rank, self, self.router, self.children, self.jobs, status)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -251,7 +204,7 @@ class Broker:
                 self.children.socket.poll(VERDICT_GRACE_MS) or self.children.monitor.poll(0)
             ):
                 self._read_children(now)
-            self._report(self.children.tick(now), now)
+            self.report(self.children.tick(now), now)
         parent = self.parent
         if parent is not None and parent.verdict_due(now) and parent.socket.poll(VERDICT_GRACE_MS):
             self._read_parent(now)
@@ -261,20 +214,21 @@ class Broker:
             self._cut_off(ended)
             return
         if self.table is not None:
-            self.perform(self.flub.expire(now))
+            self.perform(self.services.flub.expire(now))
 
     def _tick(self, now: float) -> None:
         """After every batch of input: push status changes, start the program, finish."""
         if self.exit_code is not None:
             return
-        if self.table is not None and self.status is not None:
+        status = self.services.status
+        if self.table is not None and status is not None:
             if self.table.generation != self._seen_generation:
                 self._seen_generation = self.table.generation
                 self._due = 0.0  # a new lease, a rank come or gone: the deadlines change
-            for watcher, update in self.status.pushes(now):
+            for watcher, update in status.pushes(now):
                 if not self._respond(update):
-                    self.status.forget_watcher(watcher)
-            self.perform(self.retire.settle(now))
+                    status.forget_watcher(watcher)
+            self.perform(self.services.retire.settle(now))
             if self.program.pending and not self.lifecycle.stopping and self.table.up():
                 self._start_program(now)
         if self.draining is not None and self.exit_code is None:
@@ -319,15 +273,15 @@ class Broker:
         children.drain_monitor()
         for _ in range(BATCH):
             if not children.socket.poll(0):
-                self._report(children.settle(), now)
+                self.report(children.settle(), now)
                 break
             inbound = children.read(now)
             if inbound.reports:
                 self._due = 0.0  # a child came, went or changed: its timers change too
-            self._report(inbound.reports, now)
+            self.report(inbound.reports, now)
             welcomed = self.parent is None or self.parent.welcomed
             for rejoin in inbound.rejoins:
-                self.perform(self.flub.ask_rejoin(rejoin, welcomed))
+                self.perform(self.services.flub.ask_rejoin(rejoin, welcomed))
             for child, message in inbound.messages:
                 self.router.route(message, f"c{child}", now)
         self._maybe_finish(now)
@@ -347,7 +301,7 @@ class Broker:
             if inbound.welcomed:
                 log.info("welcomed by the parent")
                 self.incarnation = parent.incarnation
-                self.perform(self.flub.welcomed())
+                self.perform(self.services.flub.welcomed())
                 self._finalize_pmi()
                 self._due = 0.0  # heartbeats to the parent start now
             if inbound.ended is not None:
@@ -374,12 +328,12 @@ class Broker:
                 hop, message = received
                 self.router.route(message, hop, now)
         for hop in self.local.gone():
-            self.perform(self.exec.client_gone(hop))
+            self.perform(self.services.exec.client_gone(hop))
             self.router.forget_client(hop)
 
     def _local_request(self, hop: str, message: Message) -> None:
         if message.topic == "exec.start":
-            self.exec.started_by(hop, message)
+            self.services.exec.started_by(hop, message)
 
     def _finalize_pmi(self) -> None:
         if self.booted.pmi is not None:
@@ -389,64 +343,27 @@ class Broker:
     # --- carrying out what the services ask -------------------------------------------------
 
     def perform(self, actions: list[Action]) -> None:
-        for action in actions:
-            self._perform(action, time.monotonic())
+        self.performer.perform(actions)
 
-    def _perform(self, action: Action, now: float) -> None:
-        match action:
-            case Respond(message):
-                self.router.respond(message)
-            case Send(message):
-                self.router.send(message)
-            case Call(request, then):
-                self.router.call(request, then)
-            case Forward(child, message, otherwise):
-                if not self.router.send_down(child, message):
-                    self.perform(list(otherwise))
-            case Log(level, text):
-                log.log(level, "%s", text)
-            case Report(event):
-                self._report([event], now)
-            case Authorize(rank, incarnation, key) if self.children is not None:
-                self.children.authorize(rank, incarnation, key)
-            case Revoke(rank, incarnation, reason) if self.children is not None:
-                self.children.revoke(rank, incarnation, reason)
-            case RetireChild(request, rank, incarnation, order) if self.children is not None:
-                why = self.children.retire(rank, incarnation, order)
-                reply = request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})
-                self.router.respond(reply)
-            case Readmit(rejoin, incarnation, why) if self.children is not None:
-                inbound = self.children.rejoined(rejoin, incarnation, why, now)
-                self._report(inbound.reports, now)
-                self._due = 0.0
-            case StartJob(request):
-                if (refused := self.jobs.start(request)) is not None:
-                    answer = {"rank": self.rank, "error": refused.errstr}
-                    self.router.respond(request.respond(answer, streaming=True))
-            case WriteStdin(job_id, data, eof):
-                self.jobs.write_stdin(job_id, data, eof)
-            case SignalJob(job_id, signum):
-                self.jobs.send_signal(job_id, signum)
-            case KillJobsFrom(route):
-                self.jobs.kill_from(route)
-            case KillAllJobs(signum, note):
-                self.jobs.kill_all(signum, note=note)
-                self._due = 0.0
-            case ForgetWatches(route) if self.status is not None:
-                self.status.forget(route)
-            case ShutDown(end_program):
-                if end_program:
-                    self.program.terminate()
-                self.begin_shutdown(now)
-            case Leave(exit_code):
-                assert self.parent is not None
-                self.parent.goodbye()
-                self.exit_code = exit_code
+    def shut_down(self, end_program: bool, now: float) -> None:
+        if end_program:
+            self.program.terminate()
+        self.begin_shutdown(now)
+
+    def leave(self, exit_code: int) -> None:
+        """A retired broker: goodbye to the parent, and out."""
+        assert self.parent is not None
+        self.parent.goodbye()
+        self.exit_code = exit_code
+
+    def wake(self) -> None:
+        """Something changed what the timers wait for: recompute them on the next turn."""
+        self._due = 0.0
 
     def _respond(self, reply: Message) -> bool:
         return self.router.respond(reply)
 
-    def _report(self, events: list[Event], now: float) -> None:
+    def report(self, events: list[Event], now: float) -> None:
         """Rank-table events seen here: rank 0 applies them, any other broker sends them up."""
         for event in events:
             if self.table is None:
@@ -455,7 +372,7 @@ class Broker:
                 continue
             outcome = self._apply(event, now)
             if isinstance(event, Online) and not outcome.applied:
-                self.perform(self.flub.void(event.rank, event.incarnation, outcome.reason))
+                self.perform(self.services.flub.void(event.rank, event.incarnation, outcome.reason))
 
     def _apply(self, event: Event, now: float) -> Outcome:
         assert self.table is not None
@@ -502,9 +419,9 @@ class Broker:
         self._reap_program()  # its status is the instance's exit status
         if self.parent is not None:
             self.parent.goodbye()
-        if self.status is not None:
-            self.perform(self.status.end())
-            self.perform(self.retire.end())
+        if self.services.status is not None:
+            self.perform(self.services.status.end())
+            self.perform(self.services.retire.end())
         self.exit_code = self.final_code
 
     def _cut_off(self, ended: LinkEnded) -> None:
@@ -528,39 +445,8 @@ class Broker:
         self.rundir.remove()
 
 
-class SignalPipe:
-    """Signals become bytes on a socket the poll loop watches, handled between messages."""
-
-    def __init__(self) -> None:
-        self.reader, self._writer = socket.socketpair()
-        self.reader.setblocking(False)
-        self._writer.setblocking(False)
-        self._pending: list[int] = []
-        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        # Under a launcher that ignores SIGINT (Ctrl-C meant for the initial program), keep
-        # ignoring it, but through a handler: unlike SIG_IGN, a handler is not inherited by the
-        # programs this broker starts.
-        self.sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self._pending.append(signum)
-
-    def take(self) -> list[int]:
-        try:
-            while self.reader.recv(512):
-                pass
-        except BlockingIOError:
-            pass
-        signals, self._pending = self._pending, []
-        return signals
-
-    def close(self) -> None:
-        signal.set_wakeup_fd(-1)
-
-
 def run_broker(config: BrokerConfig, command: list[str]) -> int:
+    """Boot a broker and serve until it ends; its exit code tells a supervisor what to do."""
     setup_logging(config.log_level)
     context = zmq.Context()
     signals = SignalPipe()

@@ -20,10 +20,12 @@ import zmq
 from tbon import exitcodes
 from tbon.errors import TbonError
 from tbon.keys.cert import generate_keypair, load_certificate
-from tbon.overlay.boot.config_file import load_bootconfig
+from tbon.overlay.boot.config_file import config_wireup, load_bootconfig
 from tbon.overlay.boot.flub import flub_wireup
+from tbon.overlay.boot.pmi import pmi_wireup
 from tbon.overlay.boot.pmi_client import PmiClient
-from tbon.overlay.boot.wireup import Wireup, config_wireup, pmi_wireup, singleton_wireup
+from tbon.overlay.boot.singleton import singleton_wireup
+from tbon.overlay.boot.wireup import Wireup
 from tbon.overlay.broker.attributes import BrokerConfig, host_address
 from tbon.overlay.links.children import Children
 from tbon.overlay.state.topology import Topology

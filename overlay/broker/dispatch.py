@@ -1,0 +1,79 @@
+"""The broker's services, and the one table that says which of them serves each topic.
+
+To find what a broker does with a request, find its topic here. Topics in the second half need
+the rank table and are served by rank 0 alone; any other rank answers them ENOSYS, as it does an
+unknown topic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.broker.router import Handler
+from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
+from tbon.overlay.services.flub import FlubService, flub_attributes
+from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.ping import PingService, Whoami
+from tbon.overlay.services.retire import RetireService
+from tbon.overlay.services.status import StatusService
+from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state.topology import Topology
+
+ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown", "flub.kex"})
+"""Topics that a request without a rank sends to rank 0."""
+
+
+@dataclass(frozen=True)
+class Services:
+    ping: PingService
+    exec: ExecService
+    flub: FlubService
+    retire: RetireService
+    status: StatusService | None  # rank 0 only
+
+    @staticmethod
+    def build(
+        me: Whoami,
+        config: BrokerConfig,
+        topology: Topology,
+        table: RankTable | None,
+        lifecycle: Lifecycle,
+    ) -> Services:
+        """Each service gets what it needs and no more: `table` is rank 0's (None elsewhere)."""
+        rank = me.rank
+        card = {"endpoint": me.endpoint, "public_key": me.public_key, "hostname": me.hostname}
+        attributes = flub_attributes(
+            config.heartbeat, config.torpid, config.timeout, config.join_timeout
+        )
+        return Services(
+            ping=PingService(me, topology),
+            exec=ExecService(rank, topology, lifecycle),
+            flub=FlubService(rank, topology, table, lifecycle, card, attributes),
+            retire=RetireService(rank, topology, table),
+            status=StatusService(table, lifecycle) if table is not None else None,
+        )
+
+    def handlers(self) -> dict[str, Handler]:
+        """Topic -> handler, for the router."""
+        table: dict[str, Handler] = {
+            "broker.ping": self.ping.ping,
+            "broker.info": self.ping.info,
+            "client.disconnect": self.exec.disconnect,
+            **{topic: self.exec.handle for topic in EXEC_TOPICS},
+            "flub.authorize": self.flub.authorize,
+            "flub.revoke": self.flub.revoke,
+            "retire.order": self.retire.order,
+        }
+        if self.status is not None:  # rank 0: these need the rank table
+            table |= {
+                "status.get": self.status.get,
+                "status.watch": self.status.watch,
+                "instance.shutdown": self.ping.shutdown,
+                "flub.allocate": self.flub.allocate,
+                "flub.kex": self.flub.kex,
+                "config.rejoin": self.flub.rejoin,
+                "retire.rank": self.retire.retire_rank,
+                "retire.progress": self.retire.progress,
+            }
+        return table
