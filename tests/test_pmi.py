@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from tbon.errors import TbonError
 from tbon.overlay.boot.pmi_client import WIRE_LINE_MAX, PmiClient, PmiError
-from tbon.overlay.launch.pmi_server import PmiClientError, PmiServer, SocketPmiServer
+from tbon.overlay.launch.pmi_server import PmiClientError, PmiServer
+from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.wire.pmi import (
     MAX_LINE_BYTES,
     LineBuffer,

@@ -1,7 +1,9 @@
 """A blocking PMI-1 client, so a broker started by mpiexec (Hydra), srun --mpi=pmi2 (Slurm) or
 tbon's own launcher can learn its rank and exchange addresses with its peers.
 
-Start-up path of a broker: keep imports to the standard library and ``tbon.overlay``.
+Start-up path of a broker: keep imports to the standard library and ``tbon.overlay``. The module
+is one protocol's client, a little over 400 lines because half of it is the checks that keep
+each request within what every known server accepts.
 
 Interoperability notes, each checked against the servers' sources:
 

@@ -30,7 +30,7 @@ from tbon.errors import TbonError
 from tbon.overlay.boot.wireup import instance_size
 from tbon.overlay.broker.attributes import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.broker.broker import run_broker
-from tbon.overlay.launch.pmi_server import SocketPmiServer
+from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.parse.duration import parse_duration
 
 PROG = "tbon start"

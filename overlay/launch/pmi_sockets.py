@@ -1,0 +1,142 @@
+"""The local launcher's PMI-1 server on real sockets: ``PmiServer`` (pmi_server.py), which
+decides every reply, wired to one ``AF_UNIX`` socketpair per rank and the launcher's selector."""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+from collections import deque
+
+from tbon.overlay.launch.pmi_server import PmiClientError, PmiServer, Reply
+
+__all__ = ["SocketPmiServer"]
+
+
+class SocketPmiServer:
+    """``PmiServer`` over one ``AF_UNIX`` socketpair per rank, driven by the caller's selector.
+
+    For each rank: ``make_pair(rank)`` returns the client end; start the broker with its fileno
+    as ``PMI_FD`` (``subprocess`` needs it in ``pass_fds``: socketpair ends are not inheritable)
+    and close it in the launcher afterwards, or EOF from an exited broker is never seen.
+    Register with the selector, and call ``handle(key.fileobj)`` when ``key.data is server``.
+    A child made with a bare ``os.fork`` (no exec) inherits the server ends too and should close
+    them (``fileobjs()``), or the server's hang-up is hidden from the other ranks.
+
+    Replies are written with a blocking ``sendall`` bounded by ``send_timeout``; a rank that
+    stops reading for that long, that sends garbage, or that closes, is disconnected.
+    """
+
+    def __init__(
+        self, size: int, kvsname: str = "tbon", appnum: int = 0, *, send_timeout: float = 10.0
+    ) -> None:
+        self.core = PmiServer(size, kvsname, appnum)
+        self.send_timeout = send_timeout
+        self.protocol_errors: list[str] = []
+        self._by_rank: dict[int, socket.socket] = {}
+        self._by_sock: dict[socket.socket, int] = {}
+        self._paired: set[int] = set()
+        self._selectors: list[selectors.BaseSelector] = []
+
+    @property
+    def size(self) -> int:
+        return self.core.size
+
+    @property
+    def finalized(self) -> set[int]:
+        return self.core.finalized
+
+    @property
+    def aborted(self) -> tuple[int, int, str] | None:
+        return self.core.aborted
+
+    @property
+    def connected(self) -> set[int]:
+        """Ranks whose server end is still open."""
+        return set(self._by_rank)
+
+    def make_pair(self, rank: int) -> socket.socket:
+        """Create rank's connection; keep the server end and return the client end."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} is outside this PMI job of size {self.size}")
+        if rank in self._paired:
+            raise ValueError(f"PMI rank {rank} already has a connection")
+        server_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        server_end.setblocking(False)
+        self._paired.add(rank)
+        self._by_rank[rank] = server_end
+        self._by_sock[server_end] = rank
+        for selector in self._selectors:
+            selector.register(server_end, selectors.EVENT_READ, self)
+        return client_end
+
+    def fileobjs(self) -> list[socket.socket]:
+        """The open server ends, for callers that poll without a selector."""
+        return list(self._by_rank.values())
+
+    def register(self, selector: selectors.BaseSelector) -> None:
+        """Watch every server end (present and future) for reading, with ``data=self``."""
+        if selector in self._selectors:
+            return
+        self._selectors.append(selector)
+        for sock in self._by_rank.values():
+            selector.register(sock, selectors.EVENT_READ, self)
+
+    def handle(self, sock: socket.socket) -> None:
+        """Read what ``sock`` has, answer it, and close the connection on EOF or garbage."""
+        rank = self._by_sock.get(sock)
+        if rank is None:
+            return
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._deliver(self._close(rank))
+            return
+        try:
+            replies = self.core.receive(rank, data)
+        except PmiClientError as exc:
+            self.protocol_errors.append(str(exc))
+            self._deliver(exc.replies)
+            self._deliver(self._close(rank))
+            return
+        self._deliver(replies)
+
+    def close(self) -> None:
+        """Close every server end (the brokers then see EOF on their PMI connection)."""
+        for rank in list(self._by_rank):
+            self._close(rank)
+
+    def __enter__(self) -> SocketPmiServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _deliver(self, replies: list[Reply]) -> None:
+        queue = deque(replies)
+        while queue:
+            rank, line = queue.popleft()
+            sock = self._by_rank.get(rank)
+            if sock is None:
+                continue
+            try:
+                sock.settimeout(self.send_timeout)
+                sock.sendall(line)
+            except OSError:  # includes TimeoutError: a rank that stopped reading
+                queue.extend(self._close(rank))
+            else:
+                sock.setblocking(False)
+
+    def _close(self, rank: int) -> list[Reply]:
+        sock = self._by_rank.pop(rank, None)
+        if sock is not None:
+            del self._by_sock[sock]
+            for selector in self._selectors:
+                with contextlib.suppress(KeyError, ValueError):
+                    selector.unregister(sock)
+            sock.close()
+        return self.core.disconnect(rank)
