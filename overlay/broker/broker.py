@@ -117,9 +117,15 @@ class Broker:
         links = (self.parent, self.children, self.local)
         handlers = self.services.handlers()
         self.router = Router(
-            self.rank, self.topology, self.table, links, handlers, ROOT_TOPICS, self.perform
+            self.rank,
+            self.topology,
+            self.table,
+            links,
+            handlers,
+            ROOT_TOPICS,
+            self.perform,
+            self._local_request,
         )
-        self.router.on_local_request = self._local_request
         status = self.services.status
         self.performer = Performer(self.rank, self, self.router, self.children, self.jobs, status)
 

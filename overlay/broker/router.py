@@ -43,10 +43,12 @@ class Router:
         handlers: dict[str, Handler],
         root_topics: frozenset[str],
         perform: Callable[[list[Action]], None],
+        on_local_request: Callable[[str, Message], None],
     ) -> None:
         """`handlers` maps each topic this broker serves to its service; `root_topics` are the
         topics a request without a rank (ANY_RANK) sends to rank 0; `perform` carries out what a
-        handler or a continuation returns."""
+        handler or a continuation returns; `on_local_request` sees each request of a local
+        client first, with the client's hop."""
         self.rank = rank
         self.topology = topology
         self.table = table
@@ -54,7 +56,7 @@ class Router:
         self.handlers = handlers
         self.root_topics = root_topics
         self.perform = perform
-        self.on_local_request: Callable[[str, Message], None] = lambda _hop, _message: None
+        self.on_local_request = on_local_request
         self._pending: dict[int, Continuation] = {}
         self._tags = itertools.count(1)
         self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
