@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zmq.utils import z85
@@ -15,8 +16,18 @@ from zmq.utils import z85
 from tbon import exitcodes
 from tbon.errors import UsageError
 from tbon.overlay.broker.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
-from tbon.overlay.links.children import Children, ChildSession, Inbound, Refusal, judge_hello
+from tbon.overlay.links.children import Children, Inbound
+from tbon.overlay.links.hello import (
+    AskRankZero,
+    Parent,
+    Refusal,
+    Standing,
+    Welcome,
+    judge_hello,
+    judge_stale,
+)
 from tbon.overlay.links.keyring import Identity, KeyRing
+from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.duration import format_duration, parse_duration
 from tbon.overlay.state.ranktable import Departed, Lost, Online, Torpid
 from tbon.overlay.state.reports import decode_event, encode_event
@@ -42,6 +53,15 @@ def hello(rank: Any = 3, incarnation: Any = 1, version: Any = PROTOCOL_VERSION) 
     }
 
 
+def parent(
+    rank: int = 1, current: dict[int, int] | None = None, shutting_down: bool = False
+) -> Parent:
+    """A parent whose children's current incarnations are `current` (rank -> incarnation)."""
+    current = {3: 1, 4: 2} if current is None else current
+    standings = {child: Standing(incarnation) for child, incarnation in current.items()}
+    return Parent(rank, TOPOLOGY, standings, shutting_down=shutting_down)
+
+
 def judge(
     payload: dict[str, Any],
     sender: Identity = CHILD,
@@ -49,8 +69,13 @@ def judge(
     current: dict[int, int] | None = None,
     shutting_down: bool = False,
 ) -> Refusal | None:
-    current = {3: 1, 4: 2} if current is None else current
-    return judge_hello(payload, sender, parent_rank, TOPOLOGY, current, shutting_down)
+    """The judge's refusal of a hello from `sender`'s key, or None if it welcomes exactly it."""
+    judgement = judge_hello(payload, sender, parent(parent_rank, current, shutting_down))
+    if isinstance(judgement, Welcome):
+        assert judgement.identity == sender
+        return None
+    assert isinstance(judgement, Refusal)
+    return judgement
 
 
 def public_key(seed: int) -> str:
@@ -159,7 +184,7 @@ def test_judge_hello_welcomes_exactly_the_expected_child(
     current: dict[int, int],
     shutting_down: bool,
 ) -> None:
-    refusal = judge_hello(payload, sender, parent_rank, TOPOLOGY, current, shutting_down)
+    refusal = judge(payload, sender, parent_rank, current, shutting_down)
     expected = (
         payload.get("version") == PROTOCOL_VERSION
         and payload.get("rank") == sender.rank
@@ -175,21 +200,188 @@ def test_judge_hello_welcomes_exactly_the_expected_child(
         assert refusal.reason and "\n" not in refusal.reason
 
 
+# --- the same judge, for the instance's shared key (config bootstrap) ---------------------------
+
+
+def shared(
+    payload: dict[str, Any], children: dict[int, Standing] | None = None, **parent_fields: Any
+) -> AskRankZero | Refusal | Welcome:
+    """Judge a hello from a holder of the instance's shared key at rank 1."""
+    return judge_hello(payload, None, Parent(1, TOPOLOGY, children or {}, **parent_fields))
+
+
+def test_shared_key_hello_of_a_first_boot_asks_rank_zero() -> None:
+    assert shared(hello(3, 0)) == AskRankZero(3, ended=0, replaces=False)
+
+
+def test_shared_key_hello_for_a_rank_that_ended_asks_rank_zero_to_end_that_one() -> None:
+    lost = Standing(2, ended="was lost: connection lost", shared=True)
+    assert shared(hello(3, 0), {3: lost}) == AskRankZero(3, ended=2, replaces=False)
+
+
+def test_shared_key_hello_for_a_connected_rank_replaces_its_old_broker() -> None:
+    live = Standing(2, connected=True, shared=True)
+    assert shared(hello(3, 0), {3: live}) == AskRankZero(3, ended=2, replaces=True)
+
+
+def test_shared_key_leaves_retired_and_ended_ranks_to_rank_zero() -> None:
+    """Rank 0 decides whether a config-booted rank may come back: it has the rank table."""
+    gone = Standing(1, ended="has retired", end_code=exitcodes.SHUTDOWN, shared=True)
+    judgement = shared(hello(3, 1), {3: gone}, retired=frozenset({Identity(3, 1)}))
+    assert judgement == AskRankZero(3, ended=1, replaces=False)
+
+
+def test_shared_key_with_another_version_is_refused() -> None:
+    assert shared(hello(3, 0, version=2)) == Refusal(
+        "incompatible protocol version 2", exitcodes.REFUSED
+    )
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 5, 6, 7, 100])
+def test_shared_key_for_a_rank_not_my_child_is_refused(rank: int) -> None:
+    assert shared(hello(rank, 0)) == Refusal(
+        f"rank {rank} is not a child of rank 1", exitcodes.REFUSED
+    )
+
+
+def test_shared_key_while_shutting_down_exits_zero() -> None:
+    assert shared(hello(3, 0), shutting_down=True) == Refusal(
+        "the instance is shutting down", exitcodes.SHUTDOWN
+    )
+
+
+def test_shared_key_may_not_take_a_rank_held_by_flub() -> None:
+    flub = Standing(4, connected=True)
+    assert shared(hello(3, 0), {3: flub}) == Refusal(
+        "rank 3 is held by a broker that joined by FLUB", exitcodes.REFUSED
+    )
+
+
+def test_an_ended_incarnation_is_told_so_before_anything_else() -> None:
+    lost = Standing(1, ended="was lost: silent for 61.0s")
+    judgement = judge_hello(hello(version=9), CHILD, Parent(1, TOPOLOGY, {3: lost}))
+    assert judgement == Refusal("rank 3 incarnation 1 was lost: silent for 61.0s", exitcodes.LOST)
+    retired = Parent(1, TOPOLOGY, {3: Standing(2)}, retired=frozenset({CHILD}))
+    assert judge_hello(hello(version=9), CHILD, retired) == Refusal(
+        "retired: rank 3 incarnation 1 has retired", exitcodes.SHUTDOWN
+    )
+
+
+# --- stale messages: from a peer with no live session ------------------------------------------
+
+
+def test_stale_messages_from_an_ended_or_superseded_incarnation_are_refused() -> None:
+    lost = Standing(1, ended="was lost: connection lost")
+    assert judge_stale(CHILD, Parent(1, TOPOLOGY, {3: lost})) == Refusal(
+        "rank 3 incarnation 1 was lost: connection lost", exitcodes.LOST
+    )
+    revoked = Standing(1, ended="was revoked: expired", end_code=exitcodes.REFUSED)
+    assert judge_stale(CHILD, Parent(1, TOPOLOGY, {3: revoked})) == Refusal(
+        "rank 3 incarnation 1 was revoked: expired", exitcodes.REFUSED
+    )
+    assert judge_stale(CHILD, Parent(1, TOPOLOGY, {3: Standing(2)})) == Refusal(
+        "superseded: rank 3 is now incarnation 2", exitcodes.REFUSED
+    )
+    retired = Parent(1, TOPOLOGY, {3: Standing(2)}, retired=frozenset({CHILD}))
+    assert judge_stale(CHILD, retired) == Refusal(
+        "retired: rank 3 incarnation 1 has retired", exitcodes.SHUTDOWN
+    )
+
+
+def test_stale_messages_from_the_current_incarnation_are_only_dropped() -> None:
+    assert judge_stale(CHILD, Parent(1, TOPOLOGY, {3: Standing(1)})) is None
+    assert judge_stale(CHILD, Parent(1, TOPOLOGY, {})) is None
+    assert judge_stale(Identity(3, 5), Parent(1, TOPOLOGY, {3: Standing(1)})) is None
+
+
+identities = st.builds(Identity, st.integers(0, 9), st.integers(0, 3))
+standings = st.builds(
+    Standing,
+    incarnation=st.integers(0, 3),
+    ended=st.sampled_from(["", "was lost: connection lost", "has departed"]),
+    end_code=st.sampled_from([exitcodes.LOST, exitcodes.REFUSED, exitcodes.SHUTDOWN]),
+    connected=st.booleans(),
+    shared=st.booleans(),
+)
+
+
+@given(
+    payload=st.dictionaries(
+        st.sampled_from(["rank", "incarnation", "version", "hostname", "pid", "x"]), json_values
+    ),
+    key=st.none() | identities,
+    parent_rank=st.integers(0, 6),
+    children=st.dictionaries(st.integers(0, 9), standings),
+    retired=st.frozensets(identities, max_size=3),
+    shutting_down=st.booleans(),
+)
+@FAST
+def test_one_judge_for_both_kinds_of_key(
+    payload: dict[str, Any],
+    key: Identity | None,
+    parent_rank: int,
+    children: dict[int, Standing],
+    retired: frozenset[Identity],
+    shutting_down: bool,
+) -> None:
+    """The judge against an oracle: who is welcomed, who goes to rank 0, who is refused how."""
+    judgement = judge_hello(
+        payload, key, Parent(parent_rank, TOPOLOGY, children, retired, shutting_down)
+    )
+    claimed = payload.get("rank")
+    rank = key.rank if key is not None else claimed
+    valid = isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0
+    mine = valid and rank < TOPOLOGY.size and TOPOLOGY.parent(rank) == parent_rank
+    standing = children.get(rank) if valid else None
+    speaks = payload.get("version") == PROTOCOL_VERSION
+    if key is None:
+        flub = standing is not None and standing.connected and not standing.shared
+        if speaks and mine and not shutting_down and not flub:
+            ended = standing.incarnation if standing is not None else 0
+            replaces = standing is not None and standing.connected
+            assert judgement == AskRankZero(rank, ended, replaces)
+        else:
+            assert isinstance(judgement, Refusal)
+        return
+    ended = standing is not None and standing.incarnation == key.incarnation and standing.ended
+    if key in retired:
+        assert judgement == Refusal(
+            f"retired: rank {key.rank} incarnation {key.incarnation} has retired",
+            exitcodes.SHUTDOWN,
+        )
+    elif ended:
+        assert standing is not None
+        assert isinstance(judgement, Refusal) and judgement.exit_code == standing.end_code
+    elif (
+        speaks
+        and (claimed, payload.get("incarnation")) == (key.rank, key.incarnation)
+        and mine
+        and standing is not None
+        and standing.incarnation == key.incarnation
+        and not shutting_down
+    ):
+        assert judgement == Welcome(key)
+    else:
+        assert isinstance(judgement, Refusal)
+        assert judgement.exit_code in (exitcodes.REFUSED, exitcodes.SHUTDOWN)
+    if isinstance(judgement, Refusal):
+        assert judgement.reason and "\n" not in judgement.reason
+
+
+# --- the judge's word carried out by Children, and which connection a session is on ------------
+
+ACCEPTED, CLOSED = zmq.EVENT_ACCEPTED, zmq.EVENT_DISCONNECTED
+
+
 def bare_children(topology: Topology, rank: int) -> tuple[Children, list[Message]]:
-    """A Children with no sockets, recording what it would send: enough to drive `_hello`."""
+    """A Children with no sockets, recording what it would send: enough to drive `_hello`.
+    Connection events are fed to it as the socket monitor would (`_connection_event`)."""
     children = object.__new__(Children)
+    children._start_sessions()
     children.rank = rank
     children.topology = topology
     children.config = broker_config({"hostname": "test"})
     children.keyring = KeyRing()
-    children.sessions = {}
-    children._by_routing = {}
-    children._by_fd = {}
-    children._fd_open = {}
-    children._fd_generation = {}
-    children._closed = []
-    children._retired = set()
-    children.shutting_down = False
     sent: list[Message] = []
     children._send_raw = lambda _routing_id, message: sent.append(message) or True  # type: ignore[method-assign]
     return children, sent
@@ -240,6 +432,122 @@ def test_a_retiring_child_lost_is_retired_too() -> None:
     children.sessions[3] = session
     assert isinstance(children._end(session, "lost", "silent for 61.0s"), Lost)
     assert (session.ended, session.end_code) == ("has retired", exitcodes.SHUTDOWN)
+
+
+def welcomed_on(children: Children, routing_id: bytes, fd: int, now: float = 0.0) -> Inbound:
+    """Child (3, 1) connects on `fd` and says hello."""
+    children._connection_event(ACCEPTED, fd)
+    inbound = Inbound()
+    children._hello(routing_id, fd, CHILD, hello_message(CHILD), now, inbound)
+    return inbound
+
+
+def test_a_child_saying_hello_again_on_a_new_connection_moves_there() -> None:
+    """Its old, half-dead connection closing later is stale: it must not end the live session.
+    The new connection closing is what ends it."""
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(CHILD)
+    welcomed_on(children, b"old", 11)
+    again = welcomed_on(children, b"new", 12, now=5.0)
+    assert again.reports == [Online(3, 1, "node3", 4242)]
+    assert [m.topic for m in sent] == ["welcome", "welcome"]
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == []
+    assert children.connected() == [3]
+    assert children.sessions[3].routing_id == b"new"
+    children._connection_event(CLOSED, 12)
+    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert children.connected() == []
+
+
+def test_a_stale_close_noted_before_the_new_hello_is_read_ends_nothing() -> None:
+    """The old connection's close is drained, then the new hello read, before `settle`."""
+    children, _ = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(CHILD)
+    welcomed_on(children, b"old", 11)
+    children._connection_event(CLOSED, 11)
+    welcomed_on(children, b"new", 11)  # the new connection even got the same descriptor
+    assert children.settle() == []
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == [Lost(3, 1, "connection lost")]
+
+
+def test_a_close_settled_before_the_new_hello_ends_the_incarnation() -> None:
+    """Once its only connection is seen closed, the incarnation is over: a hello from it later
+    is told it was lost (its broker exits 75 and may rejoin by FLUB)."""
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(CHILD)
+    welcomed_on(children, b"old", 11)
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert welcomed_on(children, b"new", 12).reports == []
+    assert (sent[-1].topic, sent[-1].payload["exit_code"]) == ("refuse", exitcodes.LOST)
+
+
+def test_a_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
+    children, _ = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(CHILD)
+    welcomed_on(children, b"old", 11)
+    children._connection_event(ACCEPTED, 12)
+    children._connection_event(CLOSED, 12)
+    inbound = Inbound()
+    children._hello(b"new", 12, CHILD, hello_message(CHILD), 1.0, inbound)
+    assert inbound.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection lost")]
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == []
+
+
+def test_a_goodbye_makes_the_close_that_follows_no_news() -> None:
+    children, _ = bare_children(TOPOLOGY, 1)
+    session = ChildSession(CHILD)
+    children.sessions[3] = session
+    welcomed_on(children, b"id3", 11)
+    assert children._end(session, "departed", "said goodbye") == Departed(3, 1)
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == []
+
+
+def test_a_superseded_incarnation_is_still_lost_when_its_connection_closes() -> None:
+    """The ledger holds sessions: one displaced by a newer incarnation is ended by its own
+    connection's close (rank 0 ignores the report: it is not the current incarnation)."""
+    children, _ = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(CHILD)
+    welcomed_on(children, b"old", 11)
+    children.authorize(3, 2, public_key(3))
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert children.sessions[3].identity == Identity(3, 2) and not children.sessions[3].ended
+
+
+def test_a_rejoin_is_tied_to_the_connection_its_hello_came_on() -> None:
+    """Rank 0 answers a rejoin later: if the hello's connection closed meanwhile and another
+    peer got its descriptor, the welcomed broker is gone, not tied to the other peer."""
+    children, _ = bare_children(TOPOLOGY, 1)
+    children._connection_event(ACCEPTED, 11)
+    inbound = Inbound()
+    children._hello(b"a", 11, None, hello_message(Identity(3, 0)), 0.0, inbound)
+    [rejoin] = inbound.rejoins
+    assert (rejoin.rank, rejoin.incarnation, rejoin.fd, rejoin.generation) == (3, 0, 11, 1)
+    children._connection_event(CLOSED, 11)
+    children._connection_event(ACCEPTED, 11)
+    answered = children.rejoined(rejoin, 1, "", 1.0)
+    assert answered.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection lost")]
+
+
+def test_a_config_booted_broker_restarted_on_its_host_replaces_the_old_one() -> None:
+    children, _ = bare_children(TOPOLOGY, 1)
+    children._connection_event(ACCEPTED, 11)
+    first = Inbound()
+    children._hello(b"a", 11, None, hello_message(Identity(3, 0)), 0.0, first)
+    assert children.rejoined(first.rejoins[0], 1, "", 0.0).reports == [Online(3, 1, "node3", 4242)]
+    children._connection_event(ACCEPTED, 12)
+    second = Inbound()
+    children._hello(b"b", 12, None, hello_message(Identity(3, 0)), 1.0, second)
+    assert second.reports == [Lost(3, 1, "its host started a new broker")]
+    assert children.rejoined(second.rejoins[0], 2, "", 1.0).reports == [Online(3, 2, "node3", 4242)]
+    children._connection_event(CLOSED, 11)  # the old broker's connection closing ends nothing
+    assert children.settle() == []
+    assert children.connected() == [3]
 
 
 # --- keyring ------------------------------------------------------------------------------------

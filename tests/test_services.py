@@ -200,6 +200,17 @@ def test_allocation_under_an_online_parent_orders_it_to_admit_the_key_and_passes
     assert answer.payload["attributes"] == ATTRIBUTES
 
 
+def test_an_allocation_that_lapsed_while_the_parent_answered_is_refused() -> None:
+    table = started("kary:2", 4, launched=2)
+    bring_up(table, [1])
+    flub = flub_at_rank0(table)
+    [call] = of_type(flub.allocate(allocate(generate_keypair()[0], rank=2), NOW), Call)
+    flub.expire(NOW + 31)
+    flub.allocate(allocate(generate_keypair()[0], rank=2), NOW + 31)  # another key has it now
+    late = only_response(call.then(reply_to(call, CARD), NOW + 32))
+    assert late.errnum == errno.EPERM and "lapsed" in late.errstr
+
+
 def test_allocation_answers_without_a_card_when_the_parent_is_not_online_or_refuses() -> None:
     table = started("kary:2", 4, launched=2)  # rank 1 is offline: rank 3's parent
     flub = flub_at_rank0(table)
@@ -263,8 +274,8 @@ def test_kex_checks_the_reservation_then_orders_the_parent_and_passes_its_answer
     assert only_response(call.then(reply_to(call, CARD), NOW)).payload == CARD
     lost = call.then(reply_to(call, errnum=errno.EHOSTUNREACH, errstr="gone"), NOW)
     assert only_response(lost).errnum == errno.EHOSTUNREACH
-    odd = call.then(reply_to(call, errnum=errno.EINVAL, errstr="odd"), NOW)
-    assert only_response(odd).errnum == errno.EPERM
+    broken = call.then(reply_to(call, errnum=errno.EPROTO, errstr="internal error"), NOW)
+    assert only_response(broken).errnum == errno.EPROTO  # the joiner exits 1, not 77
 
 
 def test_kex_for_a_rank_whose_parent_is_not_connected_is_unreachable() -> None:

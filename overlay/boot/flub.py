@@ -165,6 +165,7 @@ def _key_exchange(
             errno.EPERM: exitcodes.REFUSED,
             errno.ESHUTDOWN: exitcodes.SHUTDOWN,
             errno.EHOSTUNREACH: exitcodes.LOST,
+            errno.ETIMEDOUT: exitcodes.LOST,
         }
         if error.errnum in codes:
             raise TbonError(f"FLUB: rank {parent}: {error}", codes[error.errnum]) from None

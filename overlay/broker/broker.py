@@ -125,6 +125,7 @@ class Broker:
             ROOT_TOPICS,
             self.perform,
             self._local_request,
+            call_timeout=self.config.join_timeout,
         )
         status = self.services.status
         self.performer = Performer(self.rank, self, self.router, self.children, self.jobs, status)
@@ -192,6 +193,7 @@ class Broker:
                 self.parent.next_deadline() if self.parent else None,
                 self.table.next_expiry() if self.table else None,
                 self.draining.next_deadline() if self.draining else None,
+                self.router.next_deadline(),
                 self.stop_deadline,
             )
             if d is not None
@@ -219,6 +221,7 @@ class Broker:
         if parent is not None and (ended := parent.tick(now)) is not None:
             self._cut_off(ended)
             return
+        self.router.expire(now)
         if self.table is not None:
             self.perform(self.services.flub.expire(now))
 

@@ -77,7 +77,8 @@ class Performer:
             case Send(message):
                 self.router.send(message)
             case Call(request, then):
-                self.router.call(request, then)
+                self.router.call(request, then, now)
+                self.loop.wake()  # a new deadline: its answer's
             case Forward(child, message, otherwise):
                 if not self.router.send_down(child, message):
                     self.perform(list(otherwise))

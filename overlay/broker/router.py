@@ -7,15 +7,21 @@ broker pushes onto the request's route the hop it came from ("p" the parent, "c<
 "l<id>" a local client, "s" this broker itself), and a response retraces the route, popping one
 hop per broker. A request this broker makes itself with a continuation (a Call) gets a tag, and
 its response is handed to that continuation instead of being sent anywhere.
+
+Such a response is believed only if it comes back by the link its request went out on, and only
+for a tag nobody else could guess (48 random bits): a client or a broker elsewhere in the tree
+cannot answer rank 0's order to a parent in the parent's place. A call unanswered within
+`call_timeout` gets ETIMEDOUT, so nothing waits for a broker that died holding a request.
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tbon.overlay.links.children import Children
 from tbon.overlay.links.local import LocalServer
@@ -31,6 +37,18 @@ log = logging.getLogger("tbon.broker")
 
 Handler = Callable[[Message, float], list[Action]]
 Continuation = Callable[[Message, float], list[Action]]
+HERE = "here"  # the link of a request this broker serves itself, or answers without sending
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A call awaiting its response: what to do with it, the link it must come back by, and
+    when to stop waiting."""
+
+    then: Continuation
+    link: str
+    deadline: float
+    topic: str
 
 
 class Router:
@@ -44,11 +62,12 @@ class Router:
         root_topics: frozenset[str],
         perform: Callable[[list[Action]], None],
         on_local_request: Callable[[str, Message], None],
+        call_timeout: float,
     ) -> None:
         """`handlers` maps each topic this broker serves to its service; `root_topics` are the
         topics a request without a rank (ANY_RANK) sends to rank 0; `perform` carries out what a
         handler or a continuation returns; `on_local_request` sees each request of a local
-        client first, with the client's hop."""
+        client first, with the client's hop; a call unanswered for `call_timeout` fails."""
         self.rank = rank
         self.topology = topology
         self.table = table
@@ -57,8 +76,8 @@ class Router:
         self.root_topics = root_topics
         self.perform = perform
         self.on_local_request = on_local_request
-        self._pending: dict[int, Continuation] = {}
-        self._tags = itertools.count(1)
+        self.call_timeout = call_timeout
+        self._pending: dict[int, Pending] = {}
         self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
 
     def route(self, message: Message, came_from: str, now: float) -> None:
@@ -68,7 +87,7 @@ class Router:
             message.route.append(came_from)
             self.request(message, now)
         elif message.kind is Kind.RESPONSE:
-            self.respond(message)
+            self.respond(message, came_from)
         else:
             log.warning("dropped a %s message %r from %s", message.kind, message.topic, came_from)
 
@@ -109,26 +128,56 @@ class Router:
     def send_down(self, child: int, message: Message) -> bool:
         return self.children is not None and self.children.send(child, message)
 
-    def call(self, request: Message, then: Continuation) -> None:
-        """Send a request of this broker's own; `then` gets the response."""
-        request.tag = next(self._tags)
-        self._pending[request.tag] = then
-        self.route(request, "s", time.monotonic())
+    def call(self, request: Message, then: Continuation, now: float) -> None:
+        """Send a request of this broker's own; `then` gets the response, or ETIMEDOUT."""
+        tag = int.from_bytes(os.urandom(6), "big") or 1
+        request.tag = tag
+        link = self._link_toward(request.nodeid)
+        self._pending[tag] = Pending(then, link, now + self.call_timeout, request.topic)
+        self.route(request, "s", now)
+
+    def _link_toward(self, target: int) -> str:
+        """The link a request for `target` leaves by: "p", "c<rank>", or HERE."""
+        if target == self.rank or not 0 <= target < self.topology.size:
+            return HERE
+        hop = self.topology.next_hop(self.rank, target)
+        return "p" if hop == self.topology.parent(self.rank) else f"c{hop}"
+
+    def next_deadline(self) -> float | None:
+        return min((p.deadline for p in self._pending.values()), default=None)
+
+    def expire(self, now: float) -> None:
+        """Fail every call whose answer is overdue."""
+        for tag, pending in list(self._pending.items()):
+            if now >= pending.deadline and self._pending.pop(tag, None) is not None:
+                late = Message(Kind.RESPONSE, pending.topic, tag=tag)
+                late.errnum, late.errstr = errno.ETIMEDOUT, f"{pending.topic}: no answer in time"
+                self.perform(pending.then(late, now))
 
     def send(self, request: Message) -> None:
         """Send a one-way request of this broker's own: no tag, no answer awaited."""
         self.route(request, "s", time.monotonic())
 
-    def respond(self, reply: Message) -> bool:
-        """Send `reply` one hop back along its route; False if that hop is gone."""
+    def respond(self, reply: Message, came_from: str = HERE) -> bool:
+        """Send `reply` one hop back along its route; False if that hop is gone. `came_from`
+        is the link a response arrived by (HERE: made by this broker)."""
         if not reply.route:
             return False
         hop = reply.route.pop()
         if hop == "s":
-            then = self._pending.pop(reply.tag, None)
-            if then is None:
+            pending = self._pending.get(reply.tag)
+            if pending is None:
                 return False
-            self.perform(then(reply, time.monotonic()))
+            if came_from not in (pending.link, HERE):
+                log.warning(
+                    "dropped an answer to %s from %s: it went out to %s",
+                    pending.topic,
+                    came_from,
+                    pending.link,
+                )
+                return False
+            del self._pending[reply.tag]
+            self.perform(pending.then(reply, time.monotonic()))
             return True
         if hop == "p" and self.parent is not None:
             self.parent.send(reply)

@@ -2,8 +2,15 @@
 
 The ROUTER is a CURVE server whose ZAP handler accepts exactly the keys in the KeyRing, each bound
 to one (rank, incarnation) and stamped on the child's messages as the ZeroMQ User-Id. A child is
-believed about nothing but itself and its own subtree. Its death is seen the moment its connection
-drops (the socket monitor), or when it falls silent past tbon.timeout.
+believed about nothing but itself and its own subtree. Whether its hello is welcomed is judged in
+hello.py; each incarnation's session is kept in sessions.py. Its death is seen the moment its
+connection drops (the socket monitor), or when it falls silent past tbon.timeout.
+
+A session is on the connection its latest welcomed hello came on (connections.py). A child whose
+TCP connection went half-dead may connect again and say hello on the new one: it is welcomed
+there, the old connection's close, whenever it comes, ends nothing, and the new connection's close
+ends the session. A close of the connection a session is on is what proves it gone; an old one
+closing proves only that the child left it.
 """
 
 from __future__ import annotations
@@ -16,87 +23,21 @@ import zmq
 
 from tbon import exitcodes
 from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.links.connections import Connection, ConnectionLedger
+from tbon.overlay.links.hello import AskRankZero, Parent, Refusal, Welcome, judge_hello, judge_stale
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
+from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.ranktable import Departed, Event, Lost, Online, Torpid
+from tbon.overlay.state.ranktable import Event, Lost, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
+from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
 
 log = logging.getLogger("tbon.children")
 
 MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    reason: str
-    exit_code: int
-
-
-def judge_hello(
-    payload: dict[str, Any],
-    sender: Identity,
-    parent_rank: int,
-    topology: Topology,
-    current: dict[int, int],
-    shutting_down: bool = False,
-) -> Refusal | None:
-    """Whether a hello from the holder of `sender`'s key may join as the child it claims to be.
-
-    `current` maps each child rank to its current incarnation. Returns None to welcome it.
-    """
-    version = payload.get("version")
-    if version != PROTOCOL_VERSION:
-        return Refusal(
-            f"incompatible protocol version {version!r} (rank {parent_rank} speaks "
-            f"{PROTOCOL_VERSION})",
-            exitcodes.REFUSED,
-        )
-    rank, incarnation = payload.get("rank"), payload.get("incarnation")
-    if (rank, incarnation) != (sender.rank, sender.incarnation):
-        return Refusal(
-            f"key is authorized for rank {sender.rank} incarnation {sender.incarnation}, "
-            f"not for rank {rank} incarnation {incarnation}",
-            exitcodes.REFUSED,
-        )
-    if sender.rank >= topology.size or topology.parent(sender.rank) != parent_rank:
-        return Refusal(
-            f"rank {sender.rank} is not a child of rank {parent_rank}", exitcodes.REFUSED
-        )
-    now = current.get(sender.rank)
-    if now is None:
-        return Refusal(
-            f"rank {sender.rank} has no incarnation expecting a broker", exitcodes.REFUSED
-        )
-    if now != sender.incarnation:
-        return Refusal(
-            f"superseded: rank {sender.rank} is now incarnation {now}", exitcodes.REFUSED
-        )
-    if shutting_down:
-        return Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
-    return None
-
-
-NOT_EXPECTED = Refusal("not expected", exitcodes.REFUSED)
-
-
-@dataclass(slots=True)
-class ChildSession:
-    identity: Identity
-    routing_id: bytes | None = None
-    fd: int | None = None
-    liveness: Liveness | None = None
-    ended: str = ""  # why this incarnation ended; empty while it may still connect
-    end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
-    retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
-    shared: bool = False  # a config-booted rank, whose broker holds the instance's shared key
-
-    @property
-    def connected(self) -> bool:
-        return self.routing_id is not None and not self.ended
 
 
 @dataclass(slots=True)
@@ -111,13 +52,16 @@ class Inbound:
 @dataclass(frozen=True, slots=True)
 class Rejoin:
     """A config-booted rank's broker is back (restarted on its host): rank 0 must raise the
-    rank's incarnation before it is welcomed. `incarnation` is the one that ended."""
+    rank's incarnation before it is welcomed. `incarnation` is the one that ended. `fd` and
+    `generation` name the connection the hello came on, which may close while rank 0 answers
+    (no generation: whichever connection is on `fd` when it is welcomed)."""
 
     rank: int
     incarnation: int
     routing_id: bytes
     fd: int
     hello: Message
+    generation: int | None = None
 
 
 class Children:
@@ -144,13 +88,15 @@ class Children:
         self.socket.zap_domain = b"tbon"
         self.socket.maxmsgsize = 8 * 1024 * 1024
         self.monitor = self.socket.get_monitor_socket(MONITORED)
+        self._start_sessions()
+
+    def _start_sessions(self) -> None:
+        """The state with no sockets in it (tests build a Children from this alone)."""
         self.sessions: dict[int, ChildSession] = {}
         self._retired: set[Identity] = set()  # answered "retired" even once the rank is refilled
         self._by_routing: dict[bytes, ChildSession] = {}
-        self._by_fd: dict[tuple[int, int], ChildSession] = {}  # (fd, generation) -> session
-        self._fd_open: dict[int, bool] = {}
-        self._fd_generation: dict[int, int] = {}
-        self._closed: list[tuple[int, int]] = []
+        self._ledger: ConnectionLedger[ChildSession] = ConnectionLedger()
+        self._gone: list[ChildSession] = []  # off a closed connection; judged by `settle`
         self.shutting_down = False
         self._next_heartbeat = 0.0
 
@@ -181,29 +127,29 @@ class Children:
         `settle`, after the messages that the connection delivered before it closed (a goodbye)."""
         while self.monitor.poll(0):
             kind, fd = read_event(self.monitor.recv_multipart())
-            if kind == zmq.EVENT_ACCEPTED:
-                self._fd_generation[fd] = self._fd_generation.get(fd, 0) + 1
-                self._fd_open[fd] = True
-            elif kind == zmq.EVENT_DISCONNECTED:
-                self._fd_open[fd] = False
-                self._closed.append((fd, self._fd_generation.get(fd, 0)))
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 for address, key in self.zap.refusals:
                     log.warning(
                         "refused a child from %s: CURVE key %s is not authorized", address, key
                     )
                 self.zap.refusals.clear()
+            else:
+                self._connection_event(kind, fd)
+
+    def _connection_event(self, kind: int, fd: int) -> None:
+        if kind == zmq.EVENT_ACCEPTED:
+            self._ledger.accepted(fd)
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self._gone += self._ledger.closed(fd)
 
     def settle(self) -> list[Event]:
-        """Declare lost every child whose connection closed without a goodbye."""
+        """Declare lost every child whose connection closed without a goodbye. One that said
+        hello again on another connection since is not: it is tied to that one now."""
         reports: list[Event] = []
-        closed, self._closed = self._closed, []
-        for fd, generation in closed:
-            session = self._by_fd.get((fd, generation))
-            if session is not None:
-                del self._by_fd[(fd, generation)]
-                if session.connected:
-                    reports.append(self._end(session, "lost", "connection lost"))
+        gone, self._gone = self._gone, []
+        for session in gone:
+            if session.connected and not self._ledger.tied(session):
+                reports.append(self._end(session, "lost", "connection lost"))
         return reports
 
     def read(self, now: float) -> Inbound:
@@ -230,10 +176,8 @@ class Children:
             log.warning("dropped a message from an unauthenticated peer")
             return inbound
         if message.kind is Kind.CONTROL and message.topic == "hello":
-            if user_id == SHARED_USER_ID:
-                self._shared_hello(routing_id, fd, sender, message, now, inbound)
-            else:
-                self._hello(routing_id, fd, sender, message, now, inbound)
+            key = None if user_id == SHARED_USER_ID else sender
+            self._hello(routing_id, fd, key, message, now, inbound)
             return inbound
         session = self._by_routing.get(routing_id)
         if session is None or session.identity != sender or not session.connected:
@@ -265,38 +209,36 @@ class Children:
         session = self._by_routing.get(routing_id)
         return session.identity if session is not None else None
 
+    def _parent(self) -> Parent:
+        """This parent as the hello judge sees it."""
+        children = {rank: session.standing() for rank, session in self.sessions.items()}
+        return Parent(self.rank, self.topology, children, self._retired, self.shutting_down)
+
     def _hello(
         self,
         routing_id: bytes,
         fd: int,
-        sender: Identity,
+        key: Identity | None,
         hello: Message,
         now: float,
         inbound: Inbound,
     ) -> None:
-        session = self.sessions.get(sender.rank)
-        refusal = self._ended(sender)
-        if refusal is None:
-            current = {r: s.identity.incarnation for r, s in self.sessions.items() if not s.ended}
-            refusal = judge_hello(
-                hello.payload, sender, self.rank, self.topology, current, self.shutting_down
-            )
-        if refusal is not None or session is None:
-            self._refuse_hello(routing_id, hello, refusal or NOT_EXPECTED)
-            return
-        self._welcome(session, routing_id, fd, hello, now, inbound)
-
-    def _ended(self, sender: Identity) -> Refusal | None:
-        """Why an incarnation that has ended may not speak again, if it has: it was retired
-        (exit 0), or it was lost, left or revoked. A lost one's exit code says "lost", not
-        "refused": a new broker may take the rank by FLUB."""
-        if sender in self._retired:
-            return Refusal(_retired_reason(sender), exitcodes.SHUTDOWN)
-        session = self.sessions.get(sender.rank)
-        if session is not None and session.identity == sender and session.ended:
-            reason = f"rank {sender.rank} incarnation {sender.incarnation} {session.ended}"
-            return Refusal(reason, session.end_code)
-        return None
+        """Act on the judge's word on a hello from the holder of `key` (None: the shared key)."""
+        connection = self._ledger.connection(fd)
+        match judge_hello(hello.payload, key, self._parent()):
+            case Refusal() as refusal:
+                self._refuse_hello(routing_id, hello, refusal)
+            case Welcome(identity):
+                session = self.sessions[identity.rank]
+                self._welcome(session, routing_id, connection, hello, now, inbound)
+            case AskRankZero(rank, ended, replaces):
+                session = self.sessions.get(rank)
+                if replaces and session is not None:  # its host's old broker: the new one wins
+                    inbound.reports.append(
+                        self._end(session, "lost", "its host started a new broker")
+                    )
+                rejoin = Rejoin(rank, ended, routing_id, fd, hello, connection.generation)
+                inbound.rejoins.append(rejoin)
 
     def _refuse_hello(self, routing_id: bytes, hello: Message, refusal: Refusal) -> None:
         log.warning("refused hello from rank %s: %s", hello.payload.get("rank"), refusal.reason)
@@ -307,46 +249,6 @@ class Children:
             routing_id, _control("refuse", reason=refusal.reason, exit_code=refusal.exit_code)
         )
 
-    def _shared_hello(
-        self,
-        routing_id: bytes,
-        fd: int,
-        sender: Identity | None,
-        hello: Message,
-        now: float,
-        inbound: Inbound,
-    ) -> None:
-        """A hello from a holder of the instance's key (config bootstrap), claiming a rank. Its
-        broker cannot know its incarnation, so rank 0 says it (a Rejoin): the current one on
-        first boot, a new one for a broker restarted on its host. Rank 0 also refuses a rank
-        that was retired, or that a broker joined by FLUB holds now."""
-        version = hello.payload.get("version")
-        refusal = None
-        if version != PROTOCOL_VERSION:
-            refusal = Refusal(f"incompatible protocol version {version!r}", exitcodes.REFUSED)
-        elif (
-            sender is None
-            or sender.rank >= self.topology.size
-            or (self.topology.parent(sender.rank) != self.rank)
-        ):
-            rank = hello.payload.get("rank")
-            refusal = Refusal(f"rank {rank} is not a child of rank {self.rank}", exitcodes.REFUSED)
-        elif self.shutting_down:
-            refusal = Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
-        session = self.sessions.get(sender.rank) if sender is not None else None
-        if refusal is None and session is not None and session.connected and not session.shared:
-            refusal = Refusal(
-                f"rank {session.identity.rank} is held by a broker that joined by FLUB",
-                exitcodes.REFUSED,
-            )
-        if refusal is not None or sender is None:
-            self._refuse_hello(routing_id, hello, refusal or NOT_EXPECTED)
-            return
-        if session is not None and session.connected:  # its old broker: this one replaces it
-            inbound.reports.append(self._end(session, "lost", "its host started a new broker"))
-        ended = session.identity.incarnation if session is not None else 0
-        inbound.rejoins.append(Rejoin(sender.rank, ended, routing_id, fd, hello))
-
     def rejoined(self, rejoin: Rejoin, incarnation: int | None, why: str, now: float) -> Inbound:
         """Rank 0's answer to a Rejoin: welcome the broker as `incarnation`, or refuse it."""
         inbound = Inbound()
@@ -355,26 +257,32 @@ class Children:
             return inbound
         session = ChildSession(Identity(rejoin.rank, incarnation), shared=True)
         self.sessions[rejoin.rank] = session
-        self._welcome(session, rejoin.routing_id, rejoin.fd, rejoin.hello, now, inbound)
+        connection = (
+            self._ledger.connection(rejoin.fd)
+            if rejoin.generation is None
+            else Connection(rejoin.fd, rejoin.generation)
+        )
+        self._welcome(session, rejoin.routing_id, connection, rejoin.hello, now, inbound)
         return inbound
 
     def _welcome(
         self,
         session: ChildSession,
         routing_id: bytes,
-        fd: int,
+        connection: Connection,
         hello: Message,
         now: float,
         inbound: Inbound,
     ) -> None:
+        """Welcome a child on `connection`, which its session is tied to from now on (if it had
+        said hello on another, that one's close is no longer news)."""
         if session.routing_id is not None:
             self._by_routing.pop(session.routing_id, None)
-        session.routing_id, session.fd = routing_id, fd
+        session.routing_id = routing_id
         session.liveness = Liveness(
             self.config.torpid, self.config.timeout, now, pause_after=3 * self.config.heartbeat
         )
         self._by_routing[routing_id] = session
-        self._by_fd[(fd, self._fd_generation.get(fd, 0))] = session
         identity = session.identity
         welcome = _control(
             "welcome",
@@ -388,7 +296,7 @@ class Children:
         inbound.reports.append(
             Online(identity.rank, identity.incarnation, host, pid if isinstance(pid, int) else 0)
         )
-        if not self._fd_open.get(fd, True):
+        if not self._ledger.tie(session, connection):
             inbound.reports.append(self._end(session, "lost", "connection lost"))
 
     def _report(self, sender: Identity, message: Message, inbound: Inbound) -> None:
@@ -406,16 +314,7 @@ class Children:
 
     def _refuse_stale(self, routing_id: bytes, sender: Identity, message: Message) -> None:
         """Answer a broker whose incarnation has ended, so that it exits instead of lingering."""
-        session = self.sessions.get(sender.rank)
-        refusal = self._ended(sender)
-        if (
-            refusal is None
-            and session is not None
-            and (session.identity.incarnation > sender.incarnation)
-        ):
-            current = session.identity.incarnation
-            reason = f"superseded: rank {sender.rank} is now incarnation {current}"
-            refusal = Refusal(reason, exitcodes.REFUSED)
+        refusal = judge_stale(sender, self._parent())
         if refusal is not None:
             self._refuse(routing_id, refusal)
         else:
@@ -427,20 +326,17 @@ class Children:
             )
 
     def _end(self, session: ChildSession, how: str, why: str) -> Event:
-        """End a child's incarnation: revoke its key, forget its connection, report it. One
-        that was retiring is retired whichever way it went: should it speak again, it is told
-        so and exits 0."""
-        identity = session.identity
-        session.ended = f"was {how}: {why}" if how == "lost" else f"has {how}"
+        event = session.end(how, why)
+        self._release(session)
+        return event
+
+    def _release(self, session: ChildSession) -> None:
+        """Its incarnation has ended: revoke its key, forget its connection, and remember it if
+        it retired, to tell it so should it speak again."""
         if session.retiring:
-            session.ended, session.end_code = "has retired", exitcodes.SHUTDOWN
-            self._retired.add(identity)
-        self.keyring.revoke(identity)
-        if how == "lost":
-            log.warning("rank %d lost: %s", identity.rank, why)
-            return Lost(identity.rank, identity.incarnation, why)
-        log.info("rank %d %s", identity.rank, "retired" if session.retiring else "departed")
-        return Departed(identity.rank, identity.incarnation)
+            self._retired.add(session.identity)
+        self.keyring.revoke(session.identity)
+        self._ledger.forget(session)
 
     def revoke(self, rank: int, incarnation: int, reason: str) -> None:
         """Rank 0 voided this incarnation (say, its reservation expired): drop its key, and cut
@@ -453,6 +349,7 @@ class Children:
         if session.connected and session.routing_id is not None:
             self._refuse(session.routing_id, Refusal(reason, exitcodes.REFUSED))
         session.ended, session.end_code = f"was revoked: {reason}", exitcodes.REFUSED
+        self._ledger.forget(session)
         log.warning("rank %d incarnation %d revoked: %s", rank, incarnation, reason)
 
     def retire(self, rank: int, incarnation: int, order: dict[str, Any]) -> str:
@@ -498,44 +395,29 @@ class Children:
             for rank in self.connected():
                 self.send(rank, _control("heartbeat"))
         for session in self.sessions.values():
-            if not session.connected or session.liveness is None:
-                continue
-            verdict = session.liveness.check(now)
-            identity = session.identity
-            if verdict is Verdict.TORPID:
-                log.warning("rank %d is torpid", identity.rank)
-                reports.append(Torpid(identity.rank, identity.incarnation, True))
-            elif verdict is Verdict.LOST:
-                silent = now - session.liveness.last_heard
-                reports.append(self._end(session, "lost", f"silent for {silent:.1f}s"))
+            event = session.judge_silence(now)
+            if event is not None:
+                reports.append(event)
+            if isinstance(event, Lost):
+                self._release(session)
         return reports
 
     def verdict_due(self, now: float) -> bool:
         """Whether some child's silence is about to be judged (torpid or lost) at `now`."""
         return any(
-            (deadline := session.liveness.deadline()) is not None and deadline <= now
+            (deadline := session.deadline()) is not None and deadline <= now
             for session in self.sessions.values()
-            if session.connected and session.liveness is not None
         )
 
     def next_deadline(self) -> float:
-        deadlines = [self._next_heartbeat]
-        for session in self.sessions.values():
-            if session.connected and session.liveness is not None:
-                deadline = session.liveness.deadline()
-                if deadline is not None:
-                    deadlines.append(deadline)
-        return min(deadlines)
+        deadlines = [session.deadline() for session in self.sessions.values()]
+        return min([self._next_heartbeat, *(d for d in deadlines if d is not None)])
 
     def close(self) -> None:
         self.socket.disable_monitor()
         self.monitor.close(linger=0)
         self.socket.close(linger=0)
         self.zap.close()
-
-
-def _retired_reason(identity: Identity) -> str:
-    return f"retired: rank {identity.rank} incarnation {identity.incarnation} has retired"
 
 
 def _control(topic: str, **payload: Any) -> Message:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.overlay.links.children import Rejoin
@@ -19,142 +18,199 @@ from tbon.overlay.state.ranktable import Event
 from tbon.overlay.wire.message import Message
 
 
-@dataclass(frozen=True, slots=True)
-class Respond:
+class Instruction:
+    """An instruction's fields are its __slots__, in order; two are equal when they are of one
+    type with equal fields. Plain classes rather than dataclasses: a broker builds these types at
+    every start, and a frozen dataclass costs it half a millisecond each."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, name) == getattr(other, name) for name in self.__slots__
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class Respond(Instruction):
     """Send a response back along the route its request came by."""
 
-    message: Message
+    __slots__ = __match_args__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(Instruction):
     """Route a one-way request of this broker's own (no answer is awaited)."""
 
-    message: Message
+    __slots__ = __match_args__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(Instruction):
     """Route a request of this broker's own; `then(reply, now)` gives what to do next."""
 
-    request: Message
-    then: Callable[[Message, float], list[Action]]
+    __slots__ = __match_args__ = ("request", "then")
+
+    def __init__(self, request: Message, then: Callable[[Message, float], list[Action]]) -> None:
+        self.request = request
+        self.then = then
 
 
-@dataclass(frozen=True, slots=True)
-class Forward:
+class Forward(Instruction):
     """Send a copy of a request down to one child; if that child is not connected, do
     `otherwise` instead."""
 
-    child: int
-    message: Message
-    otherwise: tuple[Action, ...] = ()
+    __slots__ = __match_args__ = ("child", "message", "otherwise")
+
+    def __init__(self, child: int, message: Message, otherwise: tuple[Action, ...] = ()) -> None:
+        self.child = child
+        self.message = message
+        self.otherwise = otherwise
 
 
-@dataclass(frozen=True, slots=True)
-class Log:
-    level: int
-    text: str
+class Log(Instruction):
+    __slots__ = __match_args__ = ("level", "text")
+
+    def __init__(self, level: int, text: str) -> None:
+        self.level = level
+        self.text = text
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
+class Report(Instruction):
     """A rank-table event seen here: applied at rank 0, sent up the tree anywhere else."""
 
-    event: Event
+    __slots__ = __match_args__ = ("event",)
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
 
 
-@dataclass(frozen=True, slots=True)
-class Authorize:
+class Authorize(Instruction):
     """Admit a child's key for exactly (rank, incarnation) at this broker's ROUTER."""
 
-    rank: int
-    incarnation: int
-    public_key: str
+    __slots__ = __match_args__ = ("rank", "incarnation", "public_key")
+
+    def __init__(self, rank: int, incarnation: int, public_key: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.public_key = public_key
 
 
-@dataclass(frozen=True, slots=True)
-class Revoke:
+class Revoke(Instruction):
     """Drop a child incarnation's key, and cut its broker off if it is connected."""
 
-    rank: int
-    incarnation: int
-    reason: str
+    __slots__ = __match_args__ = ("rank", "incarnation", "reason")
+
+    def __init__(self, rank: int, incarnation: int, reason: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class RetireChild:
+class RetireChild(Instruction):
     """Record a child as retiring and tell its broker; answer `request` with how that went."""
 
-    request: Message
-    rank: int
-    incarnation: int
-    order: dict[str, Any] = field(hash=False)
+    __slots__ = __match_args__ = ("request", "rank", "incarnation", "order")
+
+    def __init__(
+        self, request: Message, rank: int, incarnation: int, order: dict[str, Any]
+    ) -> None:
+        self.request = request
+        self.rank = rank
+        self.incarnation = incarnation
+        self.order = order
 
 
-@dataclass(frozen=True, slots=True)
-class Readmit:
+class Readmit(Instruction):
     """Rank 0 answered for a config-booted child at the door: welcome it as `incarnation`, or
     refuse it with `why` (None)."""
 
-    rejoin: Rejoin
-    incarnation: int | None
-    why: str
+    __slots__ = __match_args__ = ("rejoin", "incarnation", "why")
+
+    def __init__(self, rejoin: Rejoin, incarnation: int | None, why: str) -> None:
+        self.rejoin = rejoin
+        self.incarnation = incarnation
+        self.why = why
 
 
-@dataclass(frozen=True, slots=True)
-class StartJob:
+class StartJob(Instruction):
     """Start the command of an `exec.start` request on this broker."""
 
-    request: Message
+    __slots__ = __match_args__ = ("request",)
+
+    def __init__(self, request: Message) -> None:
+        self.request = request
 
 
-@dataclass(frozen=True, slots=True)
-class WriteStdin:
-    job_id: str
-    data: str
-    eof: bool
+class WriteStdin(Instruction):
+    __slots__ = __match_args__ = ("job_id", "data", "eof")
+
+    def __init__(self, job_id: str, data: str, eof: bool) -> None:
+        self.job_id = job_id
+        self.data = data
+        self.eof = eof
 
 
-@dataclass(frozen=True, slots=True)
-class SignalJob:
-    job_id: str
-    signum: int
+class SignalJob(Instruction):
+    __slots__ = __match_args__ = ("job_id", "signum")
+
+    def __init__(self, job_id: str, signum: int) -> None:
+        self.job_id = job_id
+        self.signum = signum
 
 
-@dataclass(frozen=True, slots=True)
-class KillJobsFrom:
+class KillJobsFrom(Instruction):
     """Kill the jobs whose answers travel along `route`: their client has gone."""
 
-    route: tuple[str, ...]
+    __slots__ = __match_args__ = ("route",)
+
+    def __init__(self, route: tuple[str, ...]) -> None:
+        self.route = route
 
 
-@dataclass(frozen=True, slots=True)
-class KillAllJobs:
-    signum: int
-    note: str = ""
+class KillAllJobs(Instruction):
+    __slots__ = __match_args__ = ("signum", "note")
+
+    def __init__(self, signum: int, note: str = "") -> None:
+        self.signum = signum
+        self.note = note
 
 
-@dataclass(frozen=True, slots=True)
-class ForgetWatches:
+class ForgetWatches(Instruction):
     """End the status streams of a client that has gone (rank 0)."""
 
-    route: tuple[str, ...]
+    __slots__ = __match_args__ = ("route",)
+
+    def __init__(self, route: tuple[str, ...]) -> None:
+        self.route = route
 
 
-@dataclass(frozen=True, slots=True)
-class ShutDown:
+class ShutDown(Instruction):
     """Shut this broker's subtree down, leaves first; `end_program` ends rank 0's initial
     program first (an `instance.shutdown` request, a signal)."""
 
-    end_program: bool = True
+    __slots__ = __match_args__ = ("end_program",)
+
+    def __init__(self, end_program: bool = True) -> None:
+        self.end_program = end_program
 
 
-@dataclass(frozen=True, slots=True)
-class Leave:
+class Leave(Instruction):
     """Say goodbye to the parent and exit with `exit_code` (a retired broker)."""
 
-    exit_code: int
+    __slots__ = __match_args__ = ("exit_code",)
+
+    def __init__(self, exit_code: int) -> None:
+        self.exit_code = exit_code
 
 
 Action = (

@@ -98,6 +98,11 @@ class FlubService:
         assert parent is not None  # rank 0 is never reserved
 
         def answer(card: Card | None, now: float) -> list[Action]:
+            assert self.table is not None
+            entry = self.table.entry(grant.rank)
+            if entry.incarnation != grant.incarnation or entry.state is not RankState.RESERVED:
+                why = f"the reservation of rank {grant.rank} incarnation {grant.incarnation} lapsed"
+                return _fail(request, errno.EPERM, why)
             reply = {
                 "rank": grant.rank,
                 "incarnation": grant.incarnation,
@@ -146,9 +151,8 @@ class FlubService:
             return _fail(request, errno.EHOSTUNREACH, f"rank {parent} is {state}")
 
         def passed_on(reply: Message, now: float) -> list[Action]:
-            if reply.errnum:
-                errnum = reply.errnum if reply.errnum in _KEPT else errno.EPERM
-                return _fail(request, errnum, reply.errstr)
+            if reply.errnum:  # the joiner's exit code follows from it: 77, 0, 75 or 1
+                return _fail(request, reply.errnum, reply.errstr)
             return [Respond(request.respond(_card(reply)))]
 
         return [self._order_authorize(rank, incarnation, key, then=passed_on)]
@@ -269,10 +273,6 @@ class FlubService:
         """This broker is in the tree now: ask for the children that waited at its door."""
         waiting, self.waiting_admission = self.waiting_admission, []
         return [action for rejoin in waiting for action in self.ask_rejoin(rejoin, True)]
-
-
-_KEPT = frozenset({errno.ESHUTDOWN, errno.EHOSTUNREACH})
-"""Errors of a parent that reach the joiner as they are: they tell it what to do (exit 0, 75)."""
 
 
 def _card(reply: Message) -> Card:

@@ -1,0 +1,92 @@
+"""Before and after, in one run: a benchmark of this checkout against the same benchmark of
+another checkout (an older commit in a git worktree, with its own .venv), interleaved round by
+round so that both sides see the same machine load. Prints each table once, every number cell
+as `before → after (xRATIO)`, the medians over the rounds.
+
+    git worktree add /tmp/before HEAD~3 && (cd /tmp/before && python3 -m venv .venv &&
+        .venv/bin/pip install -q -e .)
+    .venv/bin/python benchmarks/compare.py --before /tmp/before --rounds 3 join.py --runs 5
+
+The arguments after the script's name go to the benchmark on both sides (--markdown is added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+NUMBER = re.compile(r"^(?P<pre>[^0-9.-]*)(?P<num>-?\d+(?:\.\d+)?)(?P<post>\s*[a-zµ%]*)$")
+
+
+def run_side(checkout: Path, script: str, args: list[str]) -> list[str]:
+    """The markdown lines one benchmark run printed on one side."""
+    python = checkout / ".venv" / "bin" / "python"
+    argv = [str(python), str(checkout / "benchmarks" / script), *args, "--markdown"]
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=checkout, timeout=3600)
+    if result.returncode != 0:
+        sys.exit(f"{checkout}: {script} failed:\n{result.stderr[-2000:]}")
+    return result.stdout.splitlines()
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def merge(rounds: list[tuple[list[str], list[str]]]) -> list[str]:
+    """Table rows with every number cell replaced by the median before → after (xRATIO)."""
+    first_before, _ = rounds[0]
+    out = []
+    for index, line in enumerate(first_before):
+        if not line.startswith("|") or set(line) <= set("|-: "):
+            out.append(line)
+            continue
+        row = []
+        for column, cell in enumerate(cells(line)):
+            match = NUMBER.match(cell) if column else None  # the first column names the row
+            if not match:
+                row.append(cell)
+                continue
+            before, after = [], []
+            for before_lines, after_lines in rounds:
+                for side, lines in ((before, before_lines), (after, after_lines)):
+                    theirs = cells(lines[index]) if index < len(lines) else []
+                    found = NUMBER.match(theirs[column]) if column < len(theirs) else None
+                    if found:
+                        side.append(float(found["num"]))
+            if not before or not after:
+                row.append(cell)
+                continue
+            b, a = statistics.median(before), statistics.median(after)
+            ratio = f" (x{a / b:.2f})" if b else ""
+            row.append(f"{match['pre']}{b:g} → {a:g}{match['post']}{ratio}")
+        out.append("| " + " | ".join(row) + " |")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", type=Path, required=True, help="the older checkout")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("script", help="a benchmark in benchmarks/, e.g. join.py")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+    options = parser.parse_args()
+    rounds = []
+    for number in range(options.rounds):
+        print(f"round {number + 1} of {options.rounds}", file=sys.stderr)
+        before = run_side(options.before.resolve(), options.script, options.args)
+        after = run_side(HERE, options.script, options.args)
+        rounds.append((before, after))
+    print(
+        f"{options.script}: before ({options.before}) → after ({HERE}), "
+        f"medians of {options.rounds} interleaved rounds"
+    )
+    print("\n".join(merge(rounds)))
+
+
+if __name__ == "__main__":
+    main()

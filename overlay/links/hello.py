@@ -1,0 +1,161 @@
+"""The hello judge: whether a child's hello is welcomed, refused, or needs rank 0 to rejoin it.
+
+A parent hears hellos from holders of two kinds of key:
+
+* a key bound to one (rank, incarnation) (PMI bootstrap, FLUB): the hello must claim exactly that
+  identity, and it must still be the rank's current incarnation here;
+* the instance's shared key (config-file bootstrap): every rank holds it, so the hello's claim is
+  all there is. Its broker cannot know its incarnation: rank 0 says it (a rejoin), the current one
+  on first boot, a new one for a broker restarted on its host, or refuses (a retired rank, say).
+
+The checks, in order; the first that fails gives the refusal:
+
+1. (bound key) the incarnation has not ended: a retired one exits 0, one lost, departed or revoked
+   gets the exit code it ended with;
+2. the protocol version is this broker's;
+3. (bound key) the hello claims the key's identity;
+4. the rank claimed is a child of this parent;
+5. (bound key) the rank has a current incarnation here, and it is the key's (else superseded);
+6. the instance is not shutting down (exit 0);
+7. (shared key) the rank is not held by a broker that joined by FLUB.
+
+Then a bound key is welcomed, and a shared key goes to rank 0; if the rank's broker is connected,
+it is the old broker of that host, and the new one replaces it.
+
+A message other than hello from a peer with no live session is judged here too (`judge_stale`),
+by the same rules for an ended or superseded incarnation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbon import exitcodes
+from tbon.overlay.links.keyring import Identity
+from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import PROTOCOL_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    identity: Identity
+
+
+@dataclass(frozen=True, slots=True)
+class AskRankZero:
+    """A shared-key hello that passed: rank 0 must name the incarnation it joins as."""
+
+    rank: int
+    ended: int  # the rank's incarnation here (0 if none): the one a rejoin ends
+    replaces: bool  # that incarnation's broker is connected: the new one replaces it
+
+
+Judgement = Welcome | Refusal | AskRankZero
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A child rank's session, as far as the judge needs it."""
+
+    incarnation: int
+    ended: str = ""  # why it ended ("was lost: WHY", "has departed"); empty while current
+    end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
+    connected: bool = False
+    shared: bool = False  # its broker holds the instance's shared key (config bootstrap)
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """The parent hearing the hello, as far as the judge needs it."""
+
+    rank: int
+    topology: Topology
+    children: Mapping[int, Standing] = field(default_factory=dict)
+    retired: Set[Identity] = frozenset()  # told "retired" even once the rank is refilled
+    shutting_down: bool = False
+
+    def is_parent_of(self, rank: int) -> bool:
+        return rank < self.topology.size and self.topology.parent(rank) == self.rank
+
+
+def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> Judgement:
+    """Judge `hello`, whose sender's key is bound to `key` (None: the instance's shared key)."""
+    if key is not None and (ended := _ended(key, parent)) is not None:
+        return ended
+    version = hello.get("version")
+    if version != PROTOCOL_VERSION:
+        # a shared-key broker has always been told without the parent's own version
+        speaks = "" if key is None else f" (rank {parent.rank} speaks {PROTOCOL_VERSION})"
+        return Refusal(f"incompatible protocol version {version!r}{speaks}", exitcodes.REFUSED)
+    claimed = hello.get("rank"), hello.get("incarnation")
+    if key is not None and claimed != (key.rank, key.incarnation):
+        return Refusal(
+            f"key is authorized for rank {key.rank} incarnation {key.incarnation}, "
+            f"not for rank {claimed[0]} incarnation {claimed[1]}",
+            exitcodes.REFUSED,
+        )
+    rank = key.rank if key is not None else _claimed_rank(hello)
+    if rank is None or not parent.is_parent_of(rank):
+        shown = rank if rank is not None else claimed[0]
+        return Refusal(f"rank {shown} is not a child of rank {parent.rank}", exitcodes.REFUSED)
+    standing = parent.children.get(rank)
+    if key is not None:
+        current = standing.incarnation if standing is not None and not standing.ended else None
+        if current is None:
+            return Refusal(f"rank {rank} has no incarnation expecting a broker", exitcodes.REFUSED)
+        if current != key.incarnation:
+            return _superseded(rank, current)
+    if parent.shutting_down:
+        return Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
+    if key is not None:
+        return Welcome(key)
+    if standing is not None and standing.connected and not standing.shared:
+        return Refusal(f"rank {rank} is held by a broker that joined by FLUB", exitcodes.REFUSED)
+    ended = standing.incarnation if standing is not None else 0
+    return AskRankZero(rank, ended, replaces=standing is not None and standing.connected)
+
+
+def judge_stale(sender: Identity, parent: Parent) -> Refusal | None:
+    """The answer to a message from `sender` on a connection with no live session: a refusal
+    that makes an ended or superseded broker exit instead of lingering, or None to drop it."""
+    if (ended := _ended(sender, parent)) is not None:
+        return ended
+    standing = parent.children.get(sender.rank)
+    if standing is not None and standing.incarnation > sender.incarnation:
+        return _superseded(sender.rank, standing.incarnation)
+    return None
+
+
+def retired_reason(identity: Identity) -> str:
+    return f"retired: rank {identity.rank} incarnation {identity.incarnation} has retired"
+
+
+def _ended(identity: Identity, parent: Parent) -> Refusal | None:
+    """Why an incarnation that has ended may not speak again, if it has. A lost one is told
+    "lost", not "refused": a new broker may take the rank by FLUB."""
+    if identity in parent.retired:
+        return Refusal(retired_reason(identity), exitcodes.SHUTDOWN)
+    standing = parent.children.get(identity.rank)
+    if standing is not None and standing.incarnation == identity.incarnation and standing.ended:
+        reason = f"rank {identity.rank} incarnation {identity.incarnation} {standing.ended}"
+        return Refusal(reason, standing.end_code)
+    return None
+
+
+def _superseded(rank: int, current: int) -> Refusal:
+    return Refusal(f"superseded: rank {rank} is now incarnation {current}", exitcodes.REFUSED)
+
+
+def _claimed_rank(hello: dict[str, Any]) -> int | None:
+    """The rank a shared-key hello claims, if it is a rank at all."""
+    rank = hello.get("rank")
+    return rank if is_int(rank) and rank >= 0 else None

@@ -1,0 +1,149 @@
+"""The broker's router without sockets: dispatch by topic, routing by rank, and the calls a
+broker makes itself (overlay/broker/router.py). Links are recorders: each keeps what it was
+asked to send."""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from tables import bring_up, started
+
+from tbon.overlay.broker.router import Router
+from tbon.overlay.services.actions import Action, Respond
+from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import Kind, Message
+
+
+class Recorder:
+    """Stands in for a link: records what it is given, and says whether the peer is there."""
+
+    def __init__(self, present: bool = True) -> None:
+        self.sent: list[Any] = []
+        self.present = present
+
+    def send(self, *args: Any) -> bool:
+        self.sent.append(args[-1] if len(args) > 1 else args[0])
+        return self.present
+
+
+class Setup:
+    def __init__(self, rank: int = 0, table: RankTable | None = None, **handlers: Any) -> None:
+        self.topology = table.topology if table is not None else Topology("kary:2", 7)
+        self.parent = Recorder() if rank else None
+        self.children = Recorder()
+        self.local = Recorder()
+        self.performed: list[Action] = []
+        self.local_requests: list[tuple[str, str]] = []
+        self.router = Router(
+            rank,
+            self.topology,
+            table,
+            (self.parent, self.children, self.local),  # type: ignore[arg-type]
+            {topic.replace("_", "."): handler for topic, handler in handlers.items()},
+            frozenset({"status.get"}),
+            self.perform,
+            lambda hop, message: self.local_requests.append((hop, message.topic)),
+            call_timeout=5.0,
+        )
+
+    def perform(self, actions: list[Action]) -> None:
+        self.performed += actions
+        for action in actions:
+            if isinstance(action, Respond):
+                self.router.respond(action.message)
+
+
+def request(topic: str, nodeid: int = 0, **payload: Any) -> Message:
+    return Message(Kind.REQUEST, topic, payload, nodeid=nodeid, tag=3)
+
+
+def test_a_topic_is_served_by_the_handler_its_table_names() -> None:
+    def echo(message: Message, now: float) -> list[Action]:
+        return [Respond(message.respond({"now": now, **message.payload}))]
+
+    setup = Setup(broker_ping=echo)
+    setup.router.route(request("broker.ping", x=1), "l0a", 9.0)
+    [answer] = setup.local.sent
+    assert answer.payload == {"now": 9.0, "x": 1} and answer.kind is Kind.RESPONSE
+    assert setup.local_requests == [("l0a", "broker.ping")]
+
+
+def test_unknown_topics_are_enosys_and_a_failing_handler_is_an_answer_not_a_crash() -> None:
+    def broken(message: Message, now: float) -> list[Action]:
+        raise RuntimeError("boom")
+
+    setup = Setup(broker_ping=broken)
+    setup.router.route(request("no.such"), "l0a", 0.0)
+    setup.router.route(request("broker.ping"), "l0a", 0.0)
+    unknown, failed = setup.local.sent
+    assert unknown.errnum == errno.ENOSYS and "no.such" in unknown.errstr
+    assert failed.errnum == errno.EPROTO and "Traceback" not in failed.errstr
+
+
+def test_requests_travel_one_hop_toward_their_rank() -> None:
+    setup = Setup(rank=1)
+    setup.router.route(request("broker.ping", nodeid=4), "l0a", 0.0)  # 4 is below 1 (kary:2)
+    setup.router.route(request("broker.ping", nodeid=2), "l0a", 0.0)  # 2 is 0's: up
+    assert [m.nodeid for m in setup.children.sent] == [4]
+    assert [m.nodeid for m in setup.parent.sent] == [2]  # type: ignore[union-attr]
+    assert setup.children.sent[0].route == ["l0a"]
+
+
+def test_rank0_refuses_ranks_that_do_not_exist_or_are_not_connected() -> None:
+    table = started("kary:2", 4)
+    bring_up(table, [1])
+    setup = Setup(table=table)
+    setup.router.route(request("broker.ping", nodeid=9), "l0a", 0.0)
+    setup.router.route(request("broker.ping", nodeid=3), "l0a", 0.0)  # offline
+    missing, offline = setup.local.sent
+    assert missing.errnum == errno.ENOENT
+    assert offline.errnum == errno.EHOSTUNREACH and offline.errstr == "rank 3 is offline"
+    setup.children.present = False
+    setup.router.route(request("broker.ping", nodeid=1), "l0a", 0.0)
+    assert setup.local.sent[-1].errstr == "rank 1 is not connected"
+
+
+def test_a_call_gets_the_answer_that_comes_back_by_its_own_link() -> None:
+    setup = Setup()
+    answers: list[Message] = []
+    setup.router.call(
+        request("flub.authorize", nodeid=1), lambda r, now: answers.append(r) or [], 0.0
+    )
+    [sent] = setup.children.sent
+    assert sent.route == ["s"] and sent.tag > 0
+    forged = sent.respond({"endpoint": "tcp://attacker:1"})
+    setup.router.route(forged, "l0b", 0.1)  # a local client answering in the parent's place
+    from_elsewhere = sent.respond({"endpoint": "tcp://attacker:2"})
+    setup.router.route(from_elsewhere, "c2", 0.1)  # another child
+    assert answers == []
+    genuine = sent.respond({"endpoint": "tcp://parent:1"})
+    setup.router.route(genuine, "c1", 0.2)
+    assert [a.payload["endpoint"] for a in answers] == ["tcp://parent:1"]
+    setup.router.route(sent.respond({"endpoint": "again"}), "c1", 0.3)
+    assert len(answers) == 1  # one answer per call
+
+
+def test_a_call_that_cannot_leave_is_answered_here_and_an_unanswered_one_times_out() -> None:
+    setup = Setup()
+    answers: list[Message] = []
+    setup.children.present = False
+    setup.router.call(request("retire.order", nodeid=1), lambda r, now: answers.append(r) or [], 0)
+    assert answers[-1].errnum == errno.EHOSTUNREACH
+    setup.children.present = True
+    setup.router.call(request("retire.order", nodeid=2), lambda r, now: answers.append(r) or [], 0)
+    assert setup.router.next_deadline() == 5.0
+    setup.router.expire(4.9)
+    assert len(answers) == 1
+    setup.router.expire(5.0)
+    assert answers[-1].errnum == errno.ETIMEDOUT and answers[-1].topic == "retire.order"
+    assert setup.router.next_deadline() is None
+
+
+def test_tags_of_calls_are_not_a_counter() -> None:
+    setup = Setup()
+    for _ in range(3):
+        setup.router.call(request("broker.ping", nodeid=1), lambda r, now: [], 0.0)
+    tags = [m.tag for m in setup.children.sent]
+    assert len(set(tags)) == 3 and tags != [1, 2, 3]
