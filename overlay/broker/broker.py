@@ -70,9 +70,14 @@ class Broker:
             local = LocalServer(context, self.rundir.path)
             if wireup.parent is not None:
                 self.parent = ParentLink(
-                    context, self.rank, self.incarnation, config, (booted.public, booted.secret)
+                    context,
+                    self.rank,
+                    self.incarnation,
+                    config,
+                    (booted.public, booted.secret),
+                    (wireup.parent.endpoint, wireup.parent.public_key),
+                    now,
                 )
-                self.parent.connect(wireup.parent.endpoint, wireup.parent.public_key, now)
         except BaseException:
             if self.parent is not None:
                 self.parent.close(linger=False)

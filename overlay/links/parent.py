@@ -55,7 +55,11 @@ class ParentLink:
         incarnation: int,
         config: BrokerConfig,
         keypair: tuple[str, str],
+        parent: tuple[str, str],
+        now: float,
     ) -> None:
+        """Connect to the parent at `parent` (endpoint, public key) and say hello; the hello is
+        queued until the CURVE handshake completes."""
         self.rank = rank
         self.incarnation = incarnation
         self.config = config
@@ -69,16 +73,12 @@ class ParentLink:
         self.socket.curve_secretkey = secret.encode()
         self.monitor = self.socket.get_monitor_socket(MONITORED)
         self.welcomed = False
-        self._liveness: Liveness | None = None
         self._next_heartbeat = 0.0
-
-    def connect(self, endpoint: str, parent_public_z85: str, now: float) -> None:
-        """Connect and say hello; the hello is queued until the CURVE handshake completes."""
+        self.endpoint, parent_public_z85 = parent
         self.socket.curve_serverkey = parent_public_z85.encode()
-        self.socket.connect(endpoint)
-        self.endpoint = endpoint
+        self.socket.connect(self.endpoint)
         hello_timeout = self.config.timeout or 60.0
-        self._liveness = Liveness(0, hello_timeout, now)
+        self._liveness = Liveness(0, hello_timeout, now)  # until welcomed: the wait for it
         self.send(
             _control(
                 "hello",
@@ -114,7 +114,7 @@ class ParentLink:
         except MessageError as error:
             log.warning("dropped a malformed message from the parent: %s", error)
             return inbound
-        if self._liveness is not None and self.welcomed:
+        if self.welcomed:
             self._liveness.heard(now)
         if message.kind is not Kind.CONTROL:
             inbound.messages.append(message)
@@ -141,7 +141,7 @@ class ParentLink:
         if self.welcomed and now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat
             self.send(_control("heartbeat"))
-        if self._liveness is not None and self._liveness.check(now) is Verdict.LOST:
+        if self._liveness.check(now) is Verdict.LOST:
             if self.welcomed:
                 return LinkEnded(
                     exitcodes.LOST,
@@ -154,12 +154,12 @@ class ParentLink:
 
     def verdict_due(self, now: float) -> bool:
         """Whether the parent's silence is about to be judged at `now`."""
-        deadline = self._liveness.deadline() if self._liveness is not None else None
+        deadline = self._liveness.deadline()
         return deadline is not None and deadline <= now
 
     def next_deadline(self) -> float | None:
         deadlines = [self._next_heartbeat] if self.welcomed else []
-        if self._liveness is not None and (deadline := self._liveness.deadline()) is not None:
+        if (deadline := self._liveness.deadline()) is not None:
             deadlines.append(deadline)
         return min(deadlines) if deadlines else None
 
