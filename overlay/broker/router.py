@@ -132,6 +132,8 @@ class Router:
         """Send a request of this broker's own; `then` gets the response, or ETIMEDOUT."""
         tag = int.from_bytes(os.urandom(6), "big") or 1
         request.tag = tag
+        if request.topic in self.root_topics and request.nodeid == ANY_RANK:
+            request.nodeid = 0
         link = self._link_toward(request.nodeid)
         self._pending[tag] = Pending(then, link, now + self.call_timeout, request.topic)
         self.route(request, "s", now)
