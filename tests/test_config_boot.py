@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -337,3 +339,29 @@ def test_a_retired_config_rank_filled_by_flub_is_an_ordinary_rank(configured) ->
     _, err = refused.communicate(timeout=DEADLINE)
     assert refused.returncode == 77
     assert "rank 1 is not held by config bootstrap" in err
+
+
+def test_a_child_listed_before_its_parent_rolls_up_when_killed(configured) -> None:
+    """node1 names node2, listed after it, as its parent: 0 - 2 - 1. When node1's broker is
+    killed, its rank is offline and both its parent and rank 0 read partial, whatever order the
+    file numbers them in (the roll-up walks the tree, not the rank numbers)."""
+    instance = configured(3, "tbon.heartbeat=200ms")
+    text = instance.file.read_text().replace(
+        '{ host = "node1",', '{ host = "node1", parent = "node2",'
+    )
+    instance.file.write_text(text)
+    status = up(instance, 3)
+    assert [r["parent"] for r in status["ranks"]] == [None, 2, 0]
+    assert [r["subtree"] for r in status["ranks"]] == ["full"] * 3
+    victim = instance.brokers[1]
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=DEADLINE) == -signal.SIGKILL
+    instance.wait_status(lambda s: s["ranks"][1]["state"] == "offline", "rank 1 offline")
+    shown = tbon("status", instance.uri, "--json")
+    assert shown.returncode == 0, shown.stderr
+    ranks = json.loads(shown.stdout)["ranks"]
+    assert [(r["state"], r["subtree"]) for r in ranks] == [
+        ("online", "partial"),
+        ("offline", "offline"),
+        ("online", "partial"),
+    ]

@@ -22,10 +22,11 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from tables import bring_up, started, table
+from tables import bring_up, specs, started, table
 from zmq.utils import z85
 
 from tbon.keys.cert import fingerprint
+from tbon.overlay.state.rankstates import CONFIG_PHASES
 from tbon.overlay.state.ranktable import (
     ALLOCATABLE,
     CONNECTED,
@@ -34,15 +35,18 @@ from tbon.overlay.state.ranktable import (
     Expire,
     Lost,
     Online,
+    Phase,
     RankEntry,
     RankState,
     RankTable,
+    Reboot,
     Reservation,
     Reserve,
     Retire,
     Torpid,
-    describe,
 )
+from tbon.overlay.state.snapshot import describe
+from tbon.overlay.state.snapshot import snapshot as status_json
 
 LEASE = 30.0
 
@@ -63,7 +67,9 @@ def reserve(
     lease: float = LEASE,
     now: float = 200.0,
 ) -> Reservation:
-    return result.reserve(Reserve(public_key, host, rank, lease), now)
+    reservation = result.apply(Reserve(public_key, host, rank, lease), now).reservation
+    assert reservation is not None
+    return reservation
 
 
 def frozen(result: RankTable) -> tuple[int, list[RankEntry]]:
@@ -123,22 +129,41 @@ def test_lowest_first_puts_interior_ranks_before_their_leaves() -> None:
     assert [reserve(result, key(seed)).rank for seed in range(10, 16)] == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("state", list(RankState))
-def test_only_vacant_and_lost_are_allocatable(state: RankState) -> None:
-    result = started("kary:0", 2, launched=1)
-    entry = result.entry(1)
-    if state is RankState.RESERVED:
+def rank_one_in(phase: Phase) -> RankTable:
+    """kary:0 of two ranks, rank 1 brought to `phase` by the events that lead there."""
+    result = started("kary:0", 2, 1 if phase is Phase.VACANT else 2, fixed=phase in CONFIG_PHASES)
+    online, retire = Online(1, 1, "node1", 77), Retire(1, 1)
+    lost, departed = Lost(1, 1, "connection lost"), Departed(1, 1)
+    steps: list[Event] = {
+        Phase.ONLINE: [online],
+        Phase.CONFIG_ONLINE: [online],
+        Phase.RETIRING: [online, retire],
+        Phase.CONFIG_RETIRING: [online, retire],
+        Phase.LOST: [lost],
+        Phase.RESERVED: [lost],
+        Phase.CONFIG_DOWN: [online, lost],
+        Phase.CONFIG_LOST: [online, retire, lost],
+        Phase.RETIRED: [online, retire, departed],
+    }.get(phase, [])
+    for step in steps:
+        assert result.apply(step, 150.0).applied
+    if phase is Phase.RESERVED:
         assert reserve(result, BOB).granted
-    else:
-        # set the state as the table would (each state's own path is tested elsewhere)
-        entry.state = state
-        entry.pid = 77 if state in CONNECTED else None
+    assert result.entry(1).phase is phase
+    return result
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_only_vacant_and_lost_are_allocatable(phase: Phase) -> None:
+    result = rank_one_in(phase)
+    state = result.entry(1).state
     before = frozen(result)
     grant = reserve(result, ALICE)
     assert grant.granted == (state in ALLOCATABLE)
     assert set(ALLOCATABLE) == {RankState.VACANT, RankState.LOST}
     if grant.granted:
         assert grant.rank == 1
+        assert result.entry(1).phase is Phase.RESERVED  # FLUB's now, whoever held it before
     else:
         assert grant.reason == "no available ranks"
         assert frozen(result) == before
@@ -173,7 +198,7 @@ def test_a_reservation_records_joiner_host_lease_and_a_new_incarnation() -> None
     assert entry.state is RankState.RESERVED
     assert entry.incarnation == 1  # a spare starts at 0
     assert entry.host == "newhost"
-    assert entry.host_before == "extra0"
+    assert entry.lease.host_before == "extra0"
     assert entry.joiner == ALICE
     assert entry.lease_until == 312.5
     assert entry.since == 300.0
@@ -204,7 +229,7 @@ def test_a_lost_rank_shows_the_joiners_host_and_gets_it_back_on_expiry() -> None
     result = mixed()
     grant = reserve(result, rank=3, host="replacement", now=200.0)
     assert result.entry(3).host == "replacement"
-    assert result.entry(3).host_before == "node3"
+    assert result.entry(3).lease.host_before == "node3"
     assert result.apply(Expire(3, grant.incarnation), 200.0 + LEASE).applied
     entry = result.entry(3)
     # the lease ends in vacant (issue 3), with the host shown before the reservation
@@ -257,11 +282,11 @@ def test_a_specific_rank_that_is_taken_names_its_holder() -> None:
         grant = reserve(result, ALICE, rank=rank)
         assert grant == Reservation(False, reason=reason)
         assert frozen(result) == before
-    result.entry(2).state = RankState.RETIRING
+    assert result.apply(Retire(1, 1), 160.0).applied  # its children: 3 lost, 4 offline
     assert (
-        reserve(result, ALICE, rank=2).reason
-        == "rank 2 is taken: retiring (host node2, pid 1002)"
-        == f"rank 2 is taken: {describe(result.entry(2))}"
+        reserve(result, ALICE, rank=1).reason
+        == "rank 1 is taken: retiring (host node1, pid 1001)"
+        == f"rank 1 is taken: {describe(result.entry(1))}"
     )
 
 
@@ -285,7 +310,7 @@ def test_a_full_instance_has_no_available_ranks() -> None:
 def test_snapshot_of_a_reserved_rank() -> None:
     result = started("kary:2", 3, launched=1, now=100.0)
     grant = reserve(result, ALICE, host="j1", lease=10.0, now=200.0)
-    shown = result.snapshot(203.5)["ranks"][grant.rank]
+    shown = status_json(result, 203.5)["ranks"][grant.rank]
     assert shown["state"] == "reserved"
     assert shown["host"] == "j1"
     assert shown["pid"] is None
@@ -295,14 +320,14 @@ def test_snapshot_of_a_reserved_rank() -> None:
     assert ALICE not in json.dumps(shown)  # a fingerprint, not the key
     assert shown["expires"] == 6.5
     assert shown["since"] == 3.5
-    assert result.snapshot(500.0)["ranks"][grant.rank]["expires"] == 0.0
+    assert status_json(result, 500.0)["ranks"][grant.rank]["expires"] == 0.0
     # only reserved ranks carry them
     assert all(
-        "joiner" not in r and "expires" not in r for r in result.snapshot(203.5)["ranks"][::2]
+        "joiner" not in r and "expires" not in r for r in status_json(result, 203.5)["ranks"][::2]
     )
     assert result.apply(Online(1, 1, "j1", 55), 204.0).applied
-    assert "joiner" not in result.snapshot(205.0)["ranks"][1]
-    assert "expires" not in result.snapshot(205.0)["ranks"][1]
+    assert "joiner" not in status_json(result, 205.0)["ranks"][1]
+    assert "expires" not in status_json(result, 205.0)["ranks"][1]
 
 
 # --- verify() -----------------------------------------------------------------------------------
@@ -512,27 +537,48 @@ def test_a_reserved_rank_is_only_ended_by_hello_or_expiry(event: Event) -> None:
 
 # --- random sequences ---------------------------------------------------------------------------
 
-SPECS = st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "kary:4", "binomial"])
 KEYS = [key(seed) for seed in range(1, 9)]
 LEASES = st.sampled_from([0.0, 0.5, 5.0, 30.0])
+LIVE = (RankState.ONLINE, RankState.RETIRING, RankState.RESERVED)
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> tuple[str, int]:
+    size = draw(st.integers(2, 24), label="size")
+    return draw(specs(size) | st.just("kary:4"), label="spec"), size
 
 
 class FlubMachine(RuleBasedStateMachine):
-    """Joins, hellos, failures, departures, expiries and stale reports on a random tree."""
+    """Joins, hellos, failures, departures, retirements, restarts, expiries and stale reports
+    on random trees, PMI- or config-booted.
+
+    Reserve is judged against a model of what FLUB promises, not of how the table keeps it: a
+    key holds at most one live rank; a barred key never gets one; a rank is granted iff it is
+    allocatable (or, asked for none, the lowest such rank is); incarnations only grow. The model
+    keeps only what those promises need: which key each rank was granted to, which keys were
+    retired, which ranks belong to a config host, and each rank's incarnation.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.table: RankTable
         self.now = 1000.0
         self.pids = 10_000
-        self.incarnations: list[int] = []  # what reserve() alone may change
+        self.incarnations: list[int] = []  # raised by a grant, or a config broker's restart
+        self.granted_to: dict[int, str] = {}  # rank -> the key it was last granted to
+        self.barred: dict[str, int] = {}  # key -> the rank its retired broker left
+        self.config: set[int] = set()  # ranks that belong to their config host
+        self.welcomed: dict[int, int] = {}  # rank -> the incarnation last welcomed online
 
-    @initialize(spec=SPECS, size=st.integers(2, 24), data=st.data())
-    def start(self, spec: str, size: int, data: st.DataObject) -> None:
+    @initialize(tree=trees(), fixed=st.booleans(), data=st.data())
+    def start(self, tree: tuple[str, int], fixed: bool, data: st.DataObject) -> None:
+        spec, size = tree
         launched = data.draw(st.integers(1, size), label="launched")
-        self.table = table(spec, size, launched, self.now)
+        self.table = table(spec, size, launched, self.now, fixed=fixed)
         assert self.table.apply(Online(0, 1, "node0", 1), self.now).applied
         self.incarnations = [e.incarnation for e in self.table.entries]
+        self.config = set(range(launched)) if fixed else set()
+        self.welcomed = {0: 1}
 
     # --- the checks around every call ---
 
@@ -548,10 +594,12 @@ class FlubMachine(RuleBasedStateMachine):
             assert outcome.changed == ()
             assert frozen(self.table) == (generation, before)
             return
+        assert outcome.reservation is None
         assert set(outcome.changed) == changed
         assert self.table.generation == generation + (1 if changed else 0)
         for rank in range(self.table.size):
-            assert after[rank].incarnation == before[rank].incarnation
+            if rank != event.rank or not isinstance(event, Reboot):
+                assert after[rank].incarnation == before[rank].incarnation
         entry = self.table.entry(event.rank)
         was = before[event.rank]
         topology = self.table.topology
@@ -561,23 +609,31 @@ class FlubMachine(RuleBasedStateMachine):
                 assert entry.state is RankState.ONLINE and entry.pid == event.pid
                 assert entry.joiner is None and entry.lease_until is None
                 assert changed <= {event.rank}
+                self.welcomed[event.rank] = entry.incarnation
             case Lost() | Departed():
-                ended = RankState.LOST if isinstance(event, Lost) else RankState.VACANT
-                assert entry.state is ended
+                retiring = was.state is RankState.RETIRING
+                if event.rank in self.config and not retiring:
+                    assert entry.state is RankState.OFFLINE  # its host runs a broker again
+                else:
+                    ended = RankState.LOST if isinstance(event, Lost) else RankState.VACANT
+                    assert entry.state is ended
                 # a retiring broker's goodbye is its acknowledgement: retired, not just gone
-                assert entry.retired == (
-                    isinstance(event, Departed) and was.state is RankState.RETIRING
-                )
+                assert entry.retired == (isinstance(event, Departed) and retiring)
+                if retiring and event.rank in self.granted_to:
+                    self.barred[self.granted_to[event.rank]] = event.rank
+                if entry.retired:  # its host's broker may not come back either
+                    self.config.discard(event.rank)
                 assert changed <= {event.rank, *topology.descendants(event.rank)}
                 for rank in topology.descendants(event.rank):
                     if before[rank].state is RankState.RESERVED:
                         assert after[rank] == before[rank]
                     if rank in changed:
-                        assert after[rank].state is RankState.LOST
+                        gone = RankState.OFFLINE if rank in self.config else RankState.LOST
+                        assert after[rank].state is gone
             case Expire():
                 assert was.state is RankState.RESERVED
-                assert was.lease_until is not None and self.now >= was.lease_until
-                assert entry.state is RankState.VACANT and entry.host == was.host_before
+                assert was.lease is not None and self.now >= was.lease.until
+                assert entry.state is RankState.VACANT and entry.host == was.lease.host_before
                 assert changed == {event.rank}
             case Torpid():
                 assert entry.state in CONNECTED and entry.torpid == event.torpid
@@ -591,78 +647,82 @@ class FlubMachine(RuleBasedStateMachine):
                     assert was.state is RankState.ONLINE and event.rank != 0
                     assert entry.state is RankState.RETIRING and changed == {event.rank}
                     for child in topology.children(event.rank):
-                        assert before[child].state not in (
-                            RankState.ONLINE,
-                            RankState.RESERVED,
-                            RankState.RETIRING,
-                        )
+                        assert before[child].state not in LIVE
+            case Reboot():
+                assert event.rank in self.config and was.state is RankState.OFFLINE
+                renewed = self.welcomed.get(event.rank) == was.incarnation
+                assert changed == ({event.rank} if renewed else set())
+                assert entry.state is RankState.OFFLINE
+                self.incarnations[event.rank] += renewed
 
     def _reserve(self, request: Reserve) -> None:
         self.now += 0.5
         generation, before = frozen(self.table)
         topology = self.table.topology
+        key = request.public_key
 
-        def under_retiring(rank: int) -> bool:
+        def free(rank: int) -> bool:
             parent = topology.parent(rank)
-            return parent is not None and before[parent].state is RankState.RETIRING
+            retiring = parent is not None and before[parent].state is RankState.RETIRING
+            return before[rank].state in ALLOCATABLE and not retiring
 
-        allocatable = [
-            e.rank for e in before if e.state in ALLOCATABLE and not under_retiring(e.rank)
-        ]
-        held = reserved_by(self.table, request.public_key)
-        retired_from = self.table.retired_keys.get(request.public_key)
-        grant = self.table.reserve(request, self.now)
-        if retired_from is not None:  # a retired broker's key never gets a rank again
-            assert not grant.granted and grant.never
-            assert f"key was retired from rank {retired_from}" in grant.reason
-            assert frozen(self.table) == (generation, before)
+        live = [r for r, k in self.granted_to.items() if k == key and before[r].state in LIVE]
+        outcome = self.table.apply(request, self.now)
+        grant = outcome.reservation
+        assert grant is not None
+        assert (outcome.applied, outcome.reason) == (grant.granted, grant.reason)
+        unchanged = frozen(self.table) == (generation, before)
+        if key in self.barred:  # a retired broker's key never gets a rank again
+            assert not grant.granted and grant.never and unchanged
+            assert f"key was retired from rank {self.barred[key]}" in grant.reason
             return
-        holding = [e for e in before if e.key == request.public_key and e.state in CONNECTED]
-        if holding:  # one broker, one rank
-            assert not grant.granted
-            assert grant.reason == (
-                f"this key already holds rank {holding[0].rank} ({holding[0].state})"
+        assert not grant.never
+        if live:  # one broker, one rank
+            (held,) = live
+            if before[held].state is RankState.RESERVED and request.rank in (None, held):
+                assert grant == Reservation(True, held, before[held].incarnation, repeated=True)
+            else:
+                assert not grant.granted and grant.rank == -1
+                assert grant.reason.startswith("this key already holds ")
+                assert f"rank {held}" in grant.reason
+            assert unchanged and outcome.changed == ()
+            return
+        if request.rank is None:
+            wanted = [r for r in range(self.table.size) if free(r)]
+        else:
+            wanted = (
+                [request.rank] if 0 <= request.rank < self.table.size and free(request.rank) else []
             )
-            assert frozen(self.table) == (generation, before)
-            return
-        after = self.table.entries
-        changed = {r for r in range(self.table.size) if before[r] != after[r]}
-        if held and request.rank in (None, held[0]):
-            assert grant == Reservation(True, held[0], before[held[0]].incarnation, repeated=True)
-            assert frozen(self.table) == (generation, before)
-            return
-        if not grant.granted:
-            assert frozen(self.table) == (generation, before)
-            assert grant.rank == -1 and not grant.repeated
-            if held:  # one key, one reservation: it may not take a second rank
-                assert grant.reason == f"this key already holds a reservation of rank {held[0]}"
-            elif request.rank is None:
-                assert not allocatable and grant.reason == "no available ranks"
+        if not wanted:
+            assert not grant.granted and not grant.repeated and unchanged
+            if request.rank is None:
+                assert grant.reason == "no available ranks"
             elif not 0 <= request.rank < self.table.size:
-                assert grant.reason.startswith(f"no rank {request.rank} in this instance")
+                assert grant.reason == (
+                    f"no rank {request.rank} in this instance of size {self.table.size}"
+                )
             elif before[request.rank].state in ALLOCATABLE:
-                assert under_retiring(request.rank)
                 assert grant.reason == f"rank {request.rank}'s parent is retiring"
             else:
-                assert request.rank not in allocatable
-                assert (
-                    grant.reason == f"rank {request.rank} is taken: {describe(after[request.rank])}"
-                )
+                held_by = describe(before[request.rank])
+                assert grant.reason == f"rank {request.rank} is taken: {held_by}"
             return
-        assert not grant.repeated
-        assert grant.rank in allocatable  # never online, offline, reserved, retiring, or 0
-        assert grant.rank != 0
-        assert grant.rank == (min(allocatable) if request.rank is None else request.rank)
-        assert changed == {grant.rank}
-        assert self.table.generation == generation + 1
-        was, entry = before[grant.rank], after[grant.rank]
-        assert grant.incarnation == entry.incarnation == was.incarnation + 1
+        rank = wanted[0]  # the one asked for, or the lowest: interior ranks before leaves
+        assert grant == Reservation(True, rank, before[rank].incarnation + 1)
+        assert outcome.changed == (rank,) and self.table.generation == generation + 1
+        entry, was = self.table.entry(rank), before[rank]
+        assert [r for r in range(self.table.size) if before[r] != self.table.entries[r]] == [rank]
         assert entry.state is RankState.RESERVED and entry.since == self.now
-        assert entry.joiner == request.public_key
-        assert entry.lease_until == self.now + request.lease
-        assert entry.host == request.host and entry.host_before == was.host
+        assert (entry.joiner, entry.host, entry.lease_until) == (
+            key,
+            request.host,
+            self.now + request.lease,
+        )
         assert entry.pid is None and not entry.torpid
-        self.incarnations[grant.rank] += 1
+        assert entry.lease is not None and entry.lease.host_before == was.host
+        self.incarnations[rank] += 1
+        self.granted_to[rank] = key
+        self.config.discard(rank)  # a rank FLUB gave out is open, whoever held it before
 
     def _pick(self, data: st.DataObject, ranks: list[int], label: str) -> int | None:
         return data.draw(st.sampled_from(ranks), label=label) if ranks else None
@@ -724,7 +784,6 @@ class FlubMachine(RuleBasedStateMachine):
             Lost(rank, incarnation, "connection lost") if lost else Departed(rank, incarnation)
         )
         self._apply(event)
-        assert self.table.entry(rank).state is (RankState.LOST if lost else RankState.VACANT)
 
     @rule(data=st.data())
     def retire(self, data: st.DataObject) -> None:
@@ -733,27 +792,65 @@ class FlubMachine(RuleBasedStateMachine):
         rank = data.draw(st.integers(0, self.table.size - 1), label="retiring")
         self._apply(Retire(rank, self.table.entry(rank).incarnation))
 
+    @rule(data=st.data())
+    def retire_idle(self, data: st.DataObject) -> None:
+        """Retire a rank that may retire, interior ones first, so that retiring parents and
+        retired ranks are common."""
+        idle = [
+            e.rank
+            for e in self.table.entries
+            if e.state is RankState.ONLINE
+            and e.rank != 0
+            and not any(
+                self.table.entry(c).state in LIVE for c in self.table.topology.children(e.rank)
+            )
+        ]
+        interior = [r for r in idle if self.table.topology.children(r)]
+        rank = self._pick(data, interior or idle, "idle")
+        if rank is not None:
+            self._apply(Retire(rank, self.table.entry(rank).incarnation))
+
+    @rule(data=st.data(), which=st.integers(0, len(KEYS) - 1), specific=st.booleans())
+    def reserve_below_retiring(self, data: st.DataObject, which: int, specific: bool) -> None:
+        """A joiner asks for a rank whose parent is retiring: it may not have it."""
+        below = [
+            child
+            for rank in self._in(RankState.RETIRING)
+            for child in self.table.topology.children(rank)
+        ]
+        rank = self._pick(data, below, "below retiring")
+        if rank is not None:
+            self._reserve(Reserve(KEYS[which], f"joiner{which}", rank if specific else None, 5.0))
+
+    @rule(data=st.data(), ended=st.booleans())
+    def reboot(self, data: st.DataObject, ended: bool) -> None:
+        """A broker started again on its config host: refused unless the rank is a config
+        rank whose broker is down; it names the incarnation that ended, or 0."""
+        offline = [r for r in self._in(RankState.OFFLINE) if r in self.config]
+        rank = self._pick(data, offline, "down") if offline and data.draw(st.booleans()) else None
+        if rank is None:
+            rank = data.draw(st.integers(1, self.table.size - 1), label="rebooting")
+        incarnation = self.table.entry(rank).incarnation if ended else 0
+        allowed = rank in self.config and self.table.entry(rank).state is RankState.OFFLINE
+        self._apply(Reboot(rank, incarnation), must_refuse=not allowed)
+
     @rule(data=st.data(), lost=st.booleans(), specific=st.booleans())
     def retired_joiner_comes_back(self, data: st.DataObject, lost: bool, specific: bool) -> None:
         """A joined broker is retired, leaves (or is lost while retiring), and its careless
         supervisor starts it again with the same key: refused, whatever rank it asks for."""
-        joined = [
-            e.rank for e in self.table.entries if e.state is RankState.ONLINE and e.key is not None
-        ]
+        joined = [r for r in self._in(RankState.ONLINE) if r in self.granted_to]
         rank = self._pick(data, joined, "joined")
         if rank is None:
             return
-        entry = self.table.entry(rank)
-        key, incarnation = entry.key, entry.incarnation
-        assert key is not None
+        key, incarnation = self.granted_to[rank], self.table.entry(rank).incarnation
         self._apply(Retire(rank, incarnation))
-        if entry.state is not RankState.RETIRING:
+        if self.table.entry(rank).state is not RankState.RETIRING:
             return  # refused: it has busy children
         ending: Event = (
             Lost(rank, incarnation, "connection lost") if lost else Departed(rank, incarnation)
         )
         self._apply(ending)
-        assert self.table.retired_keys[key] == rank
+        assert self.barred[key] == rank
         self._reserve(Reserve(key, "again", rank if specific else None, 30.0))
 
     @rule(data=st.data(), advance=st.sampled_from([0.0, 0.25, 1.0, 5.0, 40.0]))
@@ -794,29 +891,45 @@ class FlubMachine(RuleBasedStateMachine):
         }[kind]
         self._apply(event, must_refuse=True)
 
-    # --- invariants ---
+    # --- invariants: FLUB's promises, and the table's bookkeeping against the model ---
+
+    @precondition(lambda self: self.incarnations)
+    @invariant()
+    def at_most_one_live_rank_per_key(self) -> None:
+        for public_key in KEYS:
+            live = [
+                r
+                for r, k in self.granted_to.items()
+                if k == public_key and self.table.entry(r).state in LIVE
+            ]
+            assert len(live) <= 1, (public_key, live)
+            assert len(reserved_by(self.table, public_key)) <= 1
 
     @precondition(lambda self: self.incarnations)
     @invariant()
     def a_retired_key_holds_no_rank(self) -> None:
+        assert self.table.retired_keys == self.barred
         for entry in self.table.entries:
-            if entry.state in (RankState.RESERVED, RankState.ONLINE, RankState.RETIRING):
-                assert entry.key is None or entry.key not in self.table.retired_keys
+            if entry.state in LIVE:
+                assert self.granted_to.get(entry.rank) not in self.barred
 
+    @precondition(lambda self: self.incarnations)
+    @invariant()
+    def keys_and_owners_are_what_was_granted(self) -> None:
+        for entry in self.table.entries:
+            assert entry.key == self.granted_to.get(entry.rank)
+            assert (entry.phase in CONFIG_PHASES) == (entry.rank in self.config), entry
+
+    @precondition(lambda self: self.incarnations)
     @invariant()
     def retired_ranks_are_vacant(self) -> None:
         for entry in self.table.entries:
             assert not entry.retired or entry.state is RankState.VACANT
 
+    @precondition(lambda self: self.incarnations)
     @invariant()
     def rank_zero_is_online(self) -> None:
         assert self.table.entry(0).state is RankState.ONLINE
-
-    @precondition(lambda self: self.incarnations)
-    @invariant()
-    def at_most_one_reservation_per_key(self) -> None:
-        for public_key in KEYS:
-            assert len(reserved_by(self.table, public_key)) <= 1
 
     @precondition(lambda self: self.incarnations)
     @invariant()
@@ -830,7 +943,7 @@ class FlubMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.incarnations)
     @invariant()
-    def incarnations_change_only_through_reserve(self) -> None:
+    def incarnations_only_grow_and_only_by_grant_or_restart(self) -> None:
         assert [e.incarnation for e in self.table.entries] == self.incarnations
 
     @precondition(lambda self: self.incarnations)
@@ -875,7 +988,7 @@ class FlubMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.incarnations)
     @invariant()
     def snapshot_shows_reservations(self) -> None:
-        snapshot: dict[str, Any] = self.table.snapshot(self.now)
+        snapshot: dict[str, Any] = status_json(self.table, self.now)
         for entry, shown in zip(self.table.entries, snapshot["ranks"], strict=True):
             assert shown["state"] == entry.state.value
             assert shown["incarnation"] == entry.incarnation
@@ -888,4 +1001,4 @@ class FlubMachine(RuleBasedStateMachine):
 
 
 TestFlubMachine = FlubMachine.TestCase
-TestFlubMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestFlubMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -16,19 +16,30 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from tables import bring_up, started, table
+from tables import bring_up, reserve, specs, started, table
 
+from tbon.overlay.state.rankstates import CONFIG_PHASES, PUBLIC
 from tbon.overlay.state.ranktable import (
+    ALLOCATABLE,
     CONNECTED,
+    REFUSALS,
+    TRANSITIONS,
     Departed,
     Event,
+    Expire,
     Lost,
     Online,
+    Orphaned,
+    Phase,
     RankState,
     RankTable,
+    Reboot,
+    Reserve,
+    Retire,
     SubtreeStatus,
     Torpid,
 )
+from tbon.overlay.state.snapshot import snapshot as status_json
 
 SNAPSHOT_FIELDS = {
     "rank",
@@ -271,13 +282,13 @@ def test_stale_incarnations_change_nothing(event: Event) -> None:
     result = started("kary:2", 4, launched=3)
     bring_up(result, [1])
     before = fingerprint(result)
-    snapshot = json.dumps(result.snapshot(400.0), sort_keys=True)
+    snapshot = json.dumps(status_json(result, 400.0), sort_keys=True)
     outcome = result.apply(event, 400.0)
     assert not outcome.applied
     assert outcome.changed == ()
     assert "not current" in outcome.reason
     assert fingerprint(result) == before
-    assert json.dumps(result.snapshot(400.0), sort_keys=True) == snapshot
+    assert json.dumps(status_json(result, 400.0), sort_keys=True) == snapshot
 
 
 @pytest.mark.parametrize("rank", [-1, 4, 100])
@@ -350,7 +361,7 @@ def test_snapshot_fields() -> None:
     result = started("kary:2", 4, launched=3, now=100.0)
     bring_up(result, [1], now=101.0)
     result.apply(Torpid(1, 1, True), 102.0)
-    snapshot = result.snapshot(103.25)
+    snapshot = status_json(result, 103.25)
     assert set(snapshot) == {"size", "topo", "ranks"}
     assert snapshot["size"] == 4
     assert snapshot["topo"] == "kary:2"
@@ -393,55 +404,78 @@ def test_snapshot_fields() -> None:
     }
     # it is JSON as it stands, and a clock that went backwards never shows a negative age
     assert json.loads(json.dumps(snapshot)) == snapshot
-    assert all(rank["since"] == 0.0 for rank in result.snapshot(0.0)["ranks"])
+    assert all(rank["since"] == 0.0 for rank in status_json(result, 0.0)["ranks"])
 
 
 # --- random event sequences ---------------------------------------------------------------------
 
-SPECS = st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "binomial"])
+
+@st.composite
+def trees(draw: st.DrawFn, max_size: int) -> tuple[str, int]:
+    """(spec, size): a named shape or a shuffled `parents:` tree (parents may follow children)."""
+    size = draw(st.integers(1, max_size), label="size")
+    return draw(specs(size), label="spec"), size
 
 
 class RankTableMachine(RuleBasedStateMachine):
-    """Random events, stale and current, against the invariants of docs/design.md."""
+    """Random events, stale and current, on PMI- and config-booted tables of any tree shape,
+    against the invariants of docs/design.md. The model knows only which ranks belong to their
+    config host, and in which incarnation each rank was last welcomed."""
 
     def __init__(self) -> None:
         super().__init__()
         self.table: RankTable
         self.now = 1000.0
         self.pids = 10_000
+        self.config: set[int] = set()  # ranks a config file gives to their host
+        self.welcomed: dict[int, int] = {}  # rank -> the incarnation last welcomed online
+        self.incarnations: list[int] = []  # only a Reboot of a welcomed incarnation raises one
 
-    @initialize(spec=SPECS, size=st.integers(1, 12), data=st.data())
-    def start(self, spec: str, size: int, data: st.DataObject) -> None:
+    @initialize(tree=trees(12), fixed=st.booleans(), data=st.data())
+    def start(self, tree: tuple[str, int], fixed: bool, data: st.DataObject) -> None:
+        spec, size = tree
         launched = data.draw(st.integers(1, size), label="launched")
-        self.table = table(spec, size, launched, self.now)
+        self.table = table(spec, size, launched, self.now, fixed=fixed)
         assert self.table.apply(Online(0, 1, "node0", 1), self.now).applied
+        self.config = set(range(launched)) if fixed else set()
+        self.welcomed = {0: 1}
+        self.incarnations = [entry.incarnation for entry in self.table.entries]
 
     def _apply(self, event: Event) -> None:
         self.now += 0.5
         before = fingerprint(self.table)
         old_entries = [astuple(entry) for entry in self.table.entries]
-        snapshot = json.dumps(self.table.snapshot(self.now), sort_keys=True)
+        was = [entry.state for entry in self.table.entries]
+        snapshot = json.dumps(status_json(self.table, self.now), sort_keys=True)
         in_range = 0 <= event.rank < self.table.size
-        current = in_range and event.incarnation == self.table.entry(event.rank).incarnation
+        # a Reboot names the incarnation that ended (or 0): it is not checked
+        current = in_range and (
+            isinstance(event, Reboot)
+            or event.incarnation == self.table.entry(event.rank).incarnation
+        )
         outcome = self.table.apply(event, self.now)
         new_entries = [astuple(entry) for entry in self.table.entries]
         changed = {
             r for r, (a, b) in enumerate(zip(old_entries, new_entries, strict=True)) if a != b
         }
+        if isinstance(event, Reboot) and in_range:
+            # only a config rank whose broker is down may be restarted on its host
+            allowed = event.rank in self.config and was[event.rank] is RankState.OFFLINE
+            assert outcome.applied == allowed, (event, outcome)
         if not current or not outcome.applied:
             # refused: the table is untouched, byte for byte
             assert not outcome.applied or not current
             assert outcome.changed == ()
             assert fingerprint(self.table) == before
-            assert json.dumps(self.table.snapshot(self.now), sort_keys=True) == snapshot
+            assert json.dumps(status_json(self.table, self.now), sort_keys=True) == snapshot
             return
         # generation moves by one iff something changed, and `changed` names what did
         assert set(outcome.changed) == changed
         assert len(outcome.changed) == len(changed)
         assert self.table.generation == before[0] + (1 if changed else 0)
-        self._check_effect(event, changed)
+        self._check_effect(event, changed, was)
 
-    def _check_effect(self, event: Event, changed: set[int]) -> None:
+    def _check_effect(self, event: Event, changed: set[int], was: list[RankState]) -> None:
         entry = self.table.entry(event.rank)
         topology = self.table.topology
         match event:
@@ -449,19 +483,34 @@ class RankTableMachine(RuleBasedStateMachine):
                 assert entry.state is RankState.ONLINE
                 assert entry.pid == event.pid
                 assert changed <= {event.rank}
+                self.welcomed[event.rank] = entry.incarnation
             case Lost() | Departed():
-                assert entry.state is (
-                    RankState.LOST if isinstance(event, Lost) else RankState.VACANT
-                )
+                if event.rank in self.config:  # its host will run a broker again
+                    assert entry.state is RankState.OFFLINE
+                else:
+                    assert entry.state is (
+                        RankState.LOST if isinstance(event, Lost) else RankState.VACANT
+                    )
                 assert changed <= {event.rank, *topology.descendants(event.rank)}
-                for rank in topology.descendants(event.rank):
-                    assert self.table.entry(rank).state in (RankState.LOST, RankState.VACANT)
+                for rank in topology.descendants(event.rank):  # each exits with its parent
+                    below = self.table.entry(rank).state
+                    assert below not in CONNECTED
                     if rank in changed:
-                        assert self.table.entry(rank).state is RankState.LOST
+                        assert below is (
+                            RankState.OFFLINE if rank in self.config else RankState.LOST
+                        )
+                    else:
+                        assert below is was[rank]
             case Torpid():
                 assert entry.state in CONNECTED
                 assert entry.torpid == event.torpid
                 assert changed <= {event.rank}
+            case Reboot():
+                # a new incarnation only if the current one was ever welcomed online
+                renewed = self.welcomed.get(event.rank) == self.incarnations[event.rank]
+                assert entry.state is RankState.OFFLINE
+                assert changed == ({event.rank} if renewed else set())
+                self.incarnations[event.rank] += renewed
 
     def _incarnation(self, data: st.DataObject, rank: int) -> int:
         current = self.table.entry(rank).incarnation if 0 <= rank < self.table.size else 1
@@ -514,6 +563,12 @@ class RankTableMachine(RuleBasedStateMachine):
         rank = self._rank(data)
         self._apply(Torpid(rank, self._incarnation(data, rank), torpid))
 
+    @rule(data=st.data(), ended=st.booleans())
+    def reboot(self, data: st.DataObject, ended: bool) -> None:
+        """A broker restarted on its host, naming the incarnation that ended or 0 (first boot)."""
+        rank = self._rank(data)
+        self._apply(Reboot(rank, self._incarnation(data, rank) if ended else 0))
+
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
     def rank_zero_is_online(self) -> None:
@@ -535,6 +590,15 @@ class RankTableMachine(RuleBasedStateMachine):
                 assert entry.pid is None and not entry.torpid, entry
             if entry.state is RankState.VACANT and entry.incarnation == 0:
                 assert entry.host.startswith("extra")
+            assert entry.state is PUBLIC[entry.phase]
+
+    @precondition(lambda self: hasattr(self, "table"))
+    @invariant()
+    def ownership_is_explicit(self) -> None:
+        """A config rank is in a config phase, never lost or vacant here; an open one never."""
+        for entry in self.table.entries:
+            assert (entry.phase in CONFIG_PHASES) == (entry.rank in self.config), entry
+        assert [entry.incarnation for entry in self.table.entries] == self.incarnations
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
@@ -546,7 +610,7 @@ class RankTableMachine(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
     def snapshot_is_well_formed(self) -> None:
-        snapshot = self.table.snapshot(self.now)
+        snapshot = status_json(self.table, self.now)
         assert snapshot["size"] == self.table.size == len(snapshot["ranks"])
         for rank, shown in enumerate(snapshot["ranks"]):
             assert set(shown) == SNAPSHOT_FIELDS
@@ -558,29 +622,31 @@ class RankTableMachine(RuleBasedStateMachine):
 
 
 TestRankTableMachine = RankTableMachine.TestCase
-TestRankTableMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestRankTableMachine.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 
 
 @given(
-    SPECS,
-    st.integers(1, 20),
+    trees(20),
+    st.booleans(),
     st.lists(st.tuples(st.integers(0, 19), st.sampled_from(["up", "lost", "departed"]))),
 )
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_subtree_roll_up_matches_brute_force(
-    spec: str, size: int, steps: list[tuple[int, str]]
+    tree: tuple[str, int], fixed: bool, steps: list[tuple[int, str]]
 ) -> None:
-    result = started(spec, size)
+    spec, size = tree
+    result = started(spec, size, fixed=fixed)
     now = 100.0
     for rank, what in steps:
         rank %= size
         now += 1
+        incarnation = result.entry(rank).incarnation
         if what == "up":
-            result.apply(Online(rank, 1, "h", rank + 1), now)
+            result.apply(Online(rank, incarnation, "h", rank + 1), now)
         elif what == "lost":
-            result.apply(Lost(rank, 1, "x"), now)
+            result.apply(Lost(rank, incarnation, "x"), now)
         else:
-            result.apply(Departed(rank, 1), now)
+            result.apply(Departed(rank, incarnation), now)
         statuses = result.subtree_statuses()
         assert statuses == [brute_subtree(result, r) for r in range(size)]
 
@@ -596,8 +662,6 @@ def retire_table() -> RankTable:
 
 
 def test_a_leaf_retires_through_retiring_to_vacant() -> None:
-    from tbon.overlay.state.ranktable import Retire
-
     result = retire_table()
     outcome = result.apply(Retire(3, 1), 200.0)
     assert outcome.applied and outcome.changed == (3,)
@@ -605,20 +669,16 @@ def test_a_leaf_retires_through_retiring_to_vacant() -> None:
     assert result.subtree_statuses()[1] is SubtreeStatus.PARTIAL
     assert result.up()  # retiring is not "expected from bootstrap"
     # until it has left, nobody may have it
-    from tbon.overlay.state.ranktable import Reserve
-
-    assert not result.reserve(Reserve("k" * 40, "joiner", 3, 30.0), 201.0).granted
+    assert not reserve(result, Reserve("k" * 40, "joiner", 3, 30.0), 201.0).granted
     outcome = result.apply(Departed(3, 1), 202.0)
     assert outcome.applied and result.entry(3).state is RankState.VACANT
     assert result.entry(3).retired
-    assert result.snapshot(203.0)["ranks"][3]["retired"] is True
+    assert status_json(result, 203.0)["ranks"][3]["retired"] is True
     # the old incarnation can never come back
     assert not result.apply(Online(3, 1, "node3", 4242), 204.0).applied
 
 
 def test_retiring_again_or_after_is_not_an_error() -> None:
-    from tbon.overlay.state.ranktable import Retire
-
     result = retire_table()
     result.apply(Retire(4, 1), 200.0)
     again = result.apply(Retire(4, 1), 201.0)
@@ -629,8 +689,6 @@ def test_retiring_again_or_after_is_not_an_error() -> None:
 
 
 def test_unsafe_retires_are_refused_and_change_nothing() -> None:
-    from tbon.overlay.state.ranktable import Retire
-
     result = retire_table()
     result.apply(Lost(6, 1, "connection lost"), 200.0)
     generation = result.generation
@@ -651,20 +709,16 @@ def test_unsafe_retires_are_refused_and_change_nothing() -> None:
 
 
 def test_a_retiring_parent_takes_no_new_children() -> None:
-    from tbon.overlay.state.ranktable import Reserve, Retire
-
     result = started("kary:2", 7, launched=3)  # ranks 3-6 are spares
     bring_up(result, [1, 2])
     assert result.apply(Retire(1, 1), 200.0).applied
-    specific = result.reserve(Reserve("a" * 40, "joiner", 3, 30.0), 201.0)
+    specific = reserve(result, Reserve("a" * 40, "joiner", 3, 30.0), 201.0)
     assert not specific.granted and specific.reason == "rank 3's parent is retiring"
-    anyone = result.reserve(Reserve("b" * 40, "joiner", None, 30.0), 201.0)
+    anyone = reserve(result, Reserve("b" * 40, "joiner", None, 30.0), 201.0)
     assert anyone.granted and anyone.rank == 5  # the first spare not under rank 1
 
 
 def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
-    from tbon.overlay.state.ranktable import Retire
-
     result = retire_table()
     result.apply(Retire(5, 1), 200.0)
     result.apply(Lost(5, 1, "connection lost"), 201.0)
@@ -673,11 +727,9 @@ def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
 
 @pytest.mark.parametrize("ending", ["departed", "lost"])
 def test_a_retired_joiners_key_never_gets_a_rank_again(ending: str) -> None:
-    from tbon.overlay.state.ranktable import Reserve, Retire
-
     result = started("kary:2", 3, launched=1)
     key = "r" * 40
-    grant = result.reserve(Reserve(key, "node1", 1, 30.0), 200.0)
+    grant = reserve(result, Reserve(key, "node1", 1, 30.0), 200.0)
     assert result.apply(Online(1, grant.incarnation, "node1", 11), 201.0).applied
     assert result.apply(Retire(1, grant.incarnation), 202.0).applied
     end = (
@@ -687,7 +739,156 @@ def test_a_retired_joiners_key_never_gets_a_rank_again(ending: str) -> None:
     )
     assert result.apply(end, 203.0).applied
     for wanted in (1, 2, None):
-        again = result.reserve(Reserve(key, "node1", wanted, 30.0), 204.0)
+        again = reserve(result, Reserve(key, "node1", wanted, 30.0), 204.0)
         assert not again.granted and again.never
         assert "this broker's key was retired from rank 1" in again.reason
-    assert result.reserve(Reserve("n" * 40, "node9", 1, 30.0), 205.0).granted  # a new key may
+    assert reserve(result, Reserve("n" * 40, "node9", 1, 30.0), 205.0).granted  # a new key may
+
+
+# --- config-booted ranks: they belong to their hosts -------------------------------------------
+
+
+def config_table(spec: str = "kary:2", size: int = 3) -> RankTable:
+    """Booted from a config file with every rank online."""
+    result = started(spec, size, fixed=True)
+    bring_up(result, list(result.topology.descendants(0)))
+    return result
+
+
+@pytest.mark.parametrize("end", ["lost", "departed"])
+def test_a_config_rank_whose_broker_goes_is_offline_and_reboots_with_a_new_incarnation(
+    end: str,
+) -> None:
+    result = config_table()
+    event: Event = Lost(1, 1, "connection lost") if end == "lost" else Departed(1, 1)
+    assert result.apply(event, 200.0).changed == (1,)
+    entry = result.entry(1)
+    assert (entry.state, entry.phase, entry.pid) == (RankState.OFFLINE, Phase.CONFIG_DOWN, None)
+    assert not result.up()  # expected back from its host
+    assert not reserve(result, Reserve("k" * 40, "joiner", 1, 30.0), 201.0).granted
+    reboot = result.apply(Reboot(1, 1), 202.0)
+    assert reboot.applied and reboot.changed == (1,)
+    assert (result.entry(1).incarnation, result.entry(1).phase) == (2, Phase.CONFIG_BOOTING)
+    # asked again before that incarnation was online: it serves, nothing changes
+    again = result.apply(Reboot(1, 1), 203.0)
+    assert again.applied and again.changed == ()
+    assert not result.apply(Online(1, 1, "node1", 7), 204.0).applied  # the old one is stale
+    assert result.apply(Online(1, 2, "node1", 7), 204.0).applied
+    assert result.entry(1).phase is Phase.CONFIG_ONLINE
+
+
+def test_a_config_rank_never_online_keeps_its_incarnation() -> None:
+    result = started("kary:2", 3, fixed=True)
+    assert result.entry(1).phase is Phase.CONFIG_BOOTING
+    assert result.apply(Lost(1, 1, "x"), 200.0).changed == (1,)  # `since` starts again
+    assert result.entry(1).phase is Phase.CONFIG_BOOTING
+    reboot = result.apply(Reboot(1, 0), 201.0)
+    assert reboot.applied and reboot.changed == () and result.entry(1).incarnation == 1
+
+
+def test_reboot_refusals_say_why() -> None:
+    result = config_table("kary:2", 4)
+    result.apply(Retire(3, 1), 200.0)
+    result.apply(Departed(3, 1), 201.0)
+    cases = {
+        1: "rank 1 is online",
+        3: "rank 3 was retired: a retired broker does not come back",
+    }
+    for rank, reason in cases.items():
+        outcome = result.apply(Reboot(rank, 1), 202.0)
+        assert (outcome.applied, outcome.reason) == (False, reason)
+    pmi = started("kary:2", 3)
+    pmi.apply(Lost(1, 1, "x"), 200.0)
+    refused = pmi.apply(Reboot(1, 1), 201.0)
+    assert (refused.applied, refused.reason) == (False, "rank 1 is not held by config bootstrap")
+
+
+def test_config_ranks_below_a_lost_one_go_offline_even_while_retiring() -> None:
+    #   0 - 1 - 2   (a chain): rank 2 retires, then its parent goes
+    result = config_table("kary:1", 3)
+    assert result.apply(Retire(2, 1), 200.0).applied
+    outcome = result.apply(Lost(1, 1, "connection lost"), 201.0)
+    assert outcome.changed == (1, 2)
+    assert [result.entry(r).phase for r in (1, 2)] == [Phase.CONFIG_DOWN, Phase.CONFIG_DOWN]
+    assert not result.retired_keys  # cut off, not retired: its host may start it again
+    assert result.apply(Reboot(2, 1), 202.0).changed == (2,)
+    assert result.entry(2).incarnation == 2
+
+
+def test_a_config_broker_that_dies_while_retiring_is_lost_and_free_for_flub() -> None:
+    result = config_table()
+    result.apply(Retire(2, 1), 200.0)
+    result.apply(Lost(2, 1, "connection lost"), 201.0)
+    assert (result.entry(2).state, result.entry(2).phase) == (RankState.LOST, Phase.CONFIG_LOST)
+    assert result.apply(Reboot(2, 1), 202.0).reason == "rank 2 is lost"
+    grant = reserve(result, Reserve("k" * 40, "joiner", 2, 30.0), 203.0)
+    assert grant.granted and grant.incarnation == 2
+    assert result.entry(2).phase is Phase.RESERVED  # FLUB's now: an open rank
+    assert result.apply(Expire(2, 2), 300.0).applied
+    assert result.entry(2).phase is Phase.VACANT
+
+
+# --- the roll-up walks the tree, not the rank numbers ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("end", "expected"), [("lost", "degraded"), ("departed", "partial"), ("config", "partial")]
+)
+def test_a_child_numbered_before_its_parent_rolls_up(end: str, expected: str) -> None:
+    # parents:2,0 -- rank 1 hangs under rank 2, which hangs under rank 0:  0 - 2 - 1
+    result = started("parents:2,0", 3, fixed=end == "config")
+    bring_up(result, [2, 1])
+    assert subtrees(result) == ["full"] * 3
+    event: Event = Departed(1, 1) if end == "departed" else Lost(1, 1, "killed")
+    assert result.apply(event, 200.0).changed == (1,)
+    below = {"lost": "lost", "departed": "offline", "config": "offline"}[end]
+    assert subtrees(result) == [expected, below, expected]
+
+
+def test_the_example_of_the_issue() -> None:
+    # parents:0,3,0 -- rank 2's parent is rank 3
+    result = started("parents:0,3,0", 4)
+    bring_up(result, [1, 3, 2])
+    result.apply(Lost(2, 1, "killed"), 200.0)
+    assert subtrees(result) == ["degraded", "full", "lost", "degraded"]
+
+
+# --- the table itself -----------------------------------------------------------------------------
+
+
+def test_every_phase_shows_one_public_state_and_every_public_state_is_shown() -> None:
+    assert set(PUBLIC) == set(Phase)
+    assert set(PUBLIC.values()) == set(RankState)
+    assert all(PUBLIC[phase] is RankState.ONLINE for phase in (Phase.ONLINE, Phase.CONFIG_ONLINE))
+
+
+def test_allocatable_is_what_the_reserve_rows_allow() -> None:
+    reservable = {PUBLIC[phase] for phase, kind in TRANSITIONS if kind is Reserve}
+    assert reservable == set(ALLOCATABLE)
+    assert {PUBLIC[phase] for phase, kind in TRANSITIONS if kind is Torpid} == CONNECTED
+
+
+def test_every_event_type_has_a_refusal_and_a_row() -> None:
+    events = {Online, Lost, Departed, Torpid, Retire, Expire, Reboot, Reserve}
+    assert set(REFUSALS) == events
+    assert {kind for _, kind in TRANSITIONS} == events | {Orphaned}  # Orphaned: internal
+
+
+def test_reserve_goes_through_apply_and_carries_its_grant() -> None:
+    result = started("kary:2", 3, launched=1)
+    generation = result.generation
+    outcome = result.apply(Reserve("a" * 40, "joiner", None, 30.0), 200.0)
+    assert outcome.applied and outcome.changed == (1,) and result.generation == generation + 1
+    assert outcome.reservation is not None
+    assert (outcome.reservation.rank, outcome.reservation.incarnation) == (1, 1)
+    again = result.apply(Reserve("a" * 40, "joiner", None, 30.0), 201.0)
+    assert again.applied and again.changed == () and again.reservation is not None
+    assert again.reservation.repeated and again.reservation.rank == 1
+    assert result.generation == generation + 1
+    taken = result.apply(Reserve("b" * 40, "joiner", 0, 30.0), 202.0)
+    assert not taken.applied and taken.reservation is not None
+    assert (
+        taken.reason == taken.reservation.reason == "rank 0 is taken: online (host node0, pid 1000)"
+    )
+    # no event but Reserve carries a grant
+    assert result.apply(Torpid(0, 1, True), 203.0).reservation is None

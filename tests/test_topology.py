@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tbon.errors import UsageError
-from tbon.overlay.state.topology import DEFAULT_SPEC, Topology, parse_spec, spec_from_fanout
+from tbon.overlay.state.topology import (
+    DEFAULT_SPEC,
+    Topology,
+    explicit_parents,
+    parse_spec,
+    spec_from_fanout,
+)
 
 SPECS = st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "kary:7", "kary:32", "binomial"])
 FAST = settings(max_examples=60, deadline=None)
@@ -280,3 +286,38 @@ def test_next_hop_examples() -> None:
     assert topology.next_hop(14, 0) == 6
     assert topology.next_hop(3, 4) == 1  # a sibling goes through the parent
     assert topology.next_hop(1, 4) == 4
+
+
+# --- post-order: the order a roll-up from the leaves must walk ---------------------------------
+
+
+@st.composite
+def shuffled_parents(draw: st.DrawFn) -> Topology:
+    """A random tree whose ranks are numbered in any order: a parent may follow its child."""
+    size = draw(st.integers(1, 40))
+    order = draw(st.permutations(range(1, size)))
+    parents = [0] * size
+    for index, rank in enumerate(order):
+        parents[rank] = draw(st.sampled_from([0, *order[:index]]))
+    return Topology(explicit_parents(parents[1:]), size)
+
+
+@given(st.one_of(st.builds(Topology, SPECS, st.integers(1, 150)), shuffled_parents()))
+@FAST
+def test_postorder_puts_every_rank_after_its_descendants(topology: Topology) -> None:
+    order = topology.postorder()
+    assert sorted(order) == list(range(topology.size))
+    assert order[-1] == 0
+    position = {rank: index for index, rank in enumerate(order)}
+    for rank in range(topology.size):
+        for below in topology.descendants(rank):
+            assert position[below] < position[rank], (rank, below)
+
+
+def test_postorder_of_a_parent_numbered_after_its_child() -> None:
+    # rank 1's parent is rank 3, and rank 2's parent is rank 1:  0 - 3 - 1 - 2
+    topology = Topology("parents:3,1,0", 4)
+    assert topology.children(3) == (1,)
+    assert topology.postorder() == (2, 1, 3, 0)
+    assert Topology("kary:2", 7).postorder() == (3, 4, 1, 5, 6, 2, 0)
+    assert Topology("kary:1", 50_000).postorder()[:2] == (49_999, 49_998)  # no recursion limit

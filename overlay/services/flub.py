@@ -75,7 +75,8 @@ class FlubService:
         if self.lifecycle.stopping:
             return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         lease = float(self.attributes["broker.join-timeout"])
-        grant = self.table.reserve(Reserve(key, host, rank, lease), now)
+        grant = self.table.apply(Reserve(key, host, rank, lease), now).reservation
+        assert grant is not None  # a Reserve always answers with one
         if not grant.granted:
             errnum = errno.ENOSPC if rank is None else errno.EBUSY
             if rank is not None and not 0 <= rank < self.topology.size:

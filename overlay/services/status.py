@@ -13,6 +13,7 @@ from typing import Any
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.wire.message import Message
 
 
@@ -24,7 +25,7 @@ class StatusService:
         self._pushed_generation = -1
 
     def snapshot(self, now: float) -> dict[str, Any]:
-        return self.table.snapshot(now)
+        return snapshot(self.table, now)
 
     def get(self, request: Message, now: float) -> list[Action]:
         return [Respond(request.respond(self.snapshot(now)))]

@@ -1,170 +1,349 @@
-"""The authoritative rank table kept at rank 0: a plain state machine.
+"""The authoritative rank table kept at rank 0: every rule in one transition table.
 
-Every event names a rank and the incarnation it speaks about. An event whose incarnation is not the
-rank's current one is refused and changes nothing: this is what keeps a late report about an old
-broker from touching its successor. `apply` never performs I/O; the broker acts on its Outcome.
+States. Each rank is in one `Phase` (rankstates.py); `tbon status` shows `PUBLIC[phase]`, one of
+the six states of docs/design.md. A phase says what the public state does not: who may hold the
+rank.
+An *open* rank goes to whichever broker bootstrap (PMI) or FLUB gives it; a *config* rank
+(`CONFIG_*`) belongs to its host in the config file, which alone restarts its broker. At the
+start, every launched rank is offline: LAUNCHED, or CONFIG_BOOTING when the instance was booted
+from a config file (`fixed`). Spare ranks beyond them are VACANT, at incarnation 0.
+
+Events. Every event names a rank and, except Reserve and Reboot, the incarnation it speaks
+about; an event about any other incarnation than the rank's current one is refused. The rest is
+decided by `TRANSITIONS`, keyed by (phase, event type). A pair the table does not list is
+refused with a reason that says the rank's state. A row lists guards, named functions any of
+which may refuse with a reason; then its effects, which write the event's data into the entry;
+then the rank enters the row's target phase, which restarts its `since`. A row without a target
+leaves the phase and `since` as they were: a repeat, or the torpid flag.
+
+- Online (its parent welcomed the broker): an offline or reserved rank comes online once its
+  parent is connected (rank 0 has no parent). A hello from the broker already online is a
+  repeat; from any other broker it is refused.
+- Lost (its broker failed) and Departed (a goodbye) end a connected or offline rank. An open
+  rank becomes lost or vacant. A config rank goes offline (CONFIG_DOWN), since its host will
+  run a broker again; one that was never online in this incarnation stays CONFIG_BOOTING. A
+  retiring broker that says goodbye is RETIRED, which no host or key gets back; one that fails
+  is lost (CONFIG_LOST for a config rank: no Reboot, but FLUB may refill it). Either way its
+  key is barred for good. Rank 0 never ends.
+- Special case: the ranks below one that ended are cut off, because a broker exits when it loses
+  its parent. Each of them gets the internal event Orphaned, through the same table: a connected
+  or offline open rank becomes lost, a config rank offline; reserved, lost and vacant ranks are
+  not in those rows and stay as they are.
+- Torpid sets or clears a flag on a connected rank: it is not a state, and `since` stays.
+- Retire: an online rank other than rank 0, whose children are none of them online, reserved or
+  retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
+- Expire: a reserved rank whose lease has run out becomes vacant and shows its old host again.
+- Reboot: a config rank's broker was restarted and is at its parent's door. If the rank was
+  online in this incarnation (CONFIG_DOWN), it takes a new one; if not, the current one serves.
+- Reserve (a joiner asks FLUB). The key is checked first, across the table: a barred key never
+  gets a rank; a key whose broker is connected holds its rank and asks for no other; a key
+  that holds a reservation gets that one again (a repeat) if it asks for it or for any rank.
+  Then the rank: the one asked for, or else the lowest whose row allows Reserve and whose guard
+  passes. Lost, vacant and retired ranks may be reserved unless their parent is retiring; the
+  rank takes a new incarnation and becomes open, whoever held it before.
+
+Only Reserve and Reboot raise an incarnation. `apply` never performs I/O: the broker acts on the
+Outcome, whose `changed` names every rank whose entry changed; `generation` counts the events
+that changed something. Presentation (status, who holds a rank) lives in snapshot.py.
+
+This module is longer than the house's ~400 lines on purpose: the rules above, the table, and
+the guards and effects its rows name are meant to be read side by side. The events
+(rankevents.py), the states (rankstates.py) and the presentation (snapshot.py) live apart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
-from tbon.keys.cert import fingerprint
+from tbon.overlay.state.rankevents import (
+    Departed,
+    Event,
+    Expire,
+    Lost,
+    Online,
+    Outcome,
+    Reboot,
+    Reservation,
+    Reserve,
+    Retire,
+    Torpid,
+)
+from tbon.overlay.state.rankstates import (
+    ALLOCATABLE,
+    CONFIG_PHASES,
+    CONNECTED,
+    Lease,
+    Phase,
+    RankEntry,
+    RankState,
+    SubtreeStatus,
+    roll_up,
+)
+from tbon.overlay.state.snapshot import describe
 from tbon.overlay.state.topology import Topology
 
-
-class RankState(StrEnum):
-    ONLINE = "online"
-    OFFLINE = "offline"
-    RESERVED = "reserved"
-    RETIRING = "retiring"
-    LOST = "lost"
-    VACANT = "vacant"
-
-
-class SubtreeStatus(StrEnum):
-    FULL = "full"
-    PARTIAL = "partial"
-    DEGRADED = "degraded"
-    LOST = "lost"
-    OFFLINE = "offline"
-
-
-CONNECTED = frozenset({RankState.ONLINE, RankState.RETIRING})
-"""States whose broker holds a live connection to its parent."""
-
-ALLOCATABLE = (RankState.VACANT, RankState.LOST)
-"""States FLUB may hand to a joining broker (design.md)."""
-
-
-@dataclass(slots=True)
-class RankEntry:
-    rank: int
-    state: RankState
-    incarnation: int
-    host: str
-    pid: int | None
-    since: float
-    torpid: bool = False
-    joiner: str | None = None  # public key (Z85) a reservation was made for
-    lease_until: float | None = None  # when that reservation expires
-    host_before: str = ""  # the host shown before the reservation, restored if it expires
-    retired: bool = False  # vacant because this incarnation was retired (not lost, not spare)
-    key: str | None = None  # the public key this incarnation was reserved for (FLUB), kept
-    fixed: bool = False  # held by a config-booted broker: offline while down, never for FLUB
-    online_once: bool = False  # this incarnation has been online
+__all__ = [
+    "ALLOCATABLE",
+    "CONNECTED",
+    "REFUSALS",
+    "TRANSITIONS",
+    "Departed",
+    "Event",
+    "Expire",
+    "Lease",
+    "Lost",
+    "Online",
+    "Outcome",
+    "Phase",
+    "RankEntry",
+    "RankState",
+    "RankTable",
+    "Reboot",
+    "Reservation",
+    "Reserve",
+    "Retire",
+    "Rule",
+    "SubtreeStatus",
+    "Torpid",
+]
 
 
 @dataclass(frozen=True, slots=True)
-class Online:
-    """A parent welcomed this rank's broker (its hello was accepted)."""
+class Orphaned:
+    """Internal: the broker above this rank ended, so this rank's broker exits too."""
 
     rank: int
     incarnation: int
-    host: str
-    pid: int
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    """A parent saw this rank's broker go: its connection dropped or it fell silent."""
-
-    rank: int
-    incarnation: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Departed:
-    """This rank's broker said goodbye: a clean exit."""
-
-    rank: int
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Torpid:
-    """This rank's broker is connected but has been silent past tbon.torpid (or spoke again)."""
-
-    rank: int
-    incarnation: int
-    torpid: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Retire:
-    """`tbon retire` begins for this incarnation: it is drained, then leaves (as Departed)."""
-
-    rank: int
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Expire:
-    """A reservation's lease (broker.join-timeout) ran out before its joiner said hello."""
-
-    rank: int
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Reboot:
-    """A config-booted rank's broker was restarted on its host: the rank takes a new
-    incarnation (the ended one is `incarnation`) and stays offline until it is welcomed."""
-
-    rank: int
-    incarnation: int
-
-
-Event = Online | Lost | Departed | Torpid | Expire | Retire | Reboot
-
-
-@dataclass(frozen=True, slots=True)
-class Reserve:
-    """A joining broker asks for a rank (FLUB): a specific one, or None for any available."""
-
-    public_key: str
-    host: str
-    rank: int | None
-    lease: float
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """The answer to Reserve: a rank and its new incarnation, or why there is none."""
-
-    granted: bool
-    rank: int = -1
-    incarnation: int = 0
-    reason: str = ""
-    repeated: bool = False  # the same key asked before and gets the same reservation
-    never: bool = False  # this key may never have a rank: its broker was retired
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What an event did: `changed` lists every rank whose entry changed (empty if refused)."""
-
-    applied: bool
-    changed: tuple[int, ...] = ()
-    reason: str = ""
 
 
 def refused(reason: str) -> Outcome:
     return Outcome(False, (), reason)
 
 
-def describe(entry: RankEntry) -> str:
-    """Who holds a rank, for a refusal that names them."""
-    if entry.state in CONNECTED:
-        return f"{entry.state} (host {entry.host}, pid {entry.pid})"
-    if entry.state is RankState.RESERVED and entry.joiner is not None:
-        return f"reserved for a joiner on {entry.host} (key {fingerprint(entry.joiner)})"
-    if entry.state is RankState.OFFLINE:
-        return f"offline, expected from bootstrap on {entry.host}"
-    return str(entry.state)
+def _no(reason: str, never: bool = False) -> Outcome:
+    """A Reserve refused: nothing changes, and the joiner is told why (never: for good)."""
+    return Outcome(False, (), reason, reservation=Reservation(False, reason=reason, never=never))
+
+
+# --- guards: what must hold for a row to apply (None: it holds; else why not) -------------------
+
+Stimulus = Event | Reserve | Orphaned
+Guard = Callable[["RankTable", RankEntry, Any, float], "str | None"]
+Effect = Callable[["RankTable", RankEntry, Any, float], "tuple[int, ...]"]
+
+
+def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
+    """A broker is welcomed under a parent that is there; rank 0 has none to wait for."""
+    parent = table.topology.parent(entry.rank)
+    if parent is None or table.entries[parent].state in CONNECTED:
+        return None
+    return f"rank {entry.rank}'s parent is not online"
+
+
+def same_broker(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
+    """A hello repeated by the broker already online is harmless; another broker's is not."""
+    if event.pid == entry.pid:
+        return None
+    return f"rank {entry.rank} is {entry.state}, it cannot come online"
+
+
+def root_stays(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> str | None:
+    """Rank 0 keeps the table: it cannot be lost or leave it."""
+    return "rank 0 cannot leave its own table" if entry.rank == 0 else None
+
+
+def root_not_retired(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:
+    return "rank 0 cannot retire: shut the instance down instead" if entry.rank == 0 else None
+
+
+def children_idle(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:
+    """A rank is drained from the leaves up: no child may still be online, coming or going."""
+    busy = [
+        rank
+        for rank in table.topology.children(entry.rank)
+        if table.entries[rank].state in (RankState.ONLINE, RankState.RESERVED, RankState.RETIRING)
+    ]
+    if not busy:
+        return None
+    return (
+        f"rank {entry.rank} has children that are online, reserved or retiring "
+        f"({', '.join(map(str, busy))}): retire them first"
+    )
+
+
+def lease_over(table: RankTable, entry: RankEntry, event: Expire, now: float) -> str | None:
+    if entry.lease is None or now >= entry.lease.until:
+        return None
+    return f"rank {entry.rank}'s reservation has {entry.lease.until - now:.1f}s left"
+
+
+def parent_not_retiring(
+    table: RankTable, entry: RankEntry, event: Reserve, now: float
+) -> str | None:
+    """A retiring broker takes no new children: the ranks below it are not handed out."""
+    parent = table.topology.parent(entry.rank)
+    if parent is not None and table.entries[parent].state is RankState.RETIRING:
+        return f"rank {entry.rank}'s parent is retiring"
+    return None
+
+
+# --- effects: what an event writes besides the phase (each returns the ranks it changed) --------
+
+
+def seat(table: RankTable, entry: RankEntry, event: Online, now: float) -> tuple[int, ...]:
+    """Record the welcomed broker."""
+    entry.host, entry.pid, entry.torpid = event.host, event.pid, False
+    return ()
+
+
+def flag(table: RankTable, entry: RankEntry, event: Torpid, now: float) -> tuple[int, ...]:
+    if entry.torpid == event.torpid:
+        return ()
+    entry.torpid = event.torpid
+    return (entry.rank,)
+
+
+def lease(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> tuple[int, ...]:
+    """A new incarnation for the joiner's key, shown on its host until the lease lapses."""
+    entry.incarnation += 1
+    entry.lease = Lease(now + event.lease, entry.host)
+    entry.host, entry.key = event.host, event.public_key
+    return ()
+
+
+def unlease(table: RankTable, entry: RankEntry, event: Expire, now: float) -> tuple[int, ...]:
+    if entry.lease is not None:
+        entry.host = entry.lease.host_before
+    return ()
+
+
+def renew(table: RankTable, entry: RankEntry, event: Reboot, now: float) -> tuple[int, ...]:
+    """A restarted config broker is a new incarnation, so no report about the old one counts."""
+    entry.incarnation += 1
+    return ()
+
+
+def bar_key(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> tuple[int, ...]:
+    """A retired broker does not come back: its key may never be given a rank again."""
+    if entry.key is not None:
+        table.retired_keys[entry.key] = entry.rank
+    return ()
+
+
+def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> tuple[int, ...]:
+    """Every rank below gets Orphaned; those the table has no row for stay as they are."""
+    changed = []
+    for rank in table.topology.descendants(entry.rank):
+        below = table.entries[rank]
+        rule = TRANSITIONS.get((below.phase, Orphaned))
+        if rule is not None:
+            changed += table._fire(below, rule, Orphaned(rank, below.incarnation), now)
+    return tuple(changed)
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row: where the rank goes (None: it stays), what must hold, what else happens."""
+
+    target: Phase | None
+    guards: tuple[Guard, ...] = ()
+    effects: tuple[Effect, ...] = ()
+    note: str = ""  # said on an applied repeat; {rank} is filled in
+
+
+def _ends(target: Phase, *, retired: bool = False) -> Rule:
+    """Lost or Departed: the rank goes to `target` and the ranks below it are cut off."""
+    return Rule(target, (root_stays,), (bar_key, cut_below) if retired else (cut_below,))
+
+
+TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
+    # Online: a parent welcomed the broker
+    (Phase.LAUNCHED, Online): Rule(Phase.ONLINE, (parent_connected,), (seat,)),
+    (Phase.RESERVED, Online): Rule(Phase.ONLINE, (parent_connected,), (seat,)),
+    (Phase.CONFIG_BOOTING, Online): Rule(Phase.CONFIG_ONLINE, (parent_connected,), (seat,)),
+    (Phase.CONFIG_DOWN, Online): Rule(Phase.CONFIG_ONLINE, (parent_connected,), (seat,)),
+    (Phase.ONLINE, Online): Rule(None, (same_broker,)),
+    (Phase.CONFIG_ONLINE, Online): Rule(None, (same_broker,)),
+    # Lost: the broker failed
+    (Phase.LAUNCHED, Lost): _ends(Phase.LOST),
+    (Phase.ONLINE, Lost): _ends(Phase.LOST),
+    (Phase.RETIRING, Lost): _ends(Phase.LOST, retired=True),
+    (Phase.CONFIG_BOOTING, Lost): _ends(Phase.CONFIG_BOOTING),
+    (Phase.CONFIG_DOWN, Lost): _ends(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_ONLINE, Lost): _ends(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_RETIRING, Lost): _ends(Phase.CONFIG_LOST, retired=True),
+    # Departed: the broker said goodbye
+    (Phase.LAUNCHED, Departed): _ends(Phase.VACANT),
+    (Phase.ONLINE, Departed): _ends(Phase.VACANT),
+    (Phase.RETIRING, Departed): _ends(Phase.RETIRED, retired=True),
+    (Phase.CONFIG_BOOTING, Departed): _ends(Phase.CONFIG_BOOTING),
+    (Phase.CONFIG_DOWN, Departed): _ends(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_ONLINE, Departed): _ends(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_RETIRING, Departed): _ends(Phase.RETIRED, retired=True),
+    # Orphaned (internal): the broker above ended, so this one exits
+    (Phase.LAUNCHED, Orphaned): Rule(Phase.LOST),
+    (Phase.ONLINE, Orphaned): Rule(Phase.LOST),
+    (Phase.RETIRING, Orphaned): Rule(Phase.LOST),
+    (Phase.CONFIG_BOOTING, Orphaned): Rule(Phase.CONFIG_BOOTING),
+    (Phase.CONFIG_DOWN, Orphaned): Rule(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_ONLINE, Orphaned): Rule(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_RETIRING, Orphaned): Rule(Phase.CONFIG_DOWN),
+    # Torpid: a flag on a connected rank
+    (Phase.ONLINE, Torpid): Rule(None, effects=(flag,)),
+    (Phase.RETIRING, Torpid): Rule(None, effects=(flag,)),
+    (Phase.CONFIG_ONLINE, Torpid): Rule(None, effects=(flag,)),
+    (Phase.CONFIG_RETIRING, Torpid): Rule(None, effects=(flag,)),
+    # Retire: `tbon retire`
+    (Phase.ONLINE, Retire): Rule(Phase.RETIRING, (root_not_retired, children_idle)),
+    (Phase.CONFIG_ONLINE, Retire): Rule(Phase.CONFIG_RETIRING, (root_not_retired, children_idle)),
+    (Phase.RETIRING, Retire): Rule(None, note="rank {rank} is already retiring"),
+    (Phase.CONFIG_RETIRING, Retire): Rule(None, note="rank {rank} is already retiring"),
+    (Phase.RETIRED, Retire): Rule(None, note="rank {rank} is already retired"),
+    # Expire: the lease ran out before the joiner's hello
+    (Phase.RESERVED, Expire): Rule(Phase.VACANT, (lease_over,), (unlease,)),
+    # Reboot: a config rank's broker was restarted on its host
+    (Phase.CONFIG_BOOTING, Reboot): Rule(None),
+    (Phase.CONFIG_DOWN, Reboot): Rule(Phase.CONFIG_BOOTING, effects=(renew,)),
+    # Reserve: FLUB gives the rank to a joiner's key
+    (Phase.VACANT, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
+    (Phase.LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
+    (Phase.RETIRED, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
+    (Phase.CONFIG_LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
+}
+"""Every transition: (phase, event type) -> Rule. A pair not listed is refused (`REFUSALS`)."""
+
+
+def _reboot_refusal(entry: RankEntry) -> str:
+    if entry.phase is Phase.RETIRED:
+        return f"rank {entry.rank} was retired: a retired broker does not come back"
+    if entry.phase not in CONFIG_PHASES:
+        return f"rank {entry.rank} is not held by config bootstrap"
+    return f"rank {entry.rank} is {entry.state}"
+
+
+REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
+    Online: lambda e: f"rank {e.rank} is {e.state}, it cannot come online",
+    Lost: lambda e: f"rank {e.rank} is already {e.state}",
+    Departed: lambda e: f"rank {e.rank} is already {e.state}",
+    Torpid: lambda e: f"rank {e.rank} is {e.state}",
+    Retire: lambda e: (
+        "rank 0 cannot retire: shut the instance down instead"
+        if e.rank == 0
+        else f"rank {e.rank} is {e.state}: nothing to retire"
+    ),
+    Expire: lambda e: f"rank {e.rank} is {e.state}, not reserved",
+    Reboot: _reboot_refusal,
+    Reserve: lambda e: f"rank {e.rank} is taken: {describe(e)}",
+}
+"""Why the table refuses an event it has no row for, by event type."""
+
+
+# --- the table of one instance ------------------------------------------------------------------
 
 
 class RankTable:
@@ -180,17 +359,14 @@ class RankTable:
             raise ValueError("between 1 and size ranks are launched")
         self.topology = topology
         self.generation = 0
-        self.retired_keys: dict[str, int] = {}  # key of a retired joiner -> the rank it left
+        self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
+        launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         self.entries = [
-            RankEntry(rank, RankState.OFFLINE, 1, host, None, now)
-            for rank, host in enumerate(hosts)
+            RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)
         ]
-        for entry in self.entries:
-            entry.fixed = fixed
-        spares = range(len(hosts), topology.size)
         self.entries += [
-            RankEntry(rank, RankState.VACANT, 0, f"extra{rank - len(hosts)}", None, now)
-            for rank in spares
+            RankEntry(rank, Phase.VACANT, 0, f"extra{rank - len(hosts)}", None, now)
+            for rank in range(len(hosts), topology.size)
         ]
 
     @property
@@ -200,120 +376,104 @@ class RankTable:
     def entry(self, rank: int) -> RankEntry:
         return self.entries[rank]
 
-    def apply(self, event: Event, now: float) -> Outcome:
-        if not 0 <= event.rank < self.size:
-            return refused(f"rank {event.rank} is not in this instance of size {self.size}")
-        entry = self.entries[event.rank]
-        if event.incarnation != entry.incarnation and not isinstance(event, Reboot):
-            return refused(
-                f"rank {event.rank} incarnation {event.incarnation} is not current "
-                f"({entry.incarnation})"
-            )
-        match event:
-            case Online():
-                outcome = self._online(entry, event, now)
-            case Lost():
-                outcome = self._end(entry, RankState.LOST, now)
-            case Departed():
-                outcome = self._end(entry, RankState.VACANT, now)
-            case Torpid():
-                outcome = self._torpid(entry, event.torpid)
-            case Expire():
-                outcome = self._expire(entry, now)
-            case Retire():
-                outcome = self._retire(entry, now)
-            case Reboot():
-                outcome = self._reboot(entry, now)
+    def apply(self, event: Event | Reserve, now: float) -> Outcome:
+        """Decide one event by the table, and count it in `generation` if it changed anything."""
+        outcome = (
+            self._reserve(event, now) if isinstance(event, Reserve) else self._event(event, now)
+        )
         if outcome.changed:
             self.generation += 1
         return outcome
 
-    def _online(self, entry: RankEntry, event: Online, now: float) -> Outcome:
-        if entry.state is RankState.ONLINE and entry.pid == event.pid:
-            return Outcome(True)
-        if entry.state not in (RankState.OFFLINE, RankState.RESERVED):
-            return refused(f"rank {entry.rank} is {entry.state}, it cannot come online")
-        if entry.rank != 0 and not self._parent_connected(entry.rank):
-            return refused(f"rank {entry.rank}'s parent is not online")
-        self._set(entry, RankState.ONLINE, now)
-        entry.host, entry.pid, entry.torpid = event.host, event.pid, False
-        entry.online_once = True
-        return Outcome(True, (entry.rank,))
-
-    def _expire(self, entry: RankEntry, now: float) -> Outcome:
-        if entry.state is not RankState.RESERVED:
-            return refused(f"rank {entry.rank} is {entry.state}, not reserved")
-        if entry.lease_until is not None and now < entry.lease_until:
+    def _event(self, event: Event, now: float) -> Outcome:
+        if not 0 <= event.rank < self.size:
+            return refused(f"rank {event.rank} is not in this instance of size {self.size}")
+        entry = self.entries[event.rank]
+        # Reboot names the incarnation that ended (or 0): it asks for the current one
+        if not isinstance(event, Reboot) and event.incarnation != entry.incarnation:
             return refused(
-                f"rank {entry.rank}'s reservation has {entry.lease_until - now:.1f}s left"
+                f"rank {event.rank} incarnation {event.incarnation} is not current "
+                f"({entry.incarnation})"
             )
-        entry.host = entry.host_before
-        self._set(entry, RankState.VACANT, now)
-        return Outcome(True, (entry.rank,))
+        return self._step(entry, event, now)
+
+    def _step(self, entry: RankEntry, event: Event | Reserve, now: float) -> Outcome:
+        rule = self._rule(entry, event, now)
+        if isinstance(rule, str):
+            return refused(rule)
+        return Outcome(True, self._fire(entry, rule, event, now), rule.note.format(rank=entry.rank))
+
+    def _rule(self, entry: RankEntry, event: Event | Reserve, now: float) -> Rule | str:
+        """The row that applies to `event`, or why there is none (the table is not touched)."""
+        rule = TRANSITIONS.get((entry.phase, type(event)))
+        if rule is None:
+            return REFUSALS[type(event)](entry)
+        for guard in rule.guards:
+            if (why := guard(self, entry, event, now)) is not None:
+                return why
+        return rule
+
+    def _fire(self, entry: RankEntry, rule: Rule, event: Stimulus, now: float) -> tuple[int, ...]:
+        """Carry out a row whose guards passed: its effects, then the move to its target."""
+        changed: list[int] = []
+        for effect in rule.effects:  # they see the entry as the event found it
+            changed += effect(self, entry, event, now)
+        if rule.target is not None:
+            entry.phase, entry.since = rule.target, now
+            if entry.state not in CONNECTED:
+                entry.pid, entry.torpid = None, False
+            if rule.target is not Phase.RESERVED:
+                entry.lease = None
+            changed.insert(0, entry.rank)
+        return tuple(dict.fromkeys(changed))
 
     # --- FLUB ---------------------------------------------------------------------------------
 
-    def reserve(self, request: Reserve, now: float) -> Reservation:
-        """Give a joiner a vacant or lost rank, atomically: it is reserved before anyone else
-        can be told about it, and a repeated request from the same key gets the same rank."""
-        if (left := self.retired_keys.get(request.public_key)) is not None:
-            return Reservation(
-                False,
-                reason=f"this broker's key was retired from rank {left}: a retired broker does "
-                "not come back (a new broker, with a new key, may join)",
+    def _reserve(self, request: Reserve, now: float) -> Outcome:
+        """Give a joiner a rank, atomically: it is reserved before anyone else can be told
+        about it, and a repeated request from the same key gets the same rank."""
+        if (answer := self._key_guard(request)) is not None:
+            return answer
+        if request.rank is None:
+            free = [e for e in self.entries if isinstance(self._rule(e, request, now), Rule)]
+            if not free:
+                return _no("no available ranks")
+            entry = free[0]  # lowest first: interior ranks before the leaves below them
+        elif not 0 <= request.rank < self.size:
+            return _no(f"no rank {request.rank} in this instance of size {self.size}")
+        else:
+            entry = self.entries[request.rank]
+        outcome = self._step(entry, request, now)
+        if not outcome.applied:
+            return _no(outcome.reason)
+        return replace(outcome, reservation=Reservation(True, entry.rank, entry.incarnation))
+
+    def _key_guard(self, request: Reserve) -> Outcome | None:
+        """One broker, one rank: what the joiner's key already holds decides first."""
+        key = request.public_key
+        if (left := self.retired_keys.get(key)) is not None:
+            return _no(
+                f"this broker's key was retired from rank {left}: a retired broker does not "
+                "come back (a new broker, with a new key, may join)",
                 never=True,
             )
-        for entry in self.entries:  # one broker, one rank: a key in the tree asks for no other
-            if entry.key == request.public_key and entry.state in CONNECTED:
-                return Reservation(
-                    False, reason=f"this key already holds rank {entry.rank} ({entry.state})"
-                )
         for entry in self.entries:
-            if entry.state is RankState.RESERVED and entry.joiner == request.public_key:
+            if entry.key == key and entry.state in CONNECTED:
+                return _no(f"this key already holds rank {entry.rank} ({entry.state})")
+        for entry in self.entries:
+            if entry.joiner == key:
                 if request.rank not in (None, entry.rank):
-                    return Reservation(
-                        False, reason=f"this key already holds a reservation of rank {entry.rank}"
-                    )
-                return Reservation(True, entry.rank, entry.incarnation, repeated=True)
-        if request.rank is not None:
-            if not 0 <= request.rank < self.size:
-                return Reservation(
-                    False, reason=f"no rank {request.rank} in this instance of size {self.size}"
-                )
-            entry = self.entries[request.rank]
-            if entry.state not in ALLOCATABLE:
-                return Reservation(False, reason=f"rank {entry.rank} is taken: {describe(entry)}")
-            if self._under_retiring(entry.rank):
-                return Reservation(False, reason=f"rank {entry.rank}'s parent is retiring")
-        else:
-            free = [
-                e
-                for e in self.entries
-                if e.state in ALLOCATABLE and not self._under_retiring(e.rank)
-            ]
-            if not free:
-                return Reservation(False, reason="no available ranks")
-            entry = free[0]  # lowest first: interior ranks before the leaves below them
-        entry.incarnation += 1
-        entry.retired = entry.fixed = False  # a FLUB broker holds it now
-        entry.host_before, entry.host = entry.host, request.host
-        self._set(entry, RankState.RESERVED, now)
-        entry.joiner, entry.lease_until = request.public_key, now + request.lease
-        entry.key = request.public_key
-        self.generation += 1
-        return Reservation(True, entry.rank, entry.incarnation)
-
-    def _under_retiring(self, rank: int) -> bool:
-        """A retiring broker takes no new children: the ranks below it are not handed out."""
-        parent = self.topology.parent(rank)
-        return parent is not None and self.entries[parent].state is RankState.RETIRING
+                    return _no(f"this key already holds a reservation of rank {entry.rank}")
+                grant = Reservation(True, entry.rank, entry.incarnation, repeated=True)
+                return Outcome(True, reservation=grant)
+        return None
 
     def verify(self, rank: int, incarnation: int, public_key: str) -> str | None:
         """Why `public_key` may not join as (rank, incarnation), or None if it was reserved so."""
         if not 0 <= rank < self.size:
             return f"no rank {rank} in this instance of size {self.size}"
         entry = self.entries[rank]
-        if entry.state is not RankState.RESERVED or entry.incarnation != incarnation:
+        if entry.phase is not Phase.RESERVED or entry.incarnation != incarnation:
             return (
                 f"rank {rank} incarnation {incarnation} is not reserved "
                 f"(rank {rank} is {entry.state}, incarnation {entry.incarnation})"
@@ -327,100 +487,12 @@ class RankTable:
         return [
             Expire(e.rank, e.incarnation)
             for e in self.entries
-            if e.state is RankState.RESERVED and e.lease_until is not None and now >= e.lease_until
+            if e.lease is not None and now >= e.lease.until
         ]
 
     def next_expiry(self) -> float | None:
-        leases = [
-            e.lease_until
-            for e in self.entries
-            if e.state is RankState.RESERVED and e.lease_until is not None
-        ]
+        leases = [e.lease.until for e in self.entries if e.lease is not None]
         return min(leases) if leases else None
-
-    def _end(self, entry: RankEntry, state: RankState, now: float) -> Outcome:
-        """The broker of `entry` is gone, and so are those below it: they exit when they lose it."""
-        if entry.state not in (*CONNECTED, RankState.OFFLINE):
-            return refused(f"rank {entry.rank} is already {entry.state}")
-        if entry.rank == 0:
-            return refused("rank 0 cannot leave its own table")
-        changed = [entry.rank]
-        retiring = entry.state is RankState.RETIRING
-        if entry.fixed and not retiring:
-            state = RankState.OFFLINE
-        self._set(entry, state, now)
-        entry.retired = retiring and state is RankState.VACANT
-        if retiring and entry.key is not None:
-            self.retired_keys[entry.key] = entry.rank
-        for rank in self.topology.descendants(entry.rank):
-            below = self.entries[rank]
-            if below.state in (*CONNECTED, RankState.OFFLINE):
-                gone = RankState.OFFLINE if below.fixed else RankState.LOST
-                self._set(below, gone, now)
-                changed.append(rank)
-        return Outcome(True, tuple(changed))
-
-    def _retire(self, entry: RankEntry, now: float) -> Outcome:
-        """online -> retiring, recorded before the broker is told anything. Retiring is not
-        allocatable: until the broker has left (Departed) or is declared lost, FLUB cannot give
-        the rank to anyone. Asking again is not an error."""
-        if entry.state is RankState.RETIRING:
-            return Outcome(True, reason=f"rank {entry.rank} is already retiring")
-        if entry.state is RankState.VACANT and entry.retired:
-            return Outcome(True, reason=f"rank {entry.rank} is already retired")
-        if entry.rank == 0:
-            return refused("rank 0 cannot retire: shut the instance down instead")
-        if entry.state is not RankState.ONLINE:
-            return refused(f"rank {entry.rank} is {entry.state}: nothing to retire")
-        busy = [
-            rank
-            for rank in self.topology.children(entry.rank)
-            if self.entries[rank].state
-            in (RankState.ONLINE, RankState.RESERVED, RankState.RETIRING)
-        ]
-        if busy:
-            return refused(
-                f"rank {entry.rank} has children that are online, reserved or retiring "
-                f"({', '.join(map(str, busy))}): retire them first"
-            )
-        self._set(entry, RankState.RETIRING, now)
-        return Outcome(True, (entry.rank,))
-
-    def _reboot(self, entry: RankEntry, now: float) -> Outcome:
-        """A config-booted broker is at its parent's door: it may have its rank, with the current
-        incarnation if that one has not been online yet (first boot), else with a new one."""
-        if entry.state is RankState.VACANT and entry.retired:
-            return refused(f"rank {entry.rank} was retired: a retired broker does not come back")
-        if not entry.fixed:
-            return refused(f"rank {entry.rank} is not held by config bootstrap")
-        if entry.state is not RankState.OFFLINE:
-            return refused(f"rank {entry.rank} is {entry.state}")
-        if not entry.online_once:
-            return Outcome(True)
-        entry.incarnation += 1
-        entry.online_once = False
-        self._set(entry, RankState.OFFLINE, now)
-        return Outcome(True, (entry.rank,))
-
-    def _torpid(self, entry: RankEntry, torpid: bool) -> Outcome:
-        if entry.state not in CONNECTED:
-            return refused(f"rank {entry.rank} is {entry.state}")
-        if entry.torpid == torpid:
-            return Outcome(True)
-        entry.torpid = torpid
-        return Outcome(True, (entry.rank,))
-
-    def _parent_connected(self, rank: int) -> bool:
-        parent = self.topology.parent(rank)
-        return parent is not None and self.entries[parent].state in CONNECTED
-
-    @staticmethod
-    def _set(entry: RankEntry, state: RankState, now: float) -> None:
-        entry.state, entry.since = state, now
-        if state not in CONNECTED:
-            entry.pid, entry.torpid = None, False
-        if state is not RankState.RESERVED:
-            entry.joiner = entry.lease_until = None
 
     # --- views -----------------------------------------------------------------------------
 
@@ -429,52 +501,5 @@ class RankTable:
         return not any(entry.state is RankState.OFFLINE for entry in self.entries)
 
     def subtree_statuses(self) -> list[SubtreeStatus]:
-        """Each rank's subtree status, rolled up from the leaves as Flux does.
-
-        Lost beats partial."""
-        statuses: list[SubtreeStatus] = [SubtreeStatus.FULL] * self.size
-        below_lost = [False] * self.size
-        below_short = [False] * self.size
-        for rank in range(self.size - 1, -1, -1):
-            entry = self.entries[rank]
-            if entry.state is RankState.LOST:
-                statuses[rank] = SubtreeStatus.LOST
-            elif entry.state not in CONNECTED:
-                statuses[rank] = SubtreeStatus.OFFLINE
-            elif below_lost[rank]:
-                statuses[rank] = SubtreeStatus.DEGRADED
-            elif below_short[rank] or entry.state is RankState.RETIRING:
-                statuses[rank] = SubtreeStatus.PARTIAL
-            parent = self.topology.parent(rank)
-            if parent is not None:
-                lost_here = entry.state is RankState.LOST or below_lost[rank]
-                short_here = entry.state is not RankState.ONLINE or below_short[rank]
-                below_lost[parent] = below_lost[parent] or lost_here
-                below_short[parent] = below_short[parent] or short_here
-        return statuses
-
-    def snapshot(self, now: float) -> dict[str, Any]:
-        """The `tbon status --json` object (design.md); field names are a public contract."""
-        statuses = self.subtree_statuses()
-        ranks = []
-        for entry, status in zip(self.entries, statuses, strict=True):
-            ranks.append(
-                {
-                    "rank": entry.rank,
-                    "state": entry.state.value,
-                    "host": entry.host,
-                    "pid": entry.pid,
-                    "incarnation": entry.incarnation,
-                    "parent": self.topology.parent(entry.rank),
-                    "children": list(self.topology.children(entry.rank)),
-                    "subtree": status.value,
-                    "torpid": entry.torpid,
-                    "since": round(max(0.0, now - entry.since), 3),
-                }
-            )
-            if entry.retired:
-                ranks[-1]["retired"] = True
-            if entry.state is RankState.RESERVED and entry.joiner is not None:
-                ranks[-1]["joiner"] = fingerprint(entry.joiner)
-                ranks[-1]["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)
-        return {"size": self.size, "topo": self.topology.spec, "ranks": ranks}
+        """Each rank's subtree status (rankstates.roll_up)."""
+        return roll_up(self.topology, [entry.state for entry in self.entries])

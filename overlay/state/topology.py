@@ -47,6 +47,7 @@ class Topology:
     spec: str
     size: int
     _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _postorder: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", parse_spec(self.spec))
@@ -58,6 +59,7 @@ class Topology:
         for rank in range(1, self.size):
             children[self._parent_of(rank)].append(rank)
         object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
+        object.__setattr__(self, "_postorder", self._walk_postorder())
 
     def _parent_of(self, rank: int) -> int:
         if self.spec.startswith("parents:"):
@@ -103,6 +105,24 @@ class Topology:
             found.append(current)
             stack.extend(reversed(self._children[current]))
         return found
+
+    def postorder(self) -> tuple[int, ...]:
+        """Every rank, each after all of its descendants (children in order, the root last).
+
+        A roll-up from the leaves must walk this, not descending rank numbers: a `parents:`
+        tree (a config file) may give a rank a parent with a higher number than its own."""
+        return self._postorder
+
+    def _walk_postorder(self) -> tuple[int, ...]:
+        # A pre-order that takes the children right to left, reversed, is the post-order that
+        # takes them left to right; iterative, so a long chain does not hit the recursion limit.
+        found: list[int] = []
+        stack = [0]
+        while stack:
+            current = stack.pop()
+            found.append(current)
+            stack.extend(self._children[current])
+        return tuple(reversed(found))
 
     def is_ancestor(self, ancestor: int, rank: int) -> bool:
         return ancestor in self.ancestors(rank)

@@ -1,0 +1,53 @@
+"""How the rank table is shown: the `tbon status --json` object, and who holds a rank.
+
+Pure functions of the table, kept apart from its rules so that the state machine decides and
+this module only words and shapes. Public keys are never shown: a reserved rank carries its
+joiner's key fingerprint.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tbon.keys.cert import fingerprint
+from tbon.overlay.state.rankstates import CONNECTED, RankState
+
+if TYPE_CHECKING:
+    from tbon.overlay.state.ranktable import RankEntry, RankTable
+
+
+def describe(entry: RankEntry) -> str:
+    """Who holds a rank, for a refusal that names them."""
+    if entry.state in CONNECTED:
+        return f"{entry.state} (host {entry.host}, pid {entry.pid})"
+    if entry.joiner is not None:
+        return f"reserved for a joiner on {entry.host} (key {fingerprint(entry.joiner)})"
+    if entry.state is RankState.OFFLINE:
+        return f"offline, expected from bootstrap on {entry.host}"
+    return str(entry.state)
+
+
+def snapshot(table: RankTable, now: float) -> dict[str, Any]:
+    """The `tbon status --json` object (docs/design.md); field names are a public contract."""
+    statuses = table.subtree_statuses()
+    ranks = []
+    for entry, status in zip(table.entries, statuses, strict=True):
+        shown: dict[str, Any] = {
+            "rank": entry.rank,
+            "state": entry.state.value,
+            "host": entry.host,
+            "pid": entry.pid,
+            "incarnation": entry.incarnation,
+            "parent": table.topology.parent(entry.rank),
+            "children": list(table.topology.children(entry.rank)),
+            "subtree": status.value,
+            "torpid": entry.torpid,
+            "since": round(max(0.0, now - entry.since), 3),
+        }
+        if entry.retired:
+            shown["retired"] = True
+        if entry.joiner is not None:
+            shown["joiner"] = fingerprint(entry.joiner)
+            shown["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)
+        ranks.append(shown)
+    return {"size": table.size, "topo": table.topology.spec, "ranks": ranks}
