@@ -1,9 +1,10 @@
 """A broker's start-up, before its loop: its key pair, its rank (by one of the four bootstraps in
-overlay/boot/), the children's ROUTER if its rank has children, and its run directory.
+overlay/boot/), the children's ROUTER if its rank has children, then its run directory, its
+local socket and its link to the parent.
 
-What comes out is a `Booted`: everything the broker needs to exist, made in the order that
-bootstrap demands (a parent binds before its card is shared, children are authorized before they
-connect). Whatever fails half-way is closed again here, so the caller has nothing to guard.
+`boot` makes a `Booted`, in the order that bootstrap demands (a parent binds before its card is
+shared, children are authorized before they connect); `open_links` adds the rest. Whatever fails
+half-way is closed again here, so the caller has nothing to guard.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tbon.overlay.boot.singleton import singleton_wireup
 from tbon.overlay.boot.wireup import Wireup
 from tbon.overlay.broker.attributes import BrokerConfig, host_address
 from tbon.overlay.links.children import Children
+from tbon.overlay.links.local import LocalServer
+from tbon.overlay.links.parent import ParentLink
 from tbon.overlay.state.topology import Topology
 
 
@@ -171,3 +174,48 @@ class Rundir:
     def remove(self) -> None:
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclass
+class Links:
+    """Every socket a broker holds, and the run directory of its local one."""
+
+    children: Children | None
+    parent: ParentLink | None
+    local: LocalServer
+    rundir: Rundir
+
+    def close(self, linger: bool) -> None:
+        """`linger`: let the parent link deliver what is queued (a goodbye) before it closes."""
+        if self.parent is not None:
+            self.parent.close(linger=linger)
+        if self.children is not None:
+            self.children.close()
+        self.local.close()
+        self.rundir.remove()
+
+
+def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
+    """The local socket in a run directory of its own, and the link to the parent (hello sent)."""
+    wireup, config = booted.wireup, booted.config
+    rundir = Rundir.make(config.rundir, wireup.rank)
+    local: LocalServer | None = None
+    parent: ParentLink | None = None
+    try:
+        local = LocalServer(context, rundir.path)
+        if wireup.parent is not None:
+            parent = ParentLink(
+                context,
+                wireup.rank,
+                wireup.incarnation,
+                config,
+                (booted.public, booted.secret),
+                (wireup.parent.endpoint, wireup.parent.public_key),
+                now,
+            )
+    except BaseException:
+        if local is not None:
+            local.close()
+        rundir.remove()
+        raise
+    return Links(booted.children, parent, local, rundir)
