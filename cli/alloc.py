@@ -20,6 +20,7 @@ import typer
 
 from tbon.cli.common import duration, interactive
 from tbon.errors import TbonError, UsageError
+from tbon.limits import MAX_SIZE, check_size
 
 if TYPE_CHECKING:
     from tbon.overlay.launch.allocation import Allocation
@@ -37,10 +38,13 @@ def register(app: typer.Typer) -> None:
             None, metavar="[COMMAND]...", help="Run this here once the instance is online."
         ),
         nodes: int = typer.Option(
-            ..., "--nodes", "-N", min=1, help="Brokers to start, one per node."
+            ..., "--nodes", "-N", min=1, help=f"Brokers to start, one per node (1 to {MAX_SIZE})."
         ),
         size: int = typer.Option(
-            None, "--size", min=1, help="Ranks in the instance (more than NODES: spares)."
+            None,
+            "--size",
+            min=1,
+            help=f"Ranks in the instance (more than NODES: spares; at most {MAX_SIZE}).",
         ),
         launcher: str = typer.Option(
             None,
@@ -75,6 +79,11 @@ def register(app: typer.Typer) -> None:
         Exit status: COMMAND's; 1 if a host cannot be reached or a broker fails to start
         (naming the host), 2 for a usage error.
         """
+        from tbon.overlay.broker.attributes import broker_config, parse_assignments
+
+        check_size(nodes, "-N")
+        if size is not None:
+            check_size(size, "--size")
         chosen = _launcher(launcher, hosts)
         limit = duration(timeout, "--timeout") or 60.0
         if size is not None and size < nodes:
@@ -82,6 +91,7 @@ def register(app: typer.Typer) -> None:
         attributes = list(setattr_)
         if size is not None and size > nodes:
             attributes.append(f"size={size}")
+        broker_config(parse_assignments(attributes))  # a usage error starts nothing
         names = _hosts(chosen, hosts, nodes)
         if write_config is not None:
             if chosen != "ssh" or command or bg:

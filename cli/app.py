@@ -65,8 +65,11 @@ LEADING_URI = ("exec",)
 
 def _lift_uri(args: list[str]) -> list[str]:
     """Turn a leading URI into --uri, so that the options after it are still parsed as options
-    (the command line of COMMAND itself must not be)."""
-    if len(args) >= 2 and args[0] in LEADING_URI and args[1].startswith(("local://", "ssh://")):
+    (the command line of COMMAND itself must not be). Any `SCHEME://` counts: an unknown scheme
+    is then refused as a bad URI, like everywhere else, instead of run as COMMAND."""
+    from tbon.overlay.connectors.uri import looks_like_uri
+
+    if len(args) >= 2 and args[0] in LEADING_URI and looks_like_uri(args[1]):
         return [args[0], "--uri", args[1], *args[2:]]
     return args
 

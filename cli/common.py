@@ -8,13 +8,14 @@ from typing import Any
 
 import typer
 
+from tbon.limits import check_duration
 from tbon.overlay.parse.duration import parse_duration
 
 URI_HELP = "The instance to talk to (local://PATH or ssh://...); default: $TBON_URI."
 
 
 def duration(text: str | None, what: str) -> float | None:
-    return None if text is None else parse_duration(text, what)
+    return None if text is None else check_duration(parse_duration(text, what), what)
 
 
 def print_json(value: Any) -> None:

@@ -111,7 +111,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _split(words: list[str]) -> tuple[str | None, list[str]]:
-    if words and words[0].startswith(("local://", "ssh://")):
+    from tbon.overlay.connectors.uri import looks_like_uri
+
+    if words and looks_like_uri(words[0]):
         uri, command = words[0], words[1:]
     else:
         uri, command = None, words

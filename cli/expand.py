@@ -22,6 +22,7 @@ import typer
 from tbon import exitcodes
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
 from tbon.errors import TbonError, UsageError
+from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
             "--count",
             "-n",
             min=1,
-            help="Start COUNT brokers, each taking any available rank.",
+            help=f"Start COUNT brokers (at most {MAX_SIZE}), each taking any available rank.",
         ),
         fill: bool = typer.Option(
             False, "--fill", help="Start one broker per available (vacant or lost) rank."
@@ -98,6 +99,9 @@ def register(app: typer.Typer) -> None:
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
+        if count is not None:
+            check_size(count, "-n")
+        _check_attributes(setattr_)
         if launcher not in (None, "ssh"):
             raise UsageError(f"--launcher {launcher!r}: expand reaches other hosts with ssh")
         if launcher is not None and hosts is None:
@@ -125,6 +129,17 @@ def register(app: typer.Typer) -> None:
                         joiner.process.wait()
                         joiner.exit_code, joiner.reason = -1, f"not online within {limit:g}s"
         raise typer.Exit(_report(joiners, as_json))
+
+
+def _check_attributes(extra: list[str]) -> None:
+    """Refuse bad -S settings here, once, rather than in every broker started with them. The
+    brokers get broker.boot-server from this command: a stand-in URI takes its place."""
+    from tbon.overlay.broker.attributes import broker_config, parse_assignments
+
+    attributes = parse_assignments(extra)
+    broker_config(
+        {**attributes, "broker.boot-server": attributes.get("broker.boot-server", "local:///")}
+    )
 
 
 def _wanted(

@@ -87,7 +87,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _split(words: list[str]) -> tuple[str | None, str]:
-    if len(words) == 2 and words[0].startswith(("local://", "ssh://")):
+    from tbon.overlay.connectors.uri import looks_like_uri
+
+    if len(words) == 2 and looks_like_uri(words[0]):  # a bad one is then refused as a URI
         return words[0], words[1]
     if len(words) == 1:
         return None, words[0]

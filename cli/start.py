@@ -20,6 +20,7 @@ import typer
 
 from tbon.cli.common import duration, interactive
 from tbon.errors import TbonError, UsageError
+from tbon.limits import MAX_SIZE, check_size
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +36,18 @@ def register(app: typer.Typer) -> None:
             "is COMMAND's. Default: $SHELL on a terminal, else wait for a signal.",
         ),
         test_size: int = typer.Option(
-            ..., "--test-size", "-s", min=1, metavar="N", help="How many local brokers to start."
+            ...,
+            "--test-size",
+            "-s",
+            min=1,
+            metavar="N",
+            help=f"How many local brokers to start: 1 to {MAX_SIZE}, and no more than this "
+            "machine can hold (memory, tasks, file descriptors).",
+        ),
+        force: bool = typer.Option(
+            False,
+            "--force",
+            help="Start N brokers even if this machine seems too small to hold them.",
         ),
         setattr_: list[str] = typer.Option(
             [],
@@ -59,15 +71,23 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Start a local instance of N brokers and run COMMAND in it."""
+        from tbon.overlay.broker.attributes import broker_config, parse_assignments
+        from tbon.overlay.launch.capacity import check_room
+
+        check_size(test_size, "--test-size")
         duration(exit_timeout, "--test-exit-timeout")
         attributes = list(setattr_) + _broker_attributes(broker_opts)
         if not any(a.startswith("tbon.endpoint=") for a in attributes):
             attributes.append("tbon.endpoint=tcp://127.0.0.1:*")
+        broker_config(parse_assignments(attributes))  # a usage error starts nothing
         program = list(command or [])
         waiting = not program
         if waiting and sys.stdin.isatty() and sys.stdout.isatty():
             program, waiting = [os.environ.get("SHELL", "/bin/sh")], False
-        raise typer.Exit(run(test_size, attributes, exit_timeout, program, waiting))
+        if not force:
+            # Before anything is started; the launcher, which forks, checks again.
+            check_room(test_size, "--test-size")
+        raise typer.Exit(run(test_size, attributes, exit_timeout, program, waiting, force))
 
 
 def _broker_attributes(options: list[str]) -> list[str]:
@@ -85,7 +105,12 @@ def _broker_attributes(options: list[str]) -> list[str]:
 
 
 def run(
-    size: int, attributes: list[str], exit_timeout: str, program: list[str], waiting: bool
+    size: int,
+    attributes: list[str],
+    exit_timeout: str,
+    program: list[str],
+    waiting: bool,
+    force: bool = False,
 ) -> int:
     from tbon.overlay.links.local import local_uri
 
@@ -102,6 +127,7 @@ def run(
         exit_timeout,
         "--parent-pid",
         str(os.getpid()),
+        *(["--force"] if force else []),
     ]
     for attribute in attributes:
         argv += ["-S", attribute]

@@ -137,12 +137,19 @@ def test_write_config_makes_a_file_brokers_can_boot_from(tmp_path: Path) -> None
     assert again.returncode == 1 and "already exists" in again.stderr
 
 
-def test_a_broker_that_fails_to_start_is_named() -> None:
-    result = alloc("-N", "2", "-S", "tbon.fanout=many", "true")
+def test_a_broker_that_fails_to_start_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such.cert"  # well formed, so only the brokers can find it missing
+    result = alloc("-N", "2", "-S", f"broker.cert={missing}", "true")
     assert result.returncode == 1
     # Whichever broker is seen to fail first is named (both do, here).
     assert re.search(
         r"host localhost \(rank [01]\): its broker exited with status 2", result.stderr
     )
-    assert "invalid tbon.fanout 'many'" in result.stderr
+    assert f"broker.cert: {missing}: no such file" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bad_attribute_is_refused_before_any_broker_starts() -> None:
+    result = alloc("-N", "2", "-S", "tbon.fanout=many", "true")
+    assert result.returncode == 2
+    assert result.stderr == "tbon alloc: invalid tbon.fanout 'many': use a whole number K >= 0\n"

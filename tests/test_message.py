@@ -236,11 +236,51 @@ def test_respond_without_payload_is_empty() -> None:
         [b'{"v":NaN,"k":"request","t":"x"}', b""],
         [b'{"v":Infinity,"k":"request","t":"x"}', b""],
         [b'{"v":1,"k":"request","t":"x","n":' + b"9" * 5000 + b"}", b""],
+        # JSON on the wire is UTF-8 without a byte-order mark (RFC 8259 section 8.1)
+        [b"\xff\xfe" + json.dumps(good()).encode("utf-16-le"), b""],
+        [b"\xfe\xff" + json.dumps(good()).encode("utf-16-be"), b""],
+        [json.dumps(good()).encode("utf-16-le"), b""],
+        [json.dumps(good()).encode("utf-32"), b""],
+        [b"\xef\xbb\xbf" + header(**good()), b""],
+        [header(**good()), b"\xef\xbb\xbf{}"],
+        [header(**good()), b"\xff\xfe" + "{}".encode("utf-16-le")],
+        [header(**good()), b'{"k":"\xe9"}'],  # Latin-1, not UTF-8
+        # numbers only: no NaN or infinities, spelled out or overflowing a double
+        [header(**good()), b'{"x":NaN}'],
+        [header(**good()), b'{"x":Infinity}'],
+        [header(**good()), b'{"x":-Infinity}'],
+        [header(**good()), b'{"x":[1,{"y":NaN}]}'],
+        [header(**good()), b'{"x":1e400}'],
+        [header(**good()), b'{"x":-1e400}'],
+        [header(**good()), b'{"x":1.0e309}'],
+        [header(**good(extra=None))[:-1] + b',"y":NaN}', b""],
     ],
 )
 def test_malformed_frames_raise_message_error(frames: list[bytes]) -> None:
     with pytest.raises(MessageError):
         decode(frames)
+
+
+@pytest.mark.parametrize(
+    "number", [b"1.5e308", b"-1.7976931348623157e308", b"5e-324", b"1e-400", b"0.0", b"-0.0"]
+)
+def test_finite_numbers_at_the_edges_decode(number: bytes) -> None:
+    message = decode([header(**good()), b'{"x":' + number + b"}"])
+    assert message.payload["x"] == float(number)
+
+
+def test_utf8_text_decodes() -> None:
+    message = decode([header(**good(t="t\u00e9")), '{"x":"\u00e9\u20ac\U0001f600"}'.encode()])
+    assert message.topic == "t\u00e9"
+    assert message.payload == {"x": "\u00e9\u20ac\U0001f600"}
+
+
+def test_bytes_that_are_not_utf8_travel_as_surrogate_escapes() -> None:
+    """`tbon exec` output that is not UTF-8 crosses as U+DC80-U+DCFF (surrogateescape), escaped
+    in JSON; the strict decoder must keep taking it."""
+    text = b"\xff\xfe raw".decode("utf-8", "surrogateescape")
+    frames = encode(Message(Kind.RESPONSE, "exec.start", {"data": text}))
+    assert decode(frames).payload["data"].encode("utf-8", "surrogateescape") == b"\xff\xfe raw"
 
 
 def test_message_error_is_a_value_error() -> None:
@@ -258,6 +298,8 @@ def assert_decodes_or_message_error(frames: list[bytes]) -> None:
     assert isinstance(message.topic, str) and message.topic
     assert isinstance(message.payload, dict)
     assert message.version >= 1 and message.nodeid >= ANY_RANK
+    # its payload is strict JSON: no NaN or infinity came through
+    json.dumps(message.payload, allow_nan=False)
     # it survives forwarding (decode, encode, decode), but for an errstr without an errnum,
     # which the encoder leaves out
     again = decode(encode(message))
@@ -354,3 +396,111 @@ def test_oversize_header_alone_is_refused() -> None:
 
 def test_limit_is_four_mebibytes() -> None:
     assert MAX_MESSAGE_BYTES == 4 * 1024 * 1024
+
+
+# --- strict decoding, fuzzed --------------------------------------------------------------------
+
+
+@given(messages(), st.sampled_from(["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"]))
+@FAST
+def test_a_good_message_in_another_encoding_is_refused(message: Message, encoding: str) -> None:
+    head, body = encode(message)
+    with pytest.raises(MessageError):
+        decode([head.decode().encode(encoding), body])
+
+
+floats_of_any_kind = st.floats(allow_nan=True, allow_infinity=True)
+values_with_any_floats = st.recursive(
+    json_scalars | floats_of_any_kind,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=10,
+)
+
+
+def finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, list):
+        return all(finite(item) for item in value)
+    if isinstance(value, dict):
+        return all(finite(item) for item in value.values())
+    return True
+
+
+@given(st.dictionaries(st.text(max_size=8), values_with_any_floats, max_size=4))
+@FAST
+def test_a_payload_is_refused_exactly_when_it_holds_nan_or_an_infinity(
+    payload: dict[str, Any],
+) -> None:
+    body = json.dumps(payload).encode()  # Python writes NaN, Infinity and -Infinity
+    if finite(payload):
+        assert decode([header(**good()), body]).payload == payload
+    else:
+        with pytest.raises(MessageError):
+            decode([header(**good()), body])
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> list[bytes]:
+    """A good message's frames with a few bytes changed, inserted or cut."""
+    frames = [bytearray(frame) for frame in encode(draw(messages()))]
+    for _ in range(draw(st.integers(1, 4))):
+        frame = frames[draw(st.integers(0, 1))]
+        at = draw(st.integers(0, len(frame)))
+        how = draw(st.sampled_from(["flip", "insert", "cut"]))
+        byte = draw(
+            st.sampled_from(list(b'{}[]",:\\0-9eE+-.NaIfinity \x00\x80\xbf\xc0\xef\xfe\xff'))
+            | st.integers(0, 255)
+        )
+        if how == "insert" or not frame:
+            frame[at:at] = bytes([byte])
+        elif how == "flip":
+            frame[min(at, len(frame) - 1)] = byte
+        else:
+            del frame[at:]
+    return [bytes(frame) for frame in frames]
+
+
+@given(damaged())
+@settings(max_examples=400, deadline=None)
+def test_damaged_messages_decode_whole_or_raise_only_message_error(frames: list[bytes]) -> None:
+    assert_decodes_or_message_error(frames)
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                b"{",
+                b"}",
+                b"[",
+                b"]",
+                b",",
+                b":",
+                b'"v"',
+                b'"k"',
+                b'"t"',
+                b"1",
+                b"-1",
+                b"1e400",
+                b"NaN",
+                b"Infinity",
+                b"null",
+                b"true",
+                b'"request"',
+                b'"x"',
+                b"\xef\xbb\xbf",
+                b"\xff\xfe",
+                b"\x00",
+                b"\\ud800",
+                b'"\\u0000"',
+                b" ",
+            ]
+        ),
+        max_size=30,
+    ).map(b"".join),
+    st.sampled_from([b"", b"{}", b'{"x":NaN}', b"\xef\xbb\xbf{}", b'{"a":[1e999]}']),
+)
+@settings(max_examples=300, deadline=None)
+def test_json_like_token_soup_raises_only_message_error(head: bytes, body: bytes) -> None:
+    assert_decodes_or_message_error([head, body])

@@ -6,8 +6,8 @@ import socket
 from dataclasses import dataclass, field
 
 from tbon.errors import UsageError
+from tbon.limits import check_duration, parse_rank, parse_size
 from tbon.overlay.parse.duration import parse_duration
-from tbon.overlay.parse.numbers import is_decimal
 from tbon.overlay.state.topology import DEFAULT_SPEC, parse_spec, spec_from_fanout
 
 DEFAULTS: dict[str, str] = {
@@ -77,12 +77,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
     topo = spec_from_fanout(values["tbon.fanout"]) if "tbon.fanout" in values else None
     if "tbon.topo" in attributes or topo is None:
         topo = parse_spec(values["tbon.topo"])
-    size = None
-    if "size" in values:
-        text = values["size"]
-        if not is_decimal(text) or int(text) < 1:
-            raise UsageError(f"invalid size {text!r}: use a whole number >= 1")
-        size = int(text)
+    size = parse_size(values["size"], "size") if "size" in values else None
     level = values["log-stderr-level"].lower()
     if level not in LOG_LEVELS:
         raise UsageError(f"invalid log-stderr-level {level!r}: use one of {', '.join(LOG_LEVELS)}")
@@ -91,9 +86,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         raise UsageError(f"invalid tbon.endpoint {endpoint!r}: use tcp://HOST:PORT (%h, * allowed)")
     requested_rank = None
     if "broker.rank" in values:
-        if not is_decimal(values["broker.rank"]):
-            raise UsageError(f"invalid broker.rank {values['broker.rank']!r}: use a whole number")
-        requested_rank = int(values["broker.rank"])
+        requested_rank = parse_rank(values["broker.rank"], "broker.rank")
         if "broker.boot-server" not in values:
             raise UsageError("broker.rank only makes sense with broker.boot-server")
     boot_server = values.get("broker.boot-server")
@@ -107,22 +100,20 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
                 f"invalid broker.boot-server {boot_server!r}: use local://PATH or "
                 "ssh://[user@]host[:port]/PATH"
             ) from None
-    join_timeout = parse_duration(values["broker.join-timeout"], "broker.join-timeout")
+    join_timeout = _duration(values, "broker.join-timeout")
     if join_timeout <= 0:
         raise UsageError("broker.join-timeout must be greater than zero")
-    heartbeat = parse_duration(values["tbon.heartbeat"], "tbon.heartbeat")
+    heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
     return BrokerConfig(
         size=size,
         topo=topo,
         heartbeat=heartbeat,
-        torpid=parse_duration(values["tbon.torpid"], "tbon.torpid"),
-        timeout=parse_duration(values["tbon.timeout"], "tbon.timeout"),
+        torpid=_duration(values, "tbon.torpid"),
+        timeout=_duration(values, "tbon.timeout"),
         endpoint=endpoint,
-        shutdown_timeout=parse_duration(
-            values["broker.shutdown-timeout"], "broker.shutdown-timeout"
-        ),
+        shutdown_timeout=_duration(values, "broker.shutdown-timeout"),
         rundir=values.get("broker.rundir"),
         hostname=values.get("hostname") or socket.gethostname(),
         log_level=level,
@@ -133,6 +124,10 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         config_file=config_file,
         attributes=dict(attributes),
     )
+
+
+def _duration(values: dict[str, str], name: str) -> float:
+    return check_duration(parse_duration(values[name], name), name)
 
 
 def host_address(hostname: str) -> str:

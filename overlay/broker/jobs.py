@@ -51,6 +51,18 @@ class Job:
         return self.status is not None and not self.streams
 
 
+def _os_text(value: object) -> bool:
+    """A string the system takes as an argument or a path: no NUL byte, and nothing that has no
+    bytes (surrogateescape's U+DC80-U+DCFF, standing for bytes that are not UTF-8, do)."""
+    if not isinstance(value, str) or "\0" in value:
+        return False
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class JobRunner:
     """The processes of `tbon exec` on this broker: the I/O edge of the exec service."""
 
@@ -75,9 +87,11 @@ class JobRunner:
         job_id, argv, cwd = payload.get("id"), payload.get("argv"), payload.get("cwd")
         if not isinstance(job_id, str) or not isinstance(argv, list) or not argv:
             return request.fail(errno.EINVAL, "exec.start needs id and argv")
-        if not all(isinstance(word, str) for word in argv) or job_id in self.jobs:
+        if not all(_os_text(word) for word in argv) or job_id in self.jobs:
             return request.fail(errno.EINVAL, "exec.start: bad argv or a duplicate id")
-        if isinstance(cwd, str) and not os.path.isdir(cwd):
+        if cwd is not None and not _os_text(cwd):
+            return request.fail(errno.EINVAL, "exec.start: cwd must be a directory's path or null")
+        if cwd is not None and not os.path.isdir(cwd):
             self.send(
                 request.respond(
                     {
@@ -94,9 +108,15 @@ class JobRunner:
         try:
             if os.sep not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+            # A path is checked here too: setpriv would fail on it in words of its own.
+            program = os.path.join(cwd or "", argv[0])
+            if os.sep in argv[0] and not os.path.exists(program):
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+            if os.sep in argv[0] and (os.path.isdir(program) or not os.access(program, os.X_OK)):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv[0])
             process = subprocess.Popen(
                 [*ORPHAN_GUARD, *argv],
-                cwd=cwd if isinstance(cwd, str) else None,
+                cwd=cwd,
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -105,7 +125,7 @@ class JobRunner:
             )
         except OSError as error:
             code = 127 if isinstance(error, FileNotFoundError) else 126
-            where = f" in {cwd}" if isinstance(cwd, str) else ""
+            where = f" in {cwd}" if cwd is not None else ""
             self.send(
                 request.respond(
                     {

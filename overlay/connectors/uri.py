@@ -12,7 +12,10 @@ from tbon.overlay.links.local import SOCKET_NAME
 from tbon.overlay.parse.numbers import is_decimal
 
 _BOUND_NAME = re.compile(rf"{SOCKET_NAME}(\.\d+)?")
-_SSH = re.compile(r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>\d+))?(?P<path>/.*)$")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_SSH = re.compile(
+    r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>[0-9]+))?(?P<path>/.*)$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,12 @@ class Uri:
         return f"ssh://{user}{self.host}{port}{self.path}"
 
 
+def looks_like_uri(word: str) -> bool:
+    """`SCHEME://...`, of any scheme: a word that is meant as a URI, so that a mistyped one
+    (`bogus://x`) is refused as a URI, not run as a command by `tbon exec`."""
+    return _SCHEME.match(word) is not None
+
+
 def parse_uri(text: str) -> Uri:
     if text.startswith("local://"):
         path = text[len("local://") :]
@@ -39,9 +48,16 @@ def parse_uri(text: str) -> Uri:
         return Uri("local", path)
     match = _SSH.match(text)
     if match:
-        port = int(match["port"]) if match["port"] else None
+        port = _port(match["port"], text) if match["port"] is not None else None
         return Uri("ssh", match["path"], match["host"], match["user"] or "", port)
     raise UsageError(f"invalid URI {text!r}: use local://PATH or ssh://[user@]host[:port]/PATH")
+
+
+def _port(digits: str, text: str) -> int:
+    """A TCP port, 1 to 65535 (checked on the digits first: int() refuses very long ones)."""
+    if len(digits) > 5 or not 1 <= int(digits) <= 65535:
+        raise UsageError(f"invalid URI {text!r}: the port must be 1 to 65535")
+    return int(digits)
 
 
 def to_remote(uri: Uri) -> Uri:

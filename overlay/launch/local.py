@@ -6,8 +6,9 @@ a socketpair as PMI_FD, exactly as Hydra's mpiexec would hand it. The launcher r
 that exit badly, kills what is left once the instance is over (after --exit-timeout), and exits
 with rank 0's status.
 
-Run as `python -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D] [-S ...]
-[CMD]`.
+Run as `python -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D] [--force]
+[-S ...] [CMD]`. It forks nothing for a size above MAX_SIZE (tbon/limits.py), nor, without
+--force, for more brokers than this machine can hold (capacity.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from typing import NoReturn
 
 from tbon import exitcodes
 from tbon.errors import TbonError
+from tbon.limits import check_duration, check_size
 from tbon.overlay.boot.wireup import instance_size
 from tbon.overlay.broker.attributes import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.broker.broker import run_broker
+from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.parse.duration import parse_duration
 
@@ -243,6 +246,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rundir", required=True)
     parser.add_argument("--exit-timeout", default="10s")
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("--force", action="store_true", help="start more than fit here")
     parser.add_argument("-S", "--setattr", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -251,16 +255,21 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        if args.size < 1:
-            raise TbonError("--test-size must be at least 1", exitcodes.USAGE)
+        # Refuse a bad size once, before forking: tbon start checked it too, but this process
+        # is the one that forks, so it never trusts its caller with a fork bomb.
+        check_size(args.size, "--test-size")
         config = broker_config(parse_assignments(args.setattr))
-        instance_size(config.size, args.size)  # refuse a bad size once, before forking
+        instance_size(config.size, args.size)
+        if not args.force:
+            check_room(args.size, "--test-size")
         launch = Launch(
             args.size,
             args.rundir,
             config,
             command,
-            parse_duration(args.exit_timeout, "--test-exit-timeout"),
+            check_duration(
+                parse_duration(args.exit_timeout, "--test-exit-timeout"), "--test-exit-timeout"
+            ),
         )
     except TbonError as error:
         print(f"{PROG}: {error}", file=sys.stderr)

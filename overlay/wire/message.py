@@ -1,12 +1,14 @@
 """The overlay message: two ZeroMQ frames, a JSON header and a JSON payload.
 
-docs/protocol.md is the reference. Decoding is strict: anything malformed raises MessageError,
-which a broker logs and drops; it never reaches a handler and never stops the broker.
+docs/protocol.md is the reference. Decoding is strict: anything malformed raises MessageError, and
+nothing else, which a broker logs and drops; it never reaches a handler and never stops the
+broker.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -83,6 +85,24 @@ def encode(message: Message) -> list[bytes]:
     return [json.dumps(header, separators=(",", ":")).encode(), body]
 
 
+def _json(frame: bytes) -> Any:
+    """JSON as RFC 8259 has it on the wire: UTF-8 without a byte-order mark (json.loads on bytes
+    would also take UTF-16 and UTF-32, and a BOM), and numbers only: no NaN, Infinity or
+    -Infinity, nor a number too large for a double (1e400 would be read as infinity)."""
+    return json.loads(frame.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def decode(frames: list[bytes]) -> Message:
     """The message in `frames` (routing envelope already removed), or MessageError.
 
@@ -95,9 +115,9 @@ def decode(frames: list[bytes]) -> Message:
     if len(head_bytes) + len(body) > MAX_MESSAGE_BYTES:
         raise MessageError("message too large")
     try:
-        header = json.loads(head_bytes)
-        payload = json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        header = _json(head_bytes)
+        payload = _json(body) if body else {}
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
         raise MessageError(f"not JSON: {type(error).__name__}") from None
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise MessageError("header and payload must be JSON objects")
