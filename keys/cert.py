@@ -23,7 +23,6 @@ message includes a key's text.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
 import struct
@@ -67,6 +66,8 @@ def fingerprint(public_z85: str) -> str:
     digest of the raw 32-byte key. It depends only on the key, never on the file or its metadata,
     so the same key shows the same fingerprint everywhere. Raises ValueError for a malformed key.
     """
+    import hashlib  # here, not at the top: a broker that shows no fingerprint starts faster
+
     return "SHA256:" + hashlib.sha256(decode_key(public_z85)).hexdigest()[:16]
 
 

@@ -10,7 +10,6 @@ whoever holds it is the instance. tbon-config(5) documents the file.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +88,8 @@ def bootstrap_table(hosts: list[str], curve_cert: str) -> dict[str, Any]:
 
 def load_bootconfig(path: str) -> BootConfig:
     """Read FILE; every problem is one UsageError line naming the file."""
+    import tomllib  # only config-booted brokers read TOML: the others start without it
+
     try:
         with open(path, "rb") as file:
             data = tomllib.load(file)

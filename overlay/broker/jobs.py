@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -26,11 +26,19 @@ log = logging.getLogger("tbon.exec")
 
 CHUNK = 64 * 1024
 
-_SETPRIV = shutil.which("setpriv")
-ORPHAN_GUARD = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
-"""Jobs are started through util-linux's setpriv with a parent-death signal, so that even a
-broker killed outright (SIGKILL) takes its jobs with it. (preexec_fn could set it without a
-helper, but it is unsafe in a process that has threads, as ZeroMQ's.)"""
+
+@functools.cache
+def orphan_guard() -> tuple[str, ...]:
+    """Jobs are started through util-linux's setpriv with a parent-death signal, so that even a
+    broker killed outright (SIGKILL) takes its jobs with it. (preexec_fn could set it without a
+    helper, but it is unsafe in a process that has threads, as ZeroMQ's.) Looked up at the first
+    job, not at start-up."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
+
+
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
 
 
@@ -106,6 +114,8 @@ class JobRunner:
             return None
         env = program_environment(self.uri, self.rank)
         try:
+            import shutil
+
             if os.sep not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
             # A path is checked here too: setpriv would fail on it in words of its own.
@@ -115,7 +125,7 @@ class JobRunner:
             if os.sep in argv[0] and (os.path.isdir(program) or not os.access(program, os.X_OK)):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv[0])
             process = subprocess.Popen(
-                [*ORPHAN_GUARD, *argv],
+                [*orphan_guard(), *argv],
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.PIPE,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,7 +161,7 @@ class Rundir:
     @staticmethod
     def make(wanted: str | None, rank: int) -> Rundir:
         if wanted is None:
-            return Rundir(tempfile.mkdtemp(prefix="tbon-"), True)
+            return Rundir(private_directory(), True)
         wanted = wanted.replace("%r", str(rank))  # one launch line, a directory per rank
         created = not os.path.isdir(wanted)
         if created:
@@ -173,7 +171,23 @@ class Rundir:
 
     def remove(self) -> None:
         if self.created:
+            import shutil  # at the end only: a broker starts faster without it
+
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def private_directory(prefix: str = "tbon-") -> str:
+    """A new directory of mode 0700 under $TMPDIR (or /tmp), with a name no one could claim
+    first: what tempfile.mkdtemp makes, without the start-up cost of importing tempfile."""
+    parent = os.environ.get("TMPDIR") or "/tmp"
+    for _ in range(100):
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free name for a run directory in {parent}")
 
 
 @dataclass

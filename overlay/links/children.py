@@ -11,6 +11,9 @@ TCP connection went half-dead may connect again and say hello on the new one: it
 there, the old connection's close, whenever it comes, ends nothing, and the new connection's close
 ends the session. A close of the connection a session is on is what proves it gone; an old one
 closing proves only that the child left it.
+
+The module is a little over 400 lines: it is the ROUTER's whole input (monitor events, hellos,
+reports, goodbyes) and output (welcome, refuse, heartbeats, orders), which read best in order.
 """
 
 from __future__ import annotations

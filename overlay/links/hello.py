@@ -37,26 +37,33 @@ from tbon.overlay.links.keyring import Identity
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import PROTOCOL_VERSION
+from tbon.record import Record
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    reason: str
-    exit_code: int
+class Refusal(Record):
+    __slots__ = __match_args__ = ("reason", "exit_code")
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        self.reason = reason
+        self.exit_code = exit_code
 
 
-@dataclass(frozen=True, slots=True)
-class Welcome:
-    identity: Identity
+class Welcome(Record):
+    __slots__ = __match_args__ = ("identity",)
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
 
 
-@dataclass(frozen=True, slots=True)
-class AskRankZero:
+class AskRankZero(Record):
     """A shared-key hello that passed: rank 0 must name the incarnation it joins as."""
 
-    rank: int
-    ended: int  # the rank's incarnation here (0 if none): the one a rejoin ends
-    replaces: bool  # that incarnation's broker is connected: the new one replaces it
+    __slots__ = __match_args__ = ("rank", "ended", "replaces")
+
+    def __init__(self, rank: int, ended: int, replaces: bool) -> None:
+        self.rank = rank
+        self.ended = ended  # the rank's incarnation here (0 if none): the one a rejoin ends
+        self.replaces = replaces  # that incarnation's broker is connected: the new one replaces it
 
 
 Judgement = Welcome | Refusal | AskRankZero

@@ -16,28 +16,10 @@ from typing import Any
 from tbon.overlay.links.children import Rejoin
 from tbon.overlay.state.ranktable import Event
 from tbon.overlay.wire.message import Message
+from tbon.record import Record
 
 
-class Instruction:
-    """An instruction's fields are its __slots__, in order; two are equal when they are of one
-    type with equal fields. Plain classes rather than dataclasses: a broker builds these types at
-    every start, and a frozen dataclass costs it half a millisecond each."""
-
-    __slots__: tuple[str, ...] = ()
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and all(
-            getattr(self, name) == getattr(other, name) for name in self.__slots__
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class Respond(Instruction):
+class Respond(Record):
     """Send a response back along the route its request came by."""
 
     __slots__ = __match_args__ = ("message",)
@@ -46,7 +28,7 @@ class Respond(Instruction):
         self.message = message
 
 
-class Send(Instruction):
+class Send(Record):
     """Route a one-way request of this broker's own (no answer is awaited)."""
 
     __slots__ = __match_args__ = ("message",)
@@ -55,7 +37,7 @@ class Send(Instruction):
         self.message = message
 
 
-class Call(Instruction):
+class Call(Record):
     """Route a request of this broker's own; `then(reply, now)` gives what to do next."""
 
     __slots__ = __match_args__ = ("request", "then")
@@ -65,7 +47,7 @@ class Call(Instruction):
         self.then = then
 
 
-class Forward(Instruction):
+class Forward(Record):
     """Send a copy of a request down to one child; if that child is not connected, do
     `otherwise` instead."""
 
@@ -77,7 +59,7 @@ class Forward(Instruction):
         self.otherwise = otherwise
 
 
-class Log(Instruction):
+class Log(Record):
     __slots__ = __match_args__ = ("level", "text")
 
     def __init__(self, level: int, text: str) -> None:
@@ -85,7 +67,7 @@ class Log(Instruction):
         self.text = text
 
 
-class Report(Instruction):
+class Report(Record):
     """A rank-table event seen here: applied at rank 0, sent up the tree anywhere else."""
 
     __slots__ = __match_args__ = ("event",)
@@ -94,7 +76,7 @@ class Report(Instruction):
         self.event = event
 
 
-class Authorize(Instruction):
+class Authorize(Record):
     """Admit a child's key for exactly (rank, incarnation) at this broker's ROUTER."""
 
     __slots__ = __match_args__ = ("rank", "incarnation", "public_key")
@@ -105,7 +87,7 @@ class Authorize(Instruction):
         self.public_key = public_key
 
 
-class Revoke(Instruction):
+class Revoke(Record):
     """Drop a child incarnation's key, and cut its broker off if it is connected."""
 
     __slots__ = __match_args__ = ("rank", "incarnation", "reason")
@@ -116,7 +98,7 @@ class Revoke(Instruction):
         self.reason = reason
 
 
-class RetireChild(Instruction):
+class RetireChild(Record):
     """Record a child as retiring and tell its broker; answer `request` with how that went."""
 
     __slots__ = __match_args__ = ("request", "rank", "incarnation", "order")
@@ -130,7 +112,7 @@ class RetireChild(Instruction):
         self.order = order
 
 
-class Readmit(Instruction):
+class Readmit(Record):
     """Rank 0 answered for a config-booted child at the door: welcome it as `incarnation`, or
     refuse it with `why` (None)."""
 
@@ -142,7 +124,7 @@ class Readmit(Instruction):
         self.why = why
 
 
-class StartJob(Instruction):
+class StartJob(Record):
     """Start the command of an `exec.start` request on this broker."""
 
     __slots__ = __match_args__ = ("request",)
@@ -151,7 +133,7 @@ class StartJob(Instruction):
         self.request = request
 
 
-class WriteStdin(Instruction):
+class WriteStdin(Record):
     __slots__ = __match_args__ = ("job_id", "data", "eof")
 
     def __init__(self, job_id: str, data: str, eof: bool) -> None:
@@ -160,7 +142,7 @@ class WriteStdin(Instruction):
         self.eof = eof
 
 
-class SignalJob(Instruction):
+class SignalJob(Record):
     __slots__ = __match_args__ = ("job_id", "signum")
 
     def __init__(self, job_id: str, signum: int) -> None:
@@ -168,7 +150,7 @@ class SignalJob(Instruction):
         self.signum = signum
 
 
-class KillJobsFrom(Instruction):
+class KillJobsFrom(Record):
     """Kill the jobs whose answers travel along `route`: their client has gone."""
 
     __slots__ = __match_args__ = ("route",)
@@ -177,7 +159,7 @@ class KillJobsFrom(Instruction):
         self.route = route
 
 
-class KillAllJobs(Instruction):
+class KillAllJobs(Record):
     __slots__ = __match_args__ = ("signum", "note")
 
     def __init__(self, signum: int, note: str = "") -> None:
@@ -185,7 +167,7 @@ class KillAllJobs(Instruction):
         self.note = note
 
 
-class ForgetWatches(Instruction):
+class ForgetWatches(Record):
     """End the status streams of a client that has gone (rank 0)."""
 
     __slots__ = __match_args__ = ("route",)
@@ -194,7 +176,7 @@ class ForgetWatches(Instruction):
         self.route = route
 
 
-class ShutDown(Instruction):
+class ShutDown(Record):
     """Shut this broker's subtree down, leaves first; `end_program` ends rank 0's initial
     program first (an `instance.shutdown` request, a signal)."""
 
@@ -204,7 +186,7 @@ class ShutDown(Instruction):
         self.end_program = end_program
 
 
-class Leave(Instruction):
+class Leave(Record):
     """Say goodbye to the parent and exit with `exit_code` (a retired broker)."""
 
     __slots__ = __match_args__ = ("exit_code",)

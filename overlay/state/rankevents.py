@@ -10,92 +10,120 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tbon.record import Record
 
-@dataclass(frozen=True, slots=True)
-class Online:
+
+class Online(Record):
     """A parent welcomed this rank's broker (its hello was accepted)."""
 
-    rank: int
-    incarnation: int
-    host: str
-    pid: int
+    __slots__ = __match_args__ = ("rank", "incarnation", "host", "pid")
+
+    def __init__(self, rank: int, incarnation: int, host: str, pid: int) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.host = host
+        self.pid = pid
 
 
-@dataclass(frozen=True, slots=True)
-class Lost:
+class Lost(Record):
     """A parent saw this rank's broker go: its connection dropped or it fell silent."""
 
-    rank: int
-    incarnation: int
-    reason: str
+    __slots__ = __match_args__ = ("rank", "incarnation", "reason")
+
+    def __init__(self, rank: int, incarnation: int, reason: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Departed:
+class Departed(Record):
     """This rank's broker said goodbye: a clean exit."""
 
-    rank: int
-    incarnation: int
+    __slots__ = __match_args__ = ("rank", "incarnation")
+
+    def __init__(self, rank: int, incarnation: int) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
 
 
-@dataclass(frozen=True, slots=True)
-class Torpid:
+class Torpid(Record):
     """This rank's broker is connected but has been silent past tbon.torpid (or spoke again)."""
 
-    rank: int
-    incarnation: int
-    torpid: bool
+    __slots__ = __match_args__ = ("rank", "incarnation", "torpid")
+
+    def __init__(self, rank: int, incarnation: int, torpid: bool) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.torpid = torpid
 
 
-@dataclass(frozen=True, slots=True)
-class Retire:
+class Retire(Record):
     """`tbon retire` begins for this incarnation: it is drained, then leaves (as Departed)."""
 
-    rank: int
-    incarnation: int
+    __slots__ = __match_args__ = ("rank", "incarnation")
+
+    def __init__(self, rank: int, incarnation: int) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
 
 
-@dataclass(frozen=True, slots=True)
-class Expire:
+class Expire(Record):
     """A reservation's lease (broker.join-timeout) ran out before its joiner said hello."""
 
-    rank: int
-    incarnation: int
+    __slots__ = __match_args__ = ("rank", "incarnation")
+
+    def __init__(self, rank: int, incarnation: int) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
 
 
-@dataclass(frozen=True, slots=True)
-class Reboot:
+class Reboot(Record):
     """A config-booted rank's broker was restarted on its host: the rank takes a new
     incarnation (the ended one is `incarnation`) and stays offline until it is welcomed."""
 
-    rank: int
-    incarnation: int
+    __slots__ = __match_args__ = ("rank", "incarnation")
+
+    def __init__(self, rank: int, incarnation: int) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
 
 
 Event = Online | Lost | Departed | Torpid | Expire | Retire | Reboot
 """What brokers report about a rank (they travel up the tree to rank 0)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Reserve:
+class Reserve(Record):
     """A joining broker asks for a rank (FLUB): a specific one, or None for any available."""
 
-    public_key: str
-    host: str
-    rank: int | None
-    lease: float
+    __slots__ = __match_args__ = ("public_key", "host", "rank", "lease")
+
+    def __init__(self, public_key: str, host: str, rank: int | None, lease: float) -> None:
+        self.public_key = public_key
+        self.host = host
+        self.rank = rank
+        self.lease = lease
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(Record):
     """The answer to Reserve: a rank and its new incarnation, or why there is none."""
 
-    granted: bool
-    rank: int = -1
-    incarnation: int = 0
-    reason: str = ""
-    repeated: bool = False  # the same key asked before and gets the same reservation
-    never: bool = False  # this key may never have a rank: its broker was retired
+    __slots__ = __match_args__ = ("granted", "rank", "incarnation", "reason", "repeated", "never")
+
+    def __init__(
+        self,
+        granted: bool,
+        rank: int = -1,
+        incarnation: int = 0,
+        reason: str = "",
+        repeated: bool = False,
+        never: bool = False,
+    ) -> None:
+        self.granted = granted
+        self.rank = rank
+        self.incarnation = incarnation
+        self.reason = reason
+        self.repeated = repeated  # the same key asked before and gets the same reservation
+        self.never = never  # this key may never have a rank: its broker was retired
 
 
 @dataclass(frozen=True, slots=True)
