@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -214,6 +215,59 @@ def test_joiner_killed_after_reservation_gives_the_rank_back(instance) -> None:
     result = tbon("expand", inst.uri, "--ranks", "1,3")
     assert result.returncode == 0, result.stderr
     assert inst.status()["ranks"][3]["incarnation"] == 2
+
+
+def test_joiner_that_fails_after_reservation_releases_it_at_once(instance) -> None:
+    inst = instance(1, "size=4", "tbon.fanout=2", "broker.join-timeout=300s")
+    # rank 1 has children: the joiner binds their socket, to an address it does not have
+    joiner = inst.join("broker.rank=1", "tbon.endpoint=tcp://192.0.2.1:*")
+    rank = 1
+    code, err = finished(joiner)
+    assert code != 0 and f"FLUB: released rank {rank} incarnation 1" in err, err
+    # vacant again long before the lease (300 s) would have run out
+    status = inst.wait_status(lambda s: s["ranks"][rank]["state"] == "vacant", "the release")
+    assert status["ranks"][rank]["incarnation"] == 1
+    assert status["ranks"][rank]["host"] == f"extra{rank - 1}"
+    result = tbon("expand", inst.uri, "--ranks", "1,3")
+    assert result.returncode == 0, result.stderr
+    assert inst.status()["ranks"][rank]["incarnation"] == 2
+
+
+def test_one_client_holds_at_most_four_reservations(instance) -> None:
+    inst = instance(1, "size=8", "tbon.fanout=7", "broker.join-timeout=300s")
+
+    def ask(client: Client, key: str) -> dict:
+        request = {"public_key": key, "hostname": "hoarder", "rank": None}
+        return client.rpc("flub.allocate", request, nodeid=0)
+
+    keys = [generate_keypair()[0] for _ in range(6)]
+    with Client(inst.uri) as hoarder:
+        grants = [ask(hoarder, key) for key in keys[:4]]
+        assert [g["rank"] for g in grants] == [1, 2, 3, 4]
+        try:
+            ask(hoarder, keys[4])
+        except RequestError as error:
+            assert error.errnum == errno.EAGAIN
+            assert "this connection already holds 4 reservations" in str(error)
+        else:
+            raise AssertionError("a fifth reservation was granted to one client")
+        # other clients are not held back: expand runs one broker, one connection, each
+        result = tbon("expand", inst.uri, "-n", "2", "--json")
+        assert result.returncode == 0, result.stderr
+        assert sorted(j["rank"] for j in json.loads(result.stdout)["joined"]) == [5, 6]
+        # giving one back frees the rank at once, and the slot with it
+        one = {"rank": 2, "incarnation": grants[1]["incarnation"], "public_key": keys[1]}
+        assert hoarder.rpc("flub.release", one, nodeid=0) == {}
+        assert inst.status()["ranks"][2]["state"] == "vacant"
+        try:
+            hoarder.rpc("flub.release", one, nodeid=0)
+        except RequestError as error:
+            assert error.errnum == errno.EPERM and "is not reserved" in str(error)
+        else:
+            raise AssertionError("a reservation was released twice")
+        assert ask(hoarder, keys[5])["rank"] == 2
+    status = inst.status()
+    assert [status["ranks"][r]["state"] for r in range(1, 5)] == ["reserved"] * 4
 
 
 def test_stopped_broker_woken_after_replacement_exits_77(instance) -> None:

@@ -40,6 +40,7 @@ from tbon.overlay.state.ranktable import (
     RankState,
     RankTable,
     Reboot,
+    Release,
     Reservation,
     Reserve,
     Retire,
@@ -418,6 +419,39 @@ def test_expire_of_a_rank_that_is_not_reserved_is_refused(rank: int) -> None:
     before = frozen(result)
     outcome = result.apply(Expire(rank, result.entry(rank).incarnation), 10_000.0)
     assert not outcome.applied and "not reserved" in outcome.reason
+    assert frozen(result) == before
+
+
+# --- Release ------------------------------------------------------------------------------------
+
+
+def test_release_by_the_joiners_key_frees_the_rank_at_once() -> None:
+    result = started("kary:2", 3, launched=1)
+    grant = reserve(result, ALICE, host="j", lease=10.0, now=200.0)
+    before = frozen(result)
+    for wrong in (Release(1, grant.incarnation, BOB), Release(1, grant.incarnation + 1, ALICE)):
+        refused = result.apply(wrong, 201.0)
+        assert not refused.applied and frozen(result) == before
+    assert "reserved for another key" in result.apply(Release(1, 1, BOB), 201.0).reason
+    outcome = result.apply(Release(1, grant.incarnation, ALICE), 201.0)  # long before the lease
+    assert outcome.applied and outcome.changed == (1,)
+    entry = result.entry(1)
+    assert entry.state is RankState.VACANT and entry.host == "extra0"
+    assert (entry.joiner, entry.lease_until, entry.pid) == (None, None, None)
+    assert entry.incarnation == grant.incarnation and entry.since == 201.0
+    assert result.expired(1e9) == [] and result.next_expiry() is None
+    again = result.apply(Release(1, grant.incarnation, ALICE), 202.0)
+    assert not again.applied and "not reserved" in again.reason
+    assert reserve(result, BOB, now=203.0).incarnation == grant.incarnation + 1
+
+
+def test_release_of_a_rank_that_came_online_is_refused() -> None:
+    result = started("kary:2", 3, launched=1)
+    grant = reserve(result, ALICE, rank=1)
+    assert result.apply(Online(1, grant.incarnation, "j", 9), 201.0).applied
+    before = frozen(result)
+    outcome = result.apply(Release(1, grant.incarnation, ALICE), 202.0)
+    assert not outcome.applied and "online, not reserved" in outcome.reason
     assert frozen(result) == before
 
 

@@ -34,6 +34,7 @@ from tbon.overlay.state.ranktable import (
     RankState,
     RankTable,
     Reboot,
+    Release,
     Reserve,
     Retire,
     SubtreeStatus,
@@ -869,7 +870,7 @@ def test_allocatable_is_what_the_reserve_rows_allow() -> None:
 
 
 def test_every_event_type_has_a_refusal_and_a_row() -> None:
-    events = {Online, Lost, Departed, Torpid, Retire, Expire, Reboot, Reserve}
+    events = {Online, Lost, Departed, Torpid, Retire, Expire, Release, Reboot, Reserve}
     assert set(REFUSALS) == events
     assert {kind for _, kind in TRANSITIONS} == events | {Orphaned}  # Orphaned: internal
 

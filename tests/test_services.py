@@ -34,7 +34,7 @@ from tbon.overlay.services.actions import (
     WriteStdin,
 )
 from tbon.overlay.services.exec import ExecService
-from tbon.overlay.services.flub import FlubService, flub_attributes
+from tbon.overlay.services.flub import RESERVATIONS_PER_CONNECTION, FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import Draining, RetireService
@@ -303,6 +303,123 @@ def test_an_expired_lease_is_voided_at_the_parent_once() -> None:
         "reason": "the reservation expired",
     }
     assert table.entry(3).state is RankState.VACANT and flub.expire(NOW + 32) == []
+
+
+def release(rank: int, incarnation: int, key: str, route: list[str] | None = None) -> Message:
+    body = {"rank": rank, "incarnation": incarnation, "public_key": key}
+    return request("flub.release", body, route=route)
+
+
+def test_a_joiner_releases_its_own_reservation_and_the_parent_drops_its_key() -> None:
+    table = started("kary:2", 4, launched=2)
+    flub = flub_at_rank0(table)
+    key, other = generate_keypair()[0], generate_keypair()[0]
+    flub.allocate(allocate(key, rank=3), NOW)
+    refusals = [
+        (release(3, 1, other), "reserved for another key"),
+        (release(3, 2, key), "is not reserved"),
+        (release(1, 1, key), "is not reserved"),
+        (release(9, 1, key), "no rank 9"),
+    ]
+    for asked, why in refusals:
+        refused = only_response(flub.release(asked, NOW))
+        assert refused.errnum == errno.EPERM and why in refused.errstr, refused.errstr
+        assert of_type(flub.release(asked, NOW), Send) == []
+    assert table.entry(3).state is RankState.RESERVED
+    bad = only_response(flub.release(request("flub.release", {"rank": 3}), NOW))
+    assert bad.errnum == errno.EINVAL
+    actions = flub.release(release(3, 1, key), NOW + 1)
+    assert only_response(actions).errnum == 0 and only_response(actions).payload == {}
+    [send] = of_type(actions, Send)
+    assert send.message.topic == "flub.revoke" and send.message.nodeid == 1
+    assert send.message.payload == {
+        "rank": 3,
+        "incarnation": 1,
+        "reason": "the joiner released its reservation",
+    }
+    entry = table.entry(3)
+    assert entry.state is RankState.VACANT and entry.host == "extra1"  # its placeholder again
+    assert entry.incarnation == 1 and entry.lease is None and flub.expire(NOW + 31) == []
+    again = only_response(flub.release(release(3, 1, key), NOW + 2))  # once only
+    assert again.errnum == errno.EPERM and "is not reserved" in again.errstr
+    assert (
+        only_response(flub.allocate(allocate(other, rank=3), NOW + 2)).payload["incarnation"] == 2
+    )
+
+
+def test_a_release_after_the_joiner_came_online_changes_nothing() -> None:
+    table = started("kary:2", 3, launched=1)
+    flub = flub_at_rank0(table)
+    key = generate_keypair()[0]
+    flub.allocate(allocate(key, rank=1), NOW)
+    bring_up(table, [1])
+    refused = only_response(flub.release(release(1, 1, key), NOW))
+    assert refused.errnum == errno.EPERM and "rank 1 is online" in refused.errstr
+    assert table.entry(1).state is RankState.ONLINE
+
+
+def test_one_connection_holds_a_bounded_number_of_reservations() -> None:
+    table = started("kary:2", 12, launched=1)
+    flub = flub_at_rank0(table)
+    cap = RESERVATIONS_PER_CONNECTION
+    hostile = ["l0a", "c1"]  # a client of rank 1's socket
+    keys = [generate_keypair()[0] for _ in range(cap + 1)]
+    granted = [
+        flub.allocate(request("flub.allocate", _ask(k), route=hostile), NOW) for k in keys[:cap]
+    ]
+    assert all(_granted(actions) for actions in granted)
+    refused = only_response(
+        flub.allocate(request("flub.allocate", _ask(keys[cap]), route=hostile), NOW)
+    )
+    assert refused.errnum == errno.EAGAIN
+    assert f"this connection already holds {cap} reservations" in refused.errstr
+    assert table.entry(cap + 1).state is RankState.VACANT  # nothing was reserved for it
+    # the same key asking again is a repeat, not a new reservation
+    repeat = flub.allocate(request("flub.allocate", _ask(keys[0]), route=hostile), NOW)
+    assert _granted(repeat)
+    # another connection (same hop id, at another broker) is counted apart
+    elsewhere = flub.allocate(request("flub.allocate", _ask(keys[cap]), route=["l0a", "c2"]), NOW)
+    assert _granted(elsewhere)
+    # a slot frees when a reservation ends: online, released, expired
+    bring_up(table, [1])
+    fifth = generate_keypair()[0]
+    assert _granted(flub.allocate(request("flub.allocate", _ask(fifth), route=hostile), NOW))
+    flub.release(release(2, 1, keys[1]), NOW)
+    sixth = generate_keypair()[0]
+    assert _granted(flub.allocate(request("flub.allocate", _ask(sixth), route=hostile), NOW))
+    full = only_response(
+        flub.allocate(request("flub.allocate", _ask(generate_keypair()[0]), route=hostile), NOW)
+    )
+    assert full.errnum == errno.EAGAIN
+    flub.expire(NOW + 31)
+    later = request("flub.allocate", _ask(generate_keypair()[0]), route=hostile)
+    assert _granted(flub.allocate(later, NOW + 31))
+    assert flub.held == {tuple(hostile): {(2, 3)}}  # the ended ones are forgotten
+
+
+def test_a_connection_that_goes_frees_its_slots_but_not_its_reservations() -> None:
+    table = started("kary:2", 12, launched=1)
+    flub = flub_at_rank0(table)
+    hostile = ["l0a", "c1"]
+    for _ in range(RESERVATIONS_PER_CONNECTION):
+        flub.allocate(request("flub.allocate", _ask(generate_keypair()[0]), route=hostile), NOW)
+    asked = request("flub.allocate", _ask(generate_keypair()[0]), route=hostile)
+    assert only_response(flub.allocate(asked, NOW)).errnum == errno.EAGAIN
+    assert flub.disconnect(request("client.disconnect", route=["l0b", "c1"]), NOW) == []
+    assert only_response(flub.allocate(asked, NOW)).errnum == errno.EAGAIN  # another client
+    assert flub.disconnect(request("client.disconnect", route=hostile), NOW) == []
+    assert _granted(flub.allocate(asked, NOW))
+    reserved = [e.rank for e in table.entries if e.state is RankState.RESERVED]
+    assert len(reserved) == RESERVATIONS_PER_CONNECTION + 1  # a joiner closes its client early
+
+
+def _granted(actions: list[Action]) -> bool:
+    """A reservation was made: rank 0 ordered the parent, or answered with a grant."""
+    return bool(of_type(actions, Call)) or "rank" in only_response(actions).payload
+
+
+def _ask(key: str) -> dict[str, Any]:
+    return {"public_key": key, "hostname": "joiner", "rank": None}
 
 
 def test_config_rejoin_is_answered_only_to_the_ranks_parent() -> None:

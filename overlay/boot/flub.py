@@ -8,6 +8,8 @@
 2. Otherwise wait for the parent rank to come online (ranks may join in any order), then ask
    rank 0 for the card (`flub.kex`): it has the parent admit the key the same way.
 3. Connect to the parent and say hello like any other broker.
+A joiner that fails between its grant and step 3 gives the reservation back (`flub.release`),
+so that the rank is free at once instead of when its lease runs out.
 docs/flub.md has the whole protocol and its security argument.
 """
 
@@ -26,6 +28,9 @@ from tbon.overlay.connectors.client import Client, RequestError
 from tbon.overlay.state.topology import Topology
 
 log = logging.getLogger("tbon.flub")
+
+RELEASE_TIMEOUT = 5.0
+"""The longest a failed joiner waits for rank 0 to take its reservation back (seconds)."""
 
 INSTANCE_ATTRIBUTES = ("tbon.heartbeat", "tbon.torpid", "tbon.timeout", "broker.join-timeout")
 """Attributes a joiner takes from the instance, so that both ends of a link agree."""
@@ -50,16 +55,20 @@ def flub_wireup(
         with client:
             grant = _allocate(client, requested_rank, hostname, public_key, timeout)
             rank, incarnation = grant["rank"], grant["incarnation"]
-            topology = Topology(grant["topo"], grant["size"])
             log.info("FLUB: reserved rank %d incarnation %d", rank, incarnation)
-            if topology.children(rank):
-                bind(topology, rank)
-            parent = topology.parent(rank)
-            assert parent is not None  # rank 0 is never allocatable
-            card = _card(grant.get("parent_card"))
-            if card is None:
-                _wait_online(client, rank, parent, grant["lease"])
-                card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
+            try:
+                topology = Topology(grant["topo"], grant["size"])
+                if topology.children(rank):
+                    bind(topology, rank)
+                parent = topology.parent(rank)
+                assert parent is not None  # rank 0 is never allocatable
+                card = _card(grant.get("parent_card"))
+                if card is None:
+                    _wait_online(client, rank, parent, grant["lease"])
+                    card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
+            except BaseException:
+                _release(client, rank, incarnation, public_key, timeout)
+                raise
     except RequestError as error:
         raise TbonError(f"FLUB: {error}", exitcodes.INTERNAL) from None
     except TbonError as error:
@@ -90,13 +99,25 @@ def _allocate(
             and _wait_release(client, rank, timeout)
         ):
             return _allocate(client, rank, hostname, public_key, timeout, retry=False)
-        if error.errnum in (errno.ENOSPC, errno.EBUSY, errno.ENOENT):
+        if error.errnum in (errno.ENOSPC, errno.EBUSY, errno.ENOENT, errno.EAGAIN):
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
             raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
         if error.errnum == errno.EPERM:
             raise TbonError(f"FLUB: {error}", exitcodes.REFUSED) from None
         raise
+
+
+def _release(client: Client, rank: int, incarnation: int, public_key: str, timeout: float) -> None:
+    """Give the reservation back at once rather than hold the rank until the lease lapses.
+    Best effort: whatever happens here, the failure that got us here is what counts."""
+    ask = {"rank": rank, "incarnation": incarnation, "public_key": public_key}
+    try:
+        client.rpc("flub.release", ask, nodeid=0, timeout=min(timeout, RELEASE_TIMEOUT))
+    except Exception as error:  # an unreachable, refusing or broken boot server alike
+        log.warning("FLUB: could not release rank %d incarnation %d: %s", rank, incarnation, error)
+    else:
+        log.warning("FLUB: released rank %d incarnation %d", rank, incarnation)
 
 
 def _wait_release(client: Client, rank: int, timeout: float) -> bool:

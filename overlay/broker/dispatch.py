@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.router import Handler
+from tbon.overlay.services.actions import Action
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
@@ -19,6 +20,7 @@ from tbon.overlay.services.retire import RetireService
 from tbon.overlay.services.status import StatusService
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import Message
 
 ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown", "flub.kex"})
 """Topics that a request without a rank sends to rank 0."""
@@ -54,12 +56,20 @@ class Services:
             status=StatusService(table, lifecycle) if table is not None else None,
         )
 
+    def disconnect(self, request: Message, now: float) -> list[Action]:
+        """client.disconnect: the client's jobs and status streams end, and at rank 0 its
+        reservations no longer count against it."""
+        actions = self.exec.disconnect(request, now)
+        if self.status is not None:  # rank 0
+            actions += self.flub.disconnect(request, now)
+        return actions
+
     def handlers(self) -> dict[str, Handler]:
         """Topic -> handler, for the router."""
         table: dict[str, Handler] = {
             "broker.ping": self.ping.ping,
             "broker.info": self.ping.info,
-            "client.disconnect": self.exec.disconnect,
+            "client.disconnect": self.disconnect,
             **{topic: self.exec.handle for topic in EXEC_TOPICS},
             "flub.authorize": self.flub.authorize,
             "flub.revoke": self.flub.revoke,
@@ -72,6 +82,7 @@ class Services:
                 "instance.shutdown": self.ping.shutdown,
                 "flub.allocate": self.flub.allocate,
                 "flub.kex": self.flub.kex,
+                "flub.release": self.flub.release,
                 "config.rejoin": self.flub.rejoin,
                 "retire.rank": self.retire.retire_rank,
                 "retire.progress": self.retire.progress,

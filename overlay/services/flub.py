@@ -31,12 +31,28 @@ from tbon.overlay.services.actions import (
 )
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.trust import from_parent_of, from_rank0
-from tbon.overlay.state.ranktable import CONNECTED, RankState, RankTable, Reboot, Reserve
+from tbon.overlay.state.ranktable import (
+    CONNECTED,
+    RankState,
+    RankTable,
+    Reboot,
+    Release,
+    Reserve,
+)
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
 Card = dict[str, str]
 """What a joiner needs to reach its parent: endpoint, public_key (Z85), hostname."""
+
+Route = tuple[str, ...]
+"""The hops a request came by: at rank 0 they name one client connection (its "l<id>" at the
+broker it is a client of, then that broker's way up), as `client.disconnect` does."""
+
+RESERVATIONS_PER_CONNECTION = 4
+"""How many reservations one client connection may hold at once. A joiner needs one, and
+`tbon expand` runs one broker (one connection) per rank, so this never slows a real join; it
+stops one client from taking every vacancy with throw-away keys (docs/flub.md §5)."""
 
 
 class FlubService:
@@ -58,6 +74,7 @@ class FlubService:
         self.card = card
         self.attributes = attributes
         self.waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
+        self.held: dict[Route, set[tuple[int, int]]] = {}  # rank 0: reservations by connection
 
     # --- rank 0 -------------------------------------------------------------------------------
 
@@ -74,6 +91,19 @@ class FlubService:
             return _fail(request, errno.EINVAL, "flub.allocate: rank must be a whole number")
         if self.lifecycle.stopping:
             return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+        route = tuple(request.route)
+        held = self._held(route)
+        repeat = any(entry.joiner == key for entry in self.table.entries)
+        if len(held) >= RESERVATIONS_PER_CONNECTION and not repeat:
+            why = (
+                f"this connection already holds {len(held)} reservations (ranks "
+                f"{', '.join(str(r) for r, _ in sorted(held))}), the most one client may hold "
+                "until they end"
+            )
+            return [
+                info(f"FLUB: refused a joiner on {host}: {why}"),
+                *_fail(request, errno.EAGAIN, why),
+            ]
         lease = float(self.attributes["broker.join-timeout"])
         grant = self.table.apply(Reserve(key, host, rank, lease), now).reservation
         assert grant is not None  # a Reserve always answers with one
@@ -87,6 +117,7 @@ class FlubService:
                 info(f"FLUB: refused a joiner on {host}: {grant.reason}"),
                 *_fail(request, errnum, grant.reason),
             ]
+        self.held.setdefault(route, set()).add((grant.rank, grant.incarnation))
         actions: list[Action] = []
         if not grant.repeated:
             actions.append(
@@ -157,6 +188,55 @@ class FlubService:
             return [Respond(request.respond(_card(reply)))]
 
         return [self._order_authorize(rank, incarnation, key, then=passed_on)]
+
+    def release(self, request: Message, now: float) -> list[Action]:
+        """A joiner that failed before its hello gives its reservation back: the rank is vacant
+        at once instead of when the lease runs out, and its parent drops the key."""
+        assert self.table is not None
+        payload = request.payload
+        rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
+            return _fail(request, errno.EINVAL, "flub.release needs rank, incarnation, public_key")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if (why := self.table.verify(rank, incarnation, key)) is not None:
+            return [
+                info(f"FLUB: refused to release rank {rank}: {why}"),
+                *_fail(request, errno.EPERM, why),
+            ]
+        host = self.table.entry(rank).host
+        outcome = self.table.apply(Release(rank, incarnation, key), now)
+        if not outcome.applied:  # verify passed, so the table's own row agrees: kept as a guard
+            return _fail(request, errno.EPERM, outcome.reason)
+        self._held(tuple(request.route))  # the released one stops counting at once
+        return [
+            info(f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"),
+            *self.void(rank, incarnation, "the joiner released its reservation"),
+            Respond(request.respond({})),
+        ]
+
+    def disconnect(self, request: Message, now: float) -> list[Action]:
+        """client.disconnect at rank 0: the connection's reservations no longer count against
+        it (they stay reserved until their joiners come online, release them or they expire)."""
+        self.held.pop(tuple(request.route), None)
+        return []
+
+    def _held(self, route: Route) -> set[tuple[int, int]]:
+        """The reservations `route` holds that are still reserved. Every connection's ended
+        ones (online, expired, released, reserved again) are forgotten on the way."""
+        table = self.table
+        assert table is not None
+
+        def current(rank: int, incarnation: int) -> bool:
+            entry = table.entry(rank)
+            return entry.incarnation == incarnation and entry.state is RankState.RESERVED
+
+        for hops in list(self.held):
+            still = {pair for pair in self.held[hops] if current(*pair)}
+            if still:
+                self.held[hops] = still
+            else:
+                del self.held[hops]
+        return self.held.get(route, set())
 
     def _order_authorize(
         self,

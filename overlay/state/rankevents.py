@@ -77,6 +77,17 @@ class Expire(Record):
         self.incarnation = incarnation
 
 
+class Release(Record):
+    """A joiner that failed before its hello gives its reservation back, for `public_key`."""
+
+    __slots__ = __match_args__ = ("rank", "incarnation", "public_key")
+
+    def __init__(self, rank: int, incarnation: int, public_key: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.public_key = public_key
+
+
 class Reboot(Record):
     """A config-booted rank's broker was restarted on its host: the rank takes a new
     incarnation (the ended one is `incarnation`) and stays offline until it is welcomed."""
@@ -88,8 +99,9 @@ class Reboot(Record):
         self.incarnation = incarnation
 
 
-Event = Online | Lost | Departed | Torpid | Expire | Retire | Reboot
-"""What brokers report about a rank (they travel up the tree to rank 0)."""
+Event = Online | Lost | Departed | Torpid | Expire | Release | Retire | Reboot
+"""What brokers report about a rank (they travel up the tree to rank 0), and what rank 0 decides
+itself (Expire, Release, Retire, Reboot)."""
 
 
 class Reserve(Record):

@@ -33,6 +33,8 @@ leaves the phase and `since` as they were: a repeat, or the torpid flag.
 - Retire: an online rank other than rank 0, whose children are none of them online, reserved or
   retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
 - Expire: a reserved rank whose lease has run out becomes vacant and shows its old host again.
+- Release: its joiner failed before its hello and gives the reservation back, naming the key
+  it was made for: the rank becomes vacant at once, as on Expire. The incarnation stays raised.
 - Reboot: a config rank's broker was restarted and is at its parent's door. If the rank was
   online in this incarnation (CONFIG_DOWN), it takes a new one; if not, the current one serves.
 - Reserve (a joiner asks FLUB). The key is checked first, across the table: a barred key never
@@ -65,6 +67,7 @@ from tbon.overlay.state.rankevents import (
     Online,
     Outcome,
     Reboot,
+    Release,
     Reservation,
     Reserve,
     Retire,
@@ -101,6 +104,7 @@ __all__ = [
     "RankState",
     "RankTable",
     "Reboot",
+    "Release",
     "Reservation",
     "Reserve",
     "Retire",
@@ -179,6 +183,13 @@ def lease_over(table: RankTable, entry: RankEntry, event: Expire, now: float) ->
     return f"rank {entry.rank}'s reservation has {entry.lease.until - now:.1f}s left"
 
 
+def same_joiner(table: RankTable, entry: RankEntry, event: Release, now: float) -> str | None:
+    """Only the key a reservation was made for may give it back."""
+    if entry.joiner == event.public_key:
+        return None
+    return f"rank {entry.rank} is reserved for another key"
+
+
 def parent_not_retiring(
     table: RankTable, entry: RankEntry, event: Reserve, now: float
 ) -> str | None:
@@ -213,7 +224,9 @@ def lease(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> tup
     return ()
 
 
-def unlease(table: RankTable, entry: RankEntry, event: Expire, now: float) -> tuple[int, ...]:
+def unlease(
+    table: RankTable, entry: RankEntry, event: Expire | Release, now: float
+) -> tuple[int, ...]:
     if entry.lease is not None:
         entry.host = entry.lease.host_before
     return ()
@@ -306,6 +319,8 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.RETIRED, Retire): Rule(None, note="rank {rank} is already retired"),
     # Expire: the lease ran out before the joiner's hello
     (Phase.RESERVED, Expire): Rule(Phase.VACANT, (lease_over,), (unlease,)),
+    # Release: the joiner failed before its hello and gives the rank back
+    (Phase.RESERVED, Release): Rule(Phase.VACANT, (same_joiner,), (unlease,)),
     # Reboot: a config rank's broker was restarted on its host
     (Phase.CONFIG_BOOTING, Reboot): Rule(None),
     (Phase.CONFIG_DOWN, Reboot): Rule(Phase.CONFIG_BOOTING, effects=(renew,)),
@@ -337,6 +352,7 @@ REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
         else f"rank {e.rank} is {e.state}: nothing to retire"
     ),
     Expire: lambda e: f"rank {e.rank} is {e.state}, not reserved",
+    Release: lambda e: f"rank {e.rank} is {e.state}, not reserved",
     Reboot: _reboot_refusal,
     Reserve: lambda e: f"rank {e.rank} is taken: {describe(e)}",
 }
