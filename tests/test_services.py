@@ -663,4 +663,20 @@ def test_a_vanished_clients_jobs_are_killed_everywhere() -> None:
     assert send.message.payload == {"id": "j1", "signal": int(signal.SIGKILL), "targets": [0, 3]}
     assert service.client_gone("l0a") == []
     gone = service.disconnect(request("client.disconnect", route=["l0a", "c1"]), NOW)
-    assert gone == [KillJobsFrom(("l0a", "c1")), ForgetWatches(("l0a", "c1"))]
+    assert gone == [KillJobsFrom(("l0a", "c1"))]
+
+
+def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_rank0() -> None:
+    from tbon.overlay.broker.attributes import broker_config
+    from tbon.overlay.broker.dispatch import Services
+
+    table = started("kary:2", 4)
+    me = Whoami(0, "node0", 1, "local:///x", "tcp://h:1", "K" * 40)
+    root = Services.build(me, broker_config({}), table.topology, table, Lifecycle())
+    leaf = Services.build(me, broker_config({}), table.topology, None, Lifecycle())
+    gone = request("client.disconnect", route=["l0a", "c1"])
+    assert root.handlers()["client.disconnect"](gone, NOW) == [
+        KillJobsFrom(("l0a", "c1")),
+        ForgetWatches(("l0a", "c1")),
+    ]
+    assert leaf.handlers()["client.disconnect"](gone, NOW) == [KillJobsFrom(("l0a", "c1"))]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.router import Handler
-from tbon.overlay.services.actions import Action
+from tbon.overlay.services.actions import Action, ForgetWatches
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
@@ -61,6 +61,7 @@ class Services:
         reservations no longer count against it."""
         actions = self.exec.disconnect(request, now)
         if self.status is not None:  # rank 0
+            actions.append(ForgetWatches(tuple(request.route)))
             actions += self.flub.disconnect(request, now)
         return actions
 

@@ -16,7 +16,6 @@ from typing import Any
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
-    ForgetWatches,
     Forward,
     KillJobsFrom,
     Respond,
@@ -112,9 +111,8 @@ class ExecService:
 
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect: the client whose answers travel along this route has gone. Its
-        jobs here are killed, and at rank 0 its status streams end too."""
-        route = tuple(request.route)
-        return [KillJobsFrom(route), ForgetWatches(route)]
+        jobs here are killed."""
+        return [KillJobsFrom(tuple(request.route))]
 
 
 def unreachable(target: int, hop: int) -> str:

@@ -207,7 +207,6 @@ class FlubService:
         outcome = self.table.apply(Release(rank, incarnation, key), now)
         if not outcome.applied:  # verify passed, so the table's own row agrees: kept as a guard
             return _fail(request, errno.EPERM, outcome.reason)
-        self._held(tuple(request.route))  # the released one stops counting at once
         return [
             info(f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"),
             *self.void(rank, incarnation, "the joiner released its reservation"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tbon import exitcodes
-from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.parse.numbers import is_int, is_number
 from tbon.overlay.services.actions import (
     Action,
     Call,
@@ -66,9 +66,7 @@ class RetireService:
         rank, force, timeout = payload.get("rank"), payload.get("force"), payload.get("timeout")
         if not is_int(rank) or not isinstance(force, bool):
             return [Respond(request.fail(errno.EINVAL, "retire.rank needs rank and force"))]
-        if timeout is not None and (
-            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0
-        ):
+        if timeout is not None and (not is_number(timeout) or timeout < 0):
             why = "retire.rank: timeout must be seconds, or null"
             return [Respond(request.fail(errno.EINVAL, why))]
         assert isinstance(rank, int)
@@ -232,7 +230,3 @@ class Draining:
     def _tell_rank0(self, news: dict[str, Any]) -> Send:
         payload = {"rank": self.rank, "incarnation": self.incarnation, **news}
         return Send(Message(Kind.REQUEST, "retire.progress", payload, nodeid=0))
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
