@@ -155,21 +155,34 @@ class Fanout:
     exits: dict[int, float]  # rank -> exec.start sent -> its exit received
 
 
+try:
+    from tbon.overlay.services.flow import MESSAGE_COST as _MESSAGE_COST
+    from tbon.overlay.services.flow import output_window as _window
+except ImportError:  # a tbon from before flow control (benchmarks/compare.py)
+    _MESSAGE_COST = 0
+
+    def _window(targets: int) -> int:
+        return 0
+
+
 def online_ranks(client: Any) -> list[int]:
     status = client.rpc("status.get", nodeid=0)
     return [e["rank"] for e in status["ranks"] if e["state"] == "online"]
 
 
 def fan_out(client: Any, argv: Sequence[str], targets: Sequence[int]) -> Fanout:
-    """exec.start as cli/exec.py sends it; wait for every target's exit (each must be 0)."""
+    """exec.start as cli/exec.py sends it; wait for every target's exit (each must be 0).
+    Output is discarded, and credited back as the CLI does once it has written it."""
     clock = time.perf_counter
     pending = set(targets)
     received = 0
     exits: dict[int, float] = {}
+    window, owed = _window(len(targets)), dict.fromkeys(targets, 0)
+    job = uuid.uuid4().hex
     started = clock()
     tag = client.send(
         "exec.start",
-        {"id": uuid.uuid4().hex, "argv": list(argv), "cwd": None, "targets": list(targets)},
+        {"id": job, "argv": list(argv), "cwd": None, "targets": list(targets), "window": window},
         nodeid=0,
     )
     deadline = time.monotonic() + RUN_DEADLINE_S
@@ -183,8 +196,15 @@ def fan_out(client: Any, argv: Sequence[str], targets: Sequence[int]) -> Fanout:
         if reply.errnum:
             raise RuntimeError(f"exec.start failed: {reply.errstr}")
         payload = reply.payload
-        if "data" in payload:
+        if "data" in payload:  # a tbon from before the data frame (benchmarks/compare.py)
             received += len(payload["data"])
+        elif "stream" in payload:
+            received += len(reply.data)
+            rank = payload["rank"]
+            owed[rank] += len(reply.data) + _MESSAGE_COST
+            if owed[rank] * 4 >= window:
+                client.send("exec.credit", {"id": job, "bytes": owed[rank]}, nodeid=rank)
+                owed[rank] = 0
         elif "exit" in payload:
             if payload["exit"] != 0:
                 raise RuntimeError(f"rank {payload['rank']} exited {payload['exit']}")

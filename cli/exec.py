@@ -8,7 +8,6 @@ lines, as it is produced. The cost grows with the tree's depth, not with the num
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import sys
 import uuid
@@ -31,7 +30,7 @@ class Outcome:
     pending: set[int]
     status: dict[int, int] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
-    output: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+    output: dict[int, dict[str, list[bytes]]] = field(default_factory=dict)
 
     def exit_status(self) -> int:
         worst = max(self.status.values(), default=0)
@@ -100,14 +99,19 @@ def register(app: typer.Typer) -> None:
                             "rank": rank,
                             "status": outcome.status.get(rank),
                             "error": outcome.errors.get(rank),
-                            "stdout": "".join(outcome.output.get(rank, {}).get("stdout", [])),
-                            "stderr": "".join(outcome.output.get(rank, {}).get("stderr", [])),
+                            "stdout": _text(outcome.output.get(rank, {}).get("stdout", [])),
+                            "stderr": _text(outcome.output.get(rank, {}).get("stderr", [])),
                         }
                         for rank in sorted(set(outcome.status) | set(outcome.errors))
                     ],
                 }
             )
         raise typer.Exit(outcome.exit_status())
+
+
+def _text(chunks: list[bytes]) -> str:
+    """Output as JSON text: bytes that are not UTF-8 as U+DC80-U+DCFF (surrogateescape)."""
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
 
 
 def _split(words: list[str]) -> tuple[str | None, list[str]]:
@@ -157,52 +161,128 @@ def _run(
     as_json: bool,
     outcome: Outcome,
 ) -> None:
+    """Start the command, then pass output, input, signals and credit until every rank is done.
+
+    Output is written as it comes and credited back once written (flow.py), so a reader that
+    stops stops the jobs, as with ssh. Input is read only while every rank taking it has room."""
+    from tbon.overlay.services.flow import StdinRoom, output_window
+
     job = uuid.uuid4().hex
-    tag = client.send(
-        "exec.start", {"id": job, "argv": command, "cwd": directory, "targets": targets}, nodeid=0
-    )
+    window = output_window(len(targets))
+    start = {"id": job, "argv": command, "cwd": directory, "targets": targets, "window": window}
+    tag = client.send("exec.start", start, nodeid=0)
     watch = client.send("status.watch", {}, nodeid=0)
+    streams = Streams(client, job, window, label, as_json, outcome, StdinRoom.for_ranks(targets))
 
     def forward(signum: int, _frame: object) -> None:
         client.send("exec.signal", {"id": job, "signal": signum, "targets": targets}, nodeid=0)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    selector = selectors.DefaultSelector()
     stdin = _stdin_fd()
-    always_ready = False  # a file or /dev/null: epoll refuses them, and they never block
-    if stdin is not None:
-        try:
-            selector.register(stdin, selectors.EVENT_READ)
-        except PermissionError:
-            always_ready = True
     shutdown_said = False
     try:
         while outcome.pending:
-            if stdin is not None and (always_ready or selector.select(0)):
-                stdin = _pass_stdin(client, job, targets, stdin, selector)
-            reply = client.receive(0.05 if stdin is not None else 1.0)
-            if reply is None:
-                continue
-            if reply.tag == tag:
-                _answer(reply.payload, outcome, label, as_json)
-            elif reply.tag == watch and not reply.errnum:
-                for entry in reply.payload["ranks"]:
-                    rank = entry["rank"]
-                    # A retiring broker still runs what it started: its jobs finish first.
-                    if rank in outcome.pending and entry["state"] not in ("online", "retiring"):
-                        outcome.pending.discard(rank)
-                        outcome.errors[rank] = f"lost its broker while running ({entry['state']})"
-                        if not as_json:
-                            print(
-                                f"tbon exec: rank {rank}: {outcome.errors[rank]}", file=sys.stderr
-                            )
-            elif reply.tag == watch and not shutdown_said:
-                shutdown_said = True  # the jobs are being stopped; their exits still come
-                print(f"tbon exec: {reply.errstr}", file=sys.stderr)
+            wanted = [stdin] if stdin is not None and streams.stdin.available() > 0 else []
+            _, readable = client.wait(wanted, None)
+            if readable:
+                stdin = streams.pass_stdin(stdin)
+            while outcome.pending and (reply := client.receive(0)) is not None:
+                if reply.tag == tag:
+                    streams.answer(reply)
+                elif reply.tag == watch and not reply.errnum:
+                    _note_lost(reply.payload, outcome, as_json)
+                elif reply.tag == watch and not shutdown_said:
+                    shutdown_said = True  # the jobs are being stopped; their exits still come
+                    print(f"tbon exec: {reply.errstr}", file=sys.stderr)
+            if stdin is None and streams.stdin.ranks and not streams.eof_sent:
+                streams.send_eof()
+    except BrokenPipeError:
+        raise typer.Exit(128 + signal.SIGPIPE) from None  # as a shell's pipeline: the jobs die
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        selector.close()
+
+
+@dataclass
+class Streams:
+    """One exec's streams on the client's side: output written and credited back, input sent
+    within the room the ranks have."""
+
+    client: Any
+    job: str
+    window: int
+    label: bool
+    as_json: bool
+    outcome: Outcome
+    stdin: Any  # flow.StdinRoom
+    returns: dict[int, Any] = field(default_factory=dict)  # rank -> flow.Returns
+    eof_sent: bool = False
+
+    def answer(self, reply: Any) -> None:
+        payload = reply.payload
+        rank = payload.get("rank")
+        if not isinstance(rank, int) or rank not in self.outcome.pending:
+            return
+        if "stream" in payload:
+            self._write(rank, str(payload["stream"]), reply.data)
+        elif "stdin" in payload:
+            amount = payload["stdin"]
+            if isinstance(amount, int):
+                self.stdin.read(rank, amount)
+        elif "stdin_closed" in payload:
+            self.stdin.done(rank)
+        else:
+            self.stdin.done(rank)
+            _answer(payload, self.outcome, self.as_json)
+
+    def _write(self, rank: int, stream: str, data: bytes | memoryview) -> None:
+        from tbon.overlay.services.flow import MESSAGE_COST, Returns
+
+        size = len(data)
+        if self.as_json:
+            self.outcome.output.setdefault(rank, {}).setdefault(stream, []).append(bytes(data))
+        else:
+            if self.label:
+                lines = bytes(data).split(b"\n")  # newlines only: \r and friends stay inside a line
+                ends = [line + b"\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+                prefix = f"{rank}: ".encode()
+                data = b"".join(prefix + line for line in ends)
+            out = sys.stderr if stream == "stderr" else sys.stdout
+            out.buffer.write(data)
+            out.flush()
+        returns = self.returns.get(rank)
+        if returns is None:
+            returns = self.returns[rank] = Returns(self.window)
+        if owed := returns.consumed(size + MESSAGE_COST):
+            self.client.send("exec.credit", {"id": self.job, "bytes": owed}, nodeid=rank)
+
+    def pass_stdin(self, fd: int) -> int | None:
+        """Send what stdin has, as much as every rank has room for; at EOF, None."""
+        from tbon.overlay.services.flow import CHUNK
+
+        data = os.read(fd, min(CHUNK, self.stdin.available()))
+        if not data:
+            return None
+        self.stdin.sent(len(data))
+        payload = {"id": self.job, "targets": self.stdin.ranks}
+        self.client.send("exec.stdin", payload, nodeid=0, data=data)
+        return fd
+
+    def send_eof(self) -> None:
+        self.eof_sent = True
+        payload = {"id": self.job, "targets": self.stdin.ranks, "eof": True}
+        self.client.send("exec.stdin", payload, nodeid=0)
+
+
+def _note_lost(status: dict[str, Any], outcome: Outcome, as_json: bool) -> None:
+    for entry in status["ranks"]:
+        rank = entry["rank"]
+        # A retiring broker still runs what it started: its jobs finish first.
+        if rank in outcome.pending and entry["state"] not in ("online", "retiring"):
+            outcome.pending.discard(rank)
+            outcome.errors[rank] = f"lost its broker while running ({entry['state']})"
+            if not as_json:
+                print(f"tbon exec: rank {rank}: {outcome.errors[rank]}", file=sys.stderr)
 
 
 def _stdin_fd() -> int | None:
@@ -213,45 +293,12 @@ def _stdin_fd() -> int | None:
     return fd
 
 
-def _pass_stdin(
-    client: Any, job: str, targets: list[int], fd: int, selector: selectors.BaseSelector
-) -> int | None:
-    """Send what stdin has to every process; at EOF, close theirs and stop reading ours."""
-    data = os.read(fd, 64 * 1024)
-    client.send(
-        "exec.stdin",
-        {
-            "id": job,
-            "targets": targets,
-            "data": data.decode("utf-8", "surrogateescape"),
-            "eof": not data,
-        },
-        nodeid=0,
-    )
-    if data:
-        return fd
-    if fd in selector.get_map():
-        selector.unregister(fd)
-    return None
-
-
-def _answer(payload: dict[str, Any], outcome: Outcome, label: bool, as_json: bool) -> None:
+def _answer(payload: dict[str, Any], outcome: Outcome, as_json: bool) -> None:
+    """A rank's last word: its exit status, or why it could not run."""
     rank = payload.get("rank")
     if not isinstance(rank, int) or rank not in outcome.pending:
         return
-    if "data" in payload:
-        stream, data = payload.get("stream", "stdout"), str(payload["data"])
-        if as_json:
-            outcome.output.setdefault(rank, {}).setdefault(stream, []).append(data)
-            return
-        if label:
-            lines = data.split("\n")  # newlines only: \r and friends stay inside a line
-            ends = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-            data = "".join(f"{rank}: {line}" for line in ends)
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        out.buffer.write(data.encode("utf-8", "surrogateescape"))
-        out.flush()
-    elif "exit" in payload:
+    if "exit" in payload:
         outcome.status[rank] = int(payload["exit"])
         outcome.pending.discard(rank)
         if "note" in payload and not as_json:

@@ -60,6 +60,7 @@ def messages(draw: st.DrawFn) -> Message:
         errstr=draw(st.text(max_size=30)) if errnum else "",
         streaming=draw(st.booleans()),
         version=draw(st.integers(1, 10)),
+        data=draw(st.binary(max_size=64)),
     )
 
 
@@ -78,7 +79,7 @@ def good(**overrides: Any) -> dict[str, Any]:
 @settings(max_examples=200, deadline=None)
 def test_round_trip(message: Message) -> None:
     frames = encode(message)
-    assert len(frames) == 2
+    assert len(frames) == (3 if message.data else 2)
     assert all(isinstance(frame, bytes) for frame in frames)
     assert decode(frames) == message
     # and decoding is stable: re-encoding the decoded message gives the same bytes
@@ -191,7 +192,9 @@ def test_respond_without_payload_is_empty() -> None:
     [
         [],
         [header(**good())],
-        [header(**good()), b"", b""],
+        [header(**good()), b"", b""],  # a data frame is never empty
+        [header(**good()), b"", b"x", b"y"],
+        [header(**good()), b"", b"x" * (4 * 1024 * 1024)],
         [b"", b""],
         [b"not json", b""],
         [b"\xff\xfe\x00", b""],
@@ -273,6 +276,14 @@ def test_utf8_text_decodes() -> None:
     message = decode([header(**good(t="t\u00e9")), '{"x":"\u00e9\u20ac\U0001f600"}'.encode()])
     assert message.topic == "t\u00e9"
     assert message.payload == {"x": "\u00e9\u20ac\U0001f600"}
+
+
+def test_the_data_frame_carries_bytes_as_they_are() -> None:
+    """`tbon exec` moves output and input in a third frame: any bytes, not JSON."""
+    raw = b"\xff\xfe\x00 raw\n" * 1000
+    frames = encode(Message(Kind.RESPONSE, "exec.start", {"rank": 1}, data=raw))
+    assert frames[2] == raw
+    assert decode(frames).data == raw
 
 
 def test_bytes_that_are_not_utf8_travel_as_surrogate_escapes() -> None:
@@ -404,7 +415,7 @@ def test_limit_is_four_mebibytes() -> None:
 @given(messages(), st.sampled_from(["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"]))
 @FAST
 def test_a_good_message_in_another_encoding_is_refused(message: Message, encoding: str) -> None:
-    head, body = encode(message)
+    head, body = encode(message)[:2]
     with pytest.raises(MessageError):
         decode([head.decode().encode(encoding), body])
 

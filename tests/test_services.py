@@ -19,6 +19,7 @@ from tbon.overlay.services.actions import (
     Call,
     ForgetWatches,
     Forward,
+    GrantCredit,
     KillAllJobs,
     KillJobsFrom,
     Leave,
@@ -638,12 +639,30 @@ def test_exec_ignores_targets_outside_its_subtree_and_refuses_bad_ones() -> None
 
 
 def test_stdin_and_signals_reach_the_job_and_odd_signals_do_not() -> None:
-    stdin = request("exec.stdin", {"id": "j1", "data": "x\n", "eof": True, "targets": [0]})
-    assert exec_at(0).handle(stdin, NOW) == [WriteStdin("j1", "x\n", True)]
+    stdin = request("exec.stdin", {"id": "j1", "eof": True, "targets": [0, 3]})
+    stdin.data = b"x\n\xff"
+    actions = exec_at(0).handle(stdin, NOW)
+    assert WriteStdin("j1", b"x\n\xff", True) in actions
+    [down] = of_type(actions, Forward)  # the bytes go down the tree with the request
+    assert down.message.data == b"x\n\xff" and down.message.payload["targets"] == [3]
     kill = request("exec.signal", {"id": "j1", "signal": 9, "targets": [0]})
     assert exec_at(0).handle(kill, NOW) == [SignalJob("j1", 9)]
     odd = request("exec.signal", {"id": "j1", "signal": 999, "targets": [0]})
     assert exec_at(0).handle(odd, NOW) == []
+
+
+def test_credit_goes_to_the_job_and_a_bad_grant_is_dropped() -> None:
+    grant = request("exec.credit", {"id": "j1", "bytes": 4096})
+    assert exec_at(0).credit(grant, NOW) == [GrantCredit("j1", 4096)]
+    for payload in (
+        {"id": "j1", "bytes": 0},
+        {"id": "j1", "bytes": -5},
+        {"id": 3, "bytes": 9},
+        {"id": "j1", "bytes": True},
+        {"id": "j1", "bytes": 1.5},
+        {},
+    ):
+        assert exec_at(0).credit(request("exec.credit", payload), NOW) == []
 
 
 def test_a_retiring_or_stopping_broker_takes_no_new_work() -> None:

@@ -96,6 +96,19 @@ def test_exec_start_with_an_argv_the_system_cannot_take_is_refused(local, argv: 
     assert inst.status()["ranks"][0]["state"] == "online"
 
 
+def exec_answers(dealer) -> list[dict]:
+    """A raw client's exec answers up to the exit; a data frame, if any, as "data" (bytes)."""
+    answers: list[dict] = []
+    while not any("exit" in a for a in answers):
+        assert dealer.poll(int(DEADLINE * 1000)), answers
+        frames = dealer.recv_multipart()
+        answer = json.loads(frames[1])
+        if len(frames) == 3:
+            answer["data"] = frames[2]
+        answers.append(answer)
+    return answers
+
+
 def test_a_good_cwd_and_a_null_one_still_run(local, tmp_path) -> None:
     _inst, dealer = local
     for job, cwd in (("here", str(tmp_path)), ("default", None)):
@@ -104,13 +117,10 @@ def test_a_good_cwd_and_a_null_one_still_run(local, tmp_path) -> None:
             json.dumps({"targets": [0], "id": job, "argv": ["pwd"], "cwd": cwd}).encode(),
         ]
         dealer.send_multipart(frames)
-        answers = []
-        while not any("exit" in a for a in answers):
-            assert dealer.poll(int(DEADLINE * 1000)), answers
-            answers.append(json.loads(dealer.recv_multipart()[1]))
+        answers = exec_answers(dealer)
         assert answers[-1] == {"rank": 0, "exit": 0}
         if cwd is not None:
-            assert answers[0] == {"rank": 0, "stream": "stdout", "data": f"{cwd}\n"}
+            assert answers[0] == {"rank": 0, "stream": "stdout", "data": f"{cwd}\n".encode()}
 
 
 def test_a_path_that_is_not_there_is_named_as_tbon_exec_names_it(local) -> None:
@@ -120,15 +130,11 @@ def test_a_path_that_is_not_there_is_named_as_tbon_exec_names_it(local) -> None:
         json.dumps({"targets": [0], "id": "gone", "argv": ["bogus://x"], "cwd": None}).encode(),
     ]
     dealer.send_multipart(frames)
-    answers = []
-    while not any("exit" in a for a in answers):
-        assert dealer.poll(int(DEADLINE * 1000)), answers
-        answers.append(json.loads(dealer.recv_multipart()[1]))
-    assert answers == [
+    assert exec_answers(dealer) == [
         {
             "rank": 0,
             "stream": "stderr",
-            "data": "tbon exec: bogus://x: No such file or directory\n",
+            "data": b"tbon exec: bogus://x: No such file or directory\n",
         },
         {"rank": 0, "exit": 127},
     ]

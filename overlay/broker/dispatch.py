@@ -72,6 +72,7 @@ class Services:
             "broker.info": self.ping.info,
             "client.disconnect": self.disconnect,
             **{topic: self.exec.handle for topic in EXEC_TOPICS},
+            "exec.credit": self.exec.credit,
             "flub.authorize": self.flub.authorize,
             "flub.revoke": self.flub.revoke,
             "retire.order": self.retire.order,

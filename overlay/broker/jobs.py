@@ -1,15 +1,19 @@
 """The processes `tbon exec` runs on this broker: their pipes, their input, their end.
 
-Output is sent as soon as it is read, but only in whole lines (a line longer than CHUNK is sent in
-pieces), so that labels from many ranks never cut a line in two. A job's exit is sent only after
-both its pipes are drained, so it always comes last. Pipes are non-blocking and watched by the
-broker's poller: a command that floods its output or ignores its input never stalls the broker.
+Output is sent as soon as it is read, but only in whole lines (a line longer than a chunk is sent
+in pieces), so that labels from many ranks never cut a line in two. It is read only while the
+client's window has credit (overlay/services/flow.py): when the client stops reading, the job's
+pipes fill and the job blocks on write, and nothing piles up here. Input is taken up to a window
+too, and credited back as the job reads it. A job's exit is sent only after both its pipes are
+drained, so it always comes last. Pipes are non-blocking and watched by the broker's poller: a
+command that floods its output or ignores its input never stalls the broker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import logging
 import os
@@ -20,11 +24,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.overlay.broker.program import program_environment
+from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.services.flow import (
+    CHUNK,
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
+    MESSAGE_COST,
+    MIN_WINDOW,
+    STDIN_WINDOW,
+    Window,
+)
 from tbon.overlay.wire.message import Message
 
 log = logging.getLogger("tbon.exec")
 
-CHUNK = 64 * 1024
+F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
 
 
 @functools.cache
@@ -47,10 +61,14 @@ class Job:
     id: str
     request: Message  # exec.start as it reached this broker: answers go back along its route
     process: subprocess.Popen[bytes]
+    window: Window  # output credit: the client's window, both streams together
     streams: dict[int, str] = field(default_factory=dict)  # open output fd -> stdout/stderr
     partial: dict[str, bytes] = field(default_factory=dict)
+    paused: bool = False  # output fds unwatched: the window is spent
+    unmetered: bool = False  # its client has gone: read (and drop) freely so that it can end
     stdin: bytearray = field(default_factory=bytearray)
     stdin_eof: bool = False
+    stdin_read: int = 0  # bytes the job took from its stdin since the last credit sent back
     status: int | None = None
     note: str = ""  # why the broker ended it, told to the client with its exit status
 
@@ -99,18 +117,12 @@ class JobRunner:
             return request.fail(errno.EINVAL, "exec.start: bad argv or a duplicate id")
         if cwd is not None and not _os_text(cwd):
             return request.fail(errno.EINVAL, "exec.start: cwd must be a directory's path or null")
+        window = payload.get("window", DEFAULT_WINDOW)
+        if not is_int(window) or not MIN_WINDOW <= window <= MAX_WINDOW:
+            why = f"exec.start: window must be a number of bytes from {MIN_WINDOW} to {MAX_WINDOW}"
+            return request.fail(errno.EINVAL, why)
         if cwd is not None and not os.path.isdir(cwd):
-            self.send(
-                request.respond(
-                    {
-                        "rank": self.rank,
-                        "stream": "stderr",
-                        "data": f"tbon exec: {cwd}: no such directory\n",
-                    },
-                    streaming=True,
-                )
-            )
-            self.send(request.respond({"rank": self.rank, "exit": 126}, streaming=True))
+            self._cannot_start(request, f"tbon exec: {cwd}: no such directory\n", 126)
             return None
         env = program_environment(self.uri, self.rank)
         try:
@@ -136,66 +148,109 @@ class JobRunner:
         except OSError as error:
             code = 127 if isinstance(error, FileNotFoundError) else 126
             where = f" in {cwd}" if cwd is not None else ""
-            self.send(
-                request.respond(
-                    {
-                        "rank": self.rank,
-                        "stream": "stderr",
-                        "data": f"tbon exec: {argv[0]}{where}: {error.strerror}\n",
-                    },
-                    streaming=True,
-                )
-            )
-            self.send(request.respond({"rank": self.rank, "exit": code}, streaming=True))
+            self._cannot_start(request, f"tbon exec: {argv[0]}{where}: {error.strerror}\n", code)
             return None
-        job = Job(job_id, request, process)
+        job = Job(job_id, request, process, Window.full(window))
         self.jobs[job_id] = job
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             assert pipe is not None
             fd = pipe.fileno()
             os.set_blocking(fd, False)
+            with contextlib.suppress(OSError):  # a bigger pipe: fewer, larger messages
+                fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
             job.streams[fd] = name
             job.partial[name] = b""
-            self.watch(fd, False, lambda fd=fd, job=job: self._readable(job, fd))
+        self._watch_output(job)
         assert process.stdin is not None
         os.set_blocking(process.stdin.fileno(), False)
         return None
 
+    def _cannot_start(self, request: Message, why: str, code: int) -> None:
+        """What a shell would say on stderr, then the exit status it would give."""
+        said = request.respond({"rank": self.rank, "stream": "stderr"}, streaming=True)
+        said.data = why.encode("utf-8", "surrogateescape")
+        self.send(said)
+        self.send(request.respond({"rank": self.rank, "exit": code}, streaming=True))
+
+    # --- output, within the client's window ------------------------------------------------
+
+    def _watch_output(self, job: Job) -> None:
+        job.paused = False
+        for fd in job.streams:
+            self.watch(fd, False, lambda fd=fd, job=job: self._readable(job, fd))
+
+    def _pause(self, job: Job) -> None:
+        """The window is spent: stop reading, so the job's pipes fill and it blocks."""
+        job.paused = True
+        for fd in job.streams:
+            self.unwatch(fd)
+
     def _readable(self, job: Job, fd: int) -> None:
         name = job.streams[fd]
+        if not job.window.open and not job.unmetered:
+            self._pause(job)
+            return
+        want = CHUNK if job.unmetered else min(CHUNK, job.window.credit)
         try:
-            data = os.read(fd, CHUNK)
+            data = os.read(fd, want)
         except BlockingIOError:
             return
         except OSError:
             data = b""
-        if data:
-            self._emit(job, name, job.partial[name] + data, final=False)
+        if not data:
+            self._emit(job, name, job.partial[name], final=True)
+            self.unwatch(fd)
+            del job.streams[fd]
+            self._maybe_finish(job)
             return
-        self._emit(job, name, job.partial[name], final=True)
-        self.unwatch(fd)
-        del job.streams[fd]
-        self._maybe_finish(job)
+        job.window.spend(len(data))
+        spent = not job.window.open and not job.unmetered
+        # A spent window sends what it has, cut line or not: the rest waits for credit, and
+        # a line held back could wait for ever.
+        self._emit(job, name, job.partial[name] + data, final=spent)
+        if spent:
+            for other, pending in job.partial.items():
+                if pending:
+                    self._emit(job, other, pending, final=True)
+            self._pause(job)
 
     def _emit(self, job: Job, name: str, pending: bytes, final: bool) -> None:
-        """Send the whole lines of `pending` (all of it at EOF); keep the rest for later."""
+        """Send the whole lines of `pending` (all of it if `final`); keep the rest for later."""
         cut = len(pending) if final else pending.rfind(b"\n") + 1
         if not final and cut == 0 and len(pending) >= CHUNK:
             cut = len(pending)  # a line too long to hold back
         if cut:
-            text = pending[:cut].decode("utf-8", "surrogateescape")
-            self.send(
-                job.request.respond(
-                    {"rank": self.rank, "stream": name, "data": text}, streaming=True
-                )
-            )
+            message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
+            message.data = pending[:cut]
+            job.window.spend(MESSAGE_COST)
+            self.send(message)
         job.partial[name] = pending[cut:]
 
-    def write_stdin(self, job_id: str, data: str, eof: bool) -> None:
+    def grant(self, job_id: str, amount: int) -> None:
+        """Credit the client gave back: read again if the window had been spent."""
         job = self.jobs.get(job_id)
-        if job is None or job.stdin_eof or job.process.stdin is None:
+        if job is not None and job.window.grant(amount) and job.paused:
+            self._watch_output(job)
+
+    # --- input, within its own window ------------------------------------------------------
+
+    def write_stdin(self, job_id: str, data: bytes, eof: bool) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.process.stdin is None:
             return
-        job.stdin += data.encode("utf-8", "surrogateescape")
+        if job.stdin_eof:
+            if data:  # closed: whatever comes is dropped, and the client told again
+                self._stdin_closed(job)
+            return
+        room = STDIN_WINDOW - len(job.stdin)
+        if len(data) > room:
+            log.warning(
+                "exec %s: the client sent %d bytes of stdin beyond its window: dropped",
+                job.id,
+                len(data) - room,
+            )
+            data = data[:room]
+        job.stdin += data
         job.stdin_eof = eof
         self._flush_stdin(job)
 
@@ -208,14 +263,31 @@ class JobRunner:
             while job.stdin:
                 written = os.write(fd, job.stdin[:CHUNK])
                 del job.stdin[:written]
+                job.stdin_read += written
         except BlockingIOError:
+            self._credit_stdin(job)
             self.watch(fd, True, lambda: self._writable(job))
             return
         except OSError:  # the command closed its input: drop what it will never read
             job.stdin.clear()
             job.stdin_eof = True
+            self._stdin_closed(job)
+        else:
+            self._credit_stdin(job, drained=True)
         if job.stdin_eof:
             pipe.close()
+
+    def _credit_stdin(self, job: Job, drained: bool = False) -> None:
+        """Tell the client what the job has read: in quarter windows, and whenever the job has
+        read everything it was given, so that the client never waits on a small remainder."""
+        if job.stdin_read and (drained or job.stdin_read * 4 >= STDIN_WINDOW):
+            said = {"rank": self.rank, "stdin": job.stdin_read}
+            self.send(job.request.respond(said, streaming=True))
+            job.stdin_read = 0
+
+    def _stdin_closed(self, job: Job) -> None:
+        said = {"rank": self.rank, "stdin_closed": True}
+        self.send(job.request.respond(said, streaming=True))
 
     def _writable(self, job: Job) -> None:
         pipe = job.process.stdin
@@ -256,6 +328,9 @@ class JobRunner:
             if tuple(job.request.route) == route:
                 log.info("exec %s: its client went away, killing it", job.id)
                 self.send_signal(job.id, signal.SIGKILL)
+                job.unmetered = True  # no credit will come: drain the pipes so that it ends
+                if job.paused:
+                    self._watch_output(job)
 
     def busy(self) -> bool:
         return bool(self.jobs)

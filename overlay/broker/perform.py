@@ -18,6 +18,7 @@ from tbon.overlay.services.actions import (
     Call,
     ForgetWatches,
     Forward,
+    GrantCredit,
     KillAllJobs,
     KillJobsFrom,
     Leave,
@@ -104,6 +105,8 @@ class Performer:
                     self.router.respond(request.respond(answer, streaming=True))
             case WriteStdin(job_id, data, eof):
                 self.jobs.write_stdin(job_id, data, eof)
+            case GrantCredit(job_id, amount):
+                self.jobs.grant(job_id, amount)
             case SignalJob(job_id, signum):
                 self.jobs.send_signal(job_id, signum)
             case KillJobsFrom(route):

@@ -17,7 +17,15 @@ import zmq
 
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
-from tbon.overlay.wire.message import ANY_RANK, Kind, Message, MessageError, decode, encode
+from tbon.overlay.wire.message import (
+    ANY_RANK,
+    Buffer,
+    Kind,
+    Message,
+    MessageError,
+    decode_frames,
+    encode,
+)
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -44,12 +52,21 @@ class Client:
         self._tags = itertools.count(1)
 
     def send(
-        self, topic: str, payload: dict[str, Any] | None = None, nodeid: int = ANY_RANK
+        self,
+        topic: str,
+        payload: dict[str, Any] | None = None,
+        nodeid: int = ANY_RANK,
+        data: bytes = b"",
     ) -> int:
         tag = next(self._tags)
-        message = Message(Kind.REQUEST, topic, payload or {}, nodeid=nodeid, tag=tag)
+        message = Message(Kind.REQUEST, topic, payload or {}, nodeid=nodeid, tag=tag, data=data)
         self._transport.send(encode(message))
         return tag
+
+    def wait(self, fds: list[int], timeout: float | None) -> tuple[bool, list[int]]:
+        """Wait until a response is here or one of `fds` is readable (or `timeout` seconds
+        pass): whether a response is, and which fds are."""
+        return self._transport.wait(fds, None if timeout is None else int(timeout * 1000))
 
     def receive(self, timeout: float | None) -> Message | None:
         """The next response, or None if `timeout` seconds pass first."""
@@ -59,7 +76,7 @@ class Client:
             if not self._transport.poll(None if left is None else int(left * 1000)):
                 return None
             try:
-                return decode(self._transport.recv())
+                return self._transport.recv()
             except MessageError:
                 continue  # not ours to answer: skip it
 
@@ -109,9 +126,10 @@ class Client:
 class Transport(Protocol):
     """How a client's messages travel: a local socket, or an ssh session to a relay."""
 
-    def send(self, frames: list[bytes]) -> None: ...
+    def send(self, frames: list[Buffer]) -> None: ...
     def poll(self, timeout_ms: int | None) -> bool: ...
-    def recv(self) -> list[bytes]: ...
+    def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]: ...
+    def recv(self) -> Message: ...
     def close(self) -> None: ...
 
 
@@ -123,14 +141,24 @@ class LocalTransport:
         self.socket.rcvhwm = 0
         self.socket.connect(f"ipc://{path}")
 
-    def send(self, frames: list[bytes]) -> None:
-        self.socket.send_multipart(frames)
+    def send(self, frames: list[Buffer]) -> None:
+        self.socket.send_multipart(frames, copy=False)
 
     def poll(self, timeout_ms: int | None) -> bool:
         return bool(self.socket.poll(timeout_ms))
 
-    def recv(self) -> list[bytes]:
-        return self.socket.recv_multipart()
+    def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]:
+        if not fds:
+            return self.poll(timeout_ms), []
+        poller = zmq.Poller()  # poll(2): regular files too, which epoll refuses
+        poller.register(self.socket, zmq.POLLIN)
+        for fd in fds:
+            poller.register(fd, zmq.POLLIN)
+        ready = dict(poller.poll(timeout_ms))
+        return self.socket in ready, [fd for fd in fds if fd in ready]
+
+    def recv(self) -> Message:
+        return decode_frames(self.socket.recv_multipart(copy=False))
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -22,6 +22,7 @@ from pathlib import Path
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri
 from tbon.overlay.wire.frames import FrameError, FrameReader, encode_frames
+from tbon.overlay.wire.message import Buffer, Message, decode
 
 
 def ssh_command() -> list[str]:
@@ -79,7 +80,7 @@ class SshTransport:
         self._reader = FrameReader()
         self._ready: collections.deque[list[bytes]] = collections.deque()
 
-    def send(self, frames: list[bytes]) -> None:
+    def send(self, frames: list[Buffer]) -> None:
         stdin = self.process.stdin
         assert stdin is not None
         try:
@@ -106,8 +107,23 @@ class SshTransport:
                 raise TbonError(f"{self.uri}: garbled answer from the relay ({error})") from None
         return True
 
-    def recv(self) -> list[bytes]:
-        return self._ready.popleft()
+    def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]:
+        if self._ready or not fds:
+            return self.poll(timeout_ms), []
+        assert self.process.stdout is not None
+        pipe = self.process.stdout.fileno()
+        with selectors.PollSelector() as selector:  # poll(2): regular files too
+            selector.register(pipe, selectors.EVENT_READ)
+            for fd in fds:
+                selector.register(fd, selectors.EVENT_READ)
+            ready = {
+                key.fd
+                for key, _ in selector.select(None if timeout_ms is None else timeout_ms / 1000)
+            }
+        return (pipe in ready and self.poll(0)), [fd for fd in fds if fd in ready]
+
+    def recv(self) -> Message:
+        return decode(self._ready.popleft())
 
     def close(self) -> None:
         self._selector.close()

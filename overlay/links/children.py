@@ -36,7 +36,7 @@ from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.ranktable import Event, Lost, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
+from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.children")
 
@@ -170,7 +170,7 @@ class Children:
         try:
             user_id = frames[1].get("User-Id")
             fd = frames[1].get(zmq.SRCFD)
-            message = decode([frame.bytes for frame in frames[1:]])
+            message = decode_frames(frames[1:])
         except (MessageError, zmq.ZMQError, UnicodeDecodeError) as error:
             log.warning("dropped a malformed message from a child: %s", error)
             return inbound
@@ -377,7 +377,9 @@ class Children:
 
     def _send_raw(self, routing_id: bytes, message: Message) -> bool:
         try:
-            self.socket.send_multipart([routing_id, *encode(message)], flags=zmq.DONTWAIT)
+            self.socket.send_multipart(
+                [routing_id, *encode(message)], flags=zmq.DONTWAIT, copy=False
+            )
         except zmq.ZMQError as error:
             if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise

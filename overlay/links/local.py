@@ -16,7 +16,7 @@ import zmq
 
 from tbon.overlay.links.connections import ConnectionLedger
 from tbon.overlay.links.monitor import read_event
-from tbon.overlay.wire.message import Message, MessageError, decode, encode
+from tbon.overlay.wire.message import Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.local")
 
@@ -79,7 +79,7 @@ class LocalServer:
             if not self._ledger.heard(hop, frames[1].get(zmq.SRCFD)):
                 self._gone.append(hop)
         try:
-            return hop, decode([frame.bytes for frame in frames[1:]])
+            return hop, decode_frames(frames[1:])
         except MessageError as error:
             log.warning("dropped a malformed message from a local client: %s", error)
             return None
@@ -88,7 +88,7 @@ class LocalServer:
         """Send to the client named by route hop `l<hex id>`; False if it has gone away."""
         try:
             self.socket.send_multipart(
-                [bytes.fromhex(hop[1:]), *encode(message)], flags=zmq.DONTWAIT
+                [bytes.fromhex(hop[1:]), *encode(message)], flags=zmq.DONTWAIT, copy=False
             )
         except (zmq.ZMQError, ValueError):
             return False

@@ -18,7 +18,14 @@ from tbon import exitcodes
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
-from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, MessageError, decode, encode
+from tbon.overlay.wire.message import (
+    PROTOCOL_VERSION,
+    Kind,
+    Message,
+    MessageError,
+    decode_frames,
+    encode,
+)
 
 log = logging.getLogger("tbon.parent")
 
@@ -91,7 +98,7 @@ class ParentLink:
         )
 
     def send(self, message: Message) -> None:
-        self.socket.send_multipart(encode(message))
+        self.socket.send_multipart(encode(message), copy=False)
 
     def drain_monitor(self) -> LinkEnded | None:
         while self.monitor.poll(0):
@@ -108,9 +115,9 @@ class ParentLink:
 
     def read(self, now: float) -> ParentInbound:
         inbound = ParentInbound()
-        frames = self.socket.recv_multipart()
+        frames = self.socket.recv_multipart(copy=False)
         try:
-            message = decode(frames)
+            message = decode_frames(frames)
         except MessageError as error:
             log.warning("dropped a malformed message from the parent: %s", error)
             return inbound

@@ -136,10 +136,20 @@ class StartJob(Record):
 class WriteStdin(Record):
     __slots__ = __match_args__ = ("job_id", "data", "eof")
 
-    def __init__(self, job_id: str, data: str, eof: bool) -> None:
+    def __init__(self, job_id: str, data: bytes, eof: bool) -> None:
         self.job_id = job_id
         self.data = data
         self.eof = eof
+
+
+class GrantCredit(Record):
+    """The client of a job has written out `amount` bytes of its output: it may send more."""
+
+    __slots__ = __match_args__ = ("job_id", "amount")
+
+    def __init__(self, job_id: str, amount: int) -> None:
+        self.job_id = job_id
+        self.amount = amount
 
 
 class SignalJob(Record):

@@ -17,6 +17,7 @@ from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
     Forward,
+    GrantCredit,
     KillJobsFrom,
     Respond,
     Send,
@@ -29,6 +30,7 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
+"""Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
 
 class ExecService:
@@ -64,6 +66,7 @@ class ExecService:
             nodeid=child,
             tag=request.tag,
             route=list(request.route),
+            data=request.data,
         )
         otherwise: tuple[Action, ...] = ()
         if request.topic == "exec.start":  # every target answers, if only to say it is missing
@@ -77,9 +80,7 @@ class ExecService:
         payload = request.payload
         job_id = str(payload.get("id", ""))
         if request.topic == "exec.stdin":
-            data = payload.get("data", "")
-            text = data if isinstance(data, str) else ""
-            return [WriteStdin(job_id, text, bool(payload.get("eof")))]
+            return [WriteStdin(job_id, request.data, bool(payload.get("eof")))]
         if request.topic == "exec.signal":
             signum = payload.get("signal")
             if is_int(signum) and 0 < signum < signal.NSIG:
@@ -88,6 +89,14 @@ class ExecService:
         if why := self.lifecycle.refusing_work(self.rank):
             return [_answer(request, {"rank": self.rank, "error": why})]
         return [StartJob(request)]
+
+    def credit(self, request: Message, now: float) -> list[Action]:
+        """exec.credit: the client wrote out what this rank sent; it may send that much more.
+        One-way, like exec.stdin: nothing is answered, a bad one is dropped."""
+        job_id, amount = request.payload.get("id"), request.payload.get("bytes")
+        if isinstance(job_id, str) and is_int(amount) and amount > 0:
+            return [GrantCredit(job_id, amount)]
+        return []
 
     # --- clients that go away -------------------------------------------------------------
 

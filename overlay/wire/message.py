@@ -1,4 +1,7 @@
-"""The overlay message: two ZeroMQ frames, a JSON header and a JSON payload.
+"""The overlay message: a JSON header, a JSON payload and, for bulk bytes, a raw data frame.
+
+The data frame carries what `tbon exec` moves (a job's output, its input) as the bytes they are:
+no JSON escaping, nothing decoded or re-encoded by the brokers it passes through.
 
 docs/protocol.md is the reference. Decoding is strict: anything malformed raises MessageError, and
 nothing else, which a broker logs and drops; it never reaches a handler and never stops the
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -18,6 +22,10 @@ from tbon.overlay.parse.numbers import is_int
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ANY_RANK = -1
+
+
+Buffer = bytes | memoryview
+"""Bulk data as received (a view into ZeroMQ's frame: not copied) or as made here."""
 
 
 class MessageError(ValueError):
@@ -50,6 +58,7 @@ class Message:
     errstr: str = ""
     streaming: bool = False
     version: int = PROTOCOL_VERSION
+    data: Buffer = b""
 
     def respond(self, payload: dict[str, Any] | None = None, *, streaming: bool = False) -> Message:
         return Message(
@@ -68,7 +77,7 @@ class Message:
         return reply
 
 
-def encode(message: Message) -> list[bytes]:
+def encode(message: Message) -> list[Buffer]:
     header: dict[str, Any] = {"v": message.version, "k": message.kind.value, "t": message.topic}
     if message.nodeid != ANY_RANK:
         header["n"] = message.nodeid
@@ -82,7 +91,8 @@ def encode(message: Message) -> list[bytes]:
     if message.streaming:
         header["s"] = True
     body = json.dumps(message.payload, separators=(",", ":")).encode() if message.payload else b""
-    return [json.dumps(header, separators=(",", ":")).encode(), body]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return [head, body, message.data] if message.data else [head, body]
 
 
 def _no_constant(name: str) -> Any:
@@ -107,17 +117,26 @@ def _json(frame: bytes) -> Any:
     return _DECODER.decode(frame.decode("utf-8"))
 
 
-def decode(frames: list[bytes]) -> Message:
+def decode_frames(frames: Sequence[Any]) -> Message:
+    """decode() for frames ZeroMQ gave without copying (recv_multipart(copy=False)): header and
+    payload are copied out to be parsed, the data frame is only viewed."""
+    return decode([f.buffer if i == 2 else f.bytes for i, f in enumerate(frames)])
+
+
+def decode(frames: Sequence[Buffer]) -> Message:
     """The message in `frames` (routing envelope already removed), or MessageError.
 
     Any protocol version decodes, so that a broker can answer a peer of another version with a
     clear refusal: the header keys v, k and t keep their meaning in every version.
     """
-    if len(frames) != 2:
-        raise MessageError(f"expected 2 frames, got {len(frames)}")
-    head_bytes, body = frames
-    if len(head_bytes) + len(body) > MAX_MESSAGE_BYTES:
+    if len(frames) not in (2, 3):
+        raise MessageError(f"expected 2 or 3 frames, got {len(frames)}")
+    head_bytes, body = bytes(frames[0]), bytes(frames[1])
+    data = frames[2] if len(frames) == 3 else b""
+    if len(head_bytes) + len(body) + len(data) > MAX_MESSAGE_BYTES:
         raise MessageError("message too large")
+    if len(frames) == 3 and not data:
+        raise MessageError("an empty data frame")
     try:
         header = _json(head_bytes)
         payload = _json(body) if body else {}
@@ -153,4 +172,5 @@ def decode(frames: list[bytes]) -> Message:
         errstr=errstr,
         streaming=bool(header.get("s", False)),
         version=version,
+        data=data,
     )
