@@ -8,12 +8,18 @@ positive condition with a deadline: "every job is blocked on its pipe", not "a w
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from conftest import DEADLINE, TBON, child_env, wait_for
+import zmq
+from conftest import DEADLINE, TBON, child_env, process_gone, wait_for
 
 from tbon.overlay.services.flow import CHUNK, STDIN_WINDOW, output_window
 
@@ -183,3 +189,164 @@ def test_stdin_is_credited_back_as_the_job_reads(instance, tmp_path) -> None:
         )
     assert done.returncode == 0, (done.stderr, time.monotonic() - started)
     assert done.stdout == cksum(data)
+
+
+# --- every other stream and socket: bounded too ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def raw_client(inst) -> Iterator[zmq.Socket]:
+    """A DEALER on the instance's local socket that does only what the test tells it: it reads
+    nothing and acknowledges nothing unless asked."""
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.rcvhwm = 0
+    dealer.connect(f"ipc://{inst.uri[len('local://') :]}")
+    try:
+        yield dealer
+    finally:
+        dealer.close()
+        context.term()
+
+
+def send(dealer: zmq.Socket, topic: str, tag: int, payload: dict[str, Any] | None = None) -> None:
+    header = {"v": 1, "k": "request", "t": topic, "n": 0, "g": tag}
+    dealer.send_multipart([json.dumps(header).encode(), json.dumps(payload or {}).encode()])
+
+
+def read(dealer: zmq.Socket) -> tuple[dict[str, Any], dict[str, Any]]:
+    assert dealer.poll(int(DEADLINE * 1000)), "no answer in time"
+    frames = dealer.recv_multipart()
+    return json.loads(frames[0]), json.loads(frames[1]) if frames[1] else {}
+
+
+def read_until(dealer: zmq.Socket, tag: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Everything that arrives before the answer tagged `tag`: a barrier, since one connection
+    delivers in order."""
+    before = []
+    while True:
+        header, payload = read(dealer)
+        if header.get("g") == tag:
+            return before
+        before.append((header, payload))
+
+
+def test_a_status_watcher_that_does_not_read_gets_the_latest_table_when_it_does(instance) -> None:
+    inst = instance(4)
+    with raw_client(inst) as watcher:
+        send(watcher, "status.watch", 5)
+        retired = subprocess.run(
+            [TBON, "retire", inst.uri, "2-3"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=child_env(),
+        )
+        assert retired.returncode == 0, retired.stderr
+        # Retiring two ranks changed the table several times; the watcher, which has read
+        # nothing, was sent only the first table.
+        send(watcher, "status.get", 6)
+        [(header, first)] = read_until(watcher, 6)
+        assert header["g"] == 5 and [r["state"] for r in first["ranks"]] == ["online"] * 4
+        # It reads it and says so: it gets the newest table at once, and only that one.
+        send(watcher, "status.ack", 7, {"watch": 5})
+        header, latest = read(watcher)
+        assert header["g"] == 5
+        assert [r["state"] for r in latest["ranks"]] == ["online", "online", "vacant", "vacant"]
+        send(watcher, "status.get", 8)
+        assert read_until(watcher, 8) == []
+
+
+def test_a_client_that_stops_reading_is_dropped_and_no_other_is_delayed(instance, tmp_path) -> None:
+    """A client that asks and asks without reading passes its backlog (32 MiB here: echoes of
+    1 MiB pings): the broker drops it, kills its job, and keeps serving everyone else."""
+    inst = instance(2, "broker.client-backlog=32M")
+    pidfile = tmp_path / "pid"
+    with raw_client(inst) as greedy:
+        start = {
+            "id": "greedy",
+            "argv": [
+                "sh",
+                "-c",
+                f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 600",
+            ],
+            "cwd": None,
+            "targets": [1],
+        }
+        send(greedy, "exec.start", 1, start)
+        wait_for(pidfile.exists, "the greedy client's job started")
+        job = int(pidfile.read_text())
+        big = {"pad": "x" * MiB}
+        for tag in range(100, 140):
+            send(greedy, "broker.ping", tag, big)
+        wait_for(lambda: "dropped local client" in inst.stderr(), "the broker dropped the client")
+        wait_for(lambda: process_gone(job), "its job killed")
+        # Everyone else is served as before.
+        other = subprocess.run(
+            [TBON, "exec", inst.uri, "-r", "all", "echo", "ok"],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+        )
+        assert other.returncode == 0 and other.stdout == "ok\nok\n", other.stderr
+        # What the greedy client finds when it reads at last: what was sent before the bound,
+        # then one line saying why it was dropped.
+        while True:
+            header, _ = read(greedy)
+            if header["t"] == "client.dropped":
+                break
+        assert header["e"] == errno.ENOBUFS and "went unread" in header["es"]
+
+
+# --- the window arithmetic, without sockets ------------------------------------------------------
+
+
+def test_a_window_stops_when_spent_and_a_replayed_grant_cannot_widen_it() -> None:
+    from tbon.overlay.services.flow import MESSAGE_COST, Window
+
+    window = Window.full(8192)
+    window.spend(8000)
+    window.spend(MESSAGE_COST)
+    assert not window.open and window.credit == 8192 - 8000 - MESSAGE_COST
+    assert window.grant(4096)  # reopened: the sender reads again
+    assert not window.grant(4096)  # already open: nothing to wake
+    for _ in range(3):  # the same grant, replayed
+        window.grant(8000 + MESSAGE_COST)
+    assert window.credit == 8192
+
+
+def test_credit_goes_back_a_quarter_window_at_a_time() -> None:
+    from tbon.overlay.services.flow import Returns
+
+    returns = Returns(4000)
+    assert [returns.consumed(600) for _ in range(4)] == [0, 1200, 0, 1200]  # all that is owed
+    assert returns.consumed(999) == 0
+
+
+def test_input_goes_no_faster_than_the_fullest_rank_and_ended_ranks_do_not_hold_it() -> None:
+    from tbon.overlay.services.flow import STDIN_WINDOW, StdinRoom
+
+    room = StdinRoom.for_ranks([1, 2, 3])
+    room.sent(STDIN_WINDOW)
+    assert room.available() == 0
+    room.read(1, 1000)
+    room.read(2, 5000)
+    assert room.available() == 0  # rank 3 has read nothing yet
+    room.done(3)  # its job exited: it no longer counts
+    assert room.available() == 1000 and room.ranks == [1, 2]
+    room.read(1, 10 * STDIN_WINDOW)
+    assert room.room[1] == STDIN_WINDOW  # never above the window
+
+
+def test_windows_shrink_with_the_number_of_ranks_within_bounds() -> None:
+    from tbon.overlay.services.flow import MAX_WINDOW, MIN_WINDOW, OUTPUT_BUDGET
+
+    assert output_window(1) == MAX_WINDOW
+    assert output_window(16) == OUTPUT_BUDGET // 16
+    assert output_window(8192) == MIN_WINDOW
+    assert all(
+        output_window(n) * n <= max(OUTPUT_BUDGET, n * MIN_WINDOW) for n in range(1, 9000, 37)
+    )

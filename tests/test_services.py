@@ -144,14 +144,33 @@ def test_a_watcher_gets_the_table_then_one_push_per_change() -> None:
     table = started("kary:2", 3)
     lifecycle = Lifecycle()
     status = StatusService(table, lifecycle)
-    first = only_response(status.watch(request("status.watch"), NOW))
+    watch = request("status.watch")
+    first = only_response(status.watch(watch, NOW))
     assert first.streaming and first.payload["ranks"][1]["state"] == "offline"
-    assert len(status.pushes(NOW)) == 1  # the table is newer than nothing pushed yet
     assert status.pushes(NOW) == []  # nothing changed since
+    assert status.ack(request("status.ack", {"watch": watch.tag}), NOW) == []
     bring_up(table, [1, 2])
     pushed = status.pushes(NOW)
     assert len(pushed) == 1 and pushed[0][1].payload["ranks"][2]["state"] == "online"
     assert status.pushes(NOW) == []
+
+
+def test_a_watcher_that_has_not_read_gets_only_the_latest_table_when_it_does() -> None:
+    table = started("kary:2", 7)
+    status = StatusService(table, Lifecycle())
+    watch = request("status.watch", route=["l0a", "c1"])
+    status.watch(watch, NOW)
+    for rank in range(1, 7):  # six changes, one table in flight: nothing more is sent
+        bring_up(table, [rank])
+        assert status.pushes(NOW) == []
+    elsewhere = request("status.ack", {"watch": watch.tag}, route=["l0b"])
+    assert status.ack(elsewhere, NOW) == []  # another client's ack: not this watcher's
+    latest = only_response(
+        status.ack(request("status.ack", {"watch": watch.tag}, route=["l0a", "c1"]), NOW)
+    )
+    assert latest.route == ["l0a", "c1"] and latest.streaming
+    assert [r["state"] for r in latest.payload["ranks"]] == ["online"] * 7
+    assert status.ack(request("status.ack", {"watch": watch.tag}, route=["l0a", "c1"]), NOW) == []
 
 
 def test_watches_end_with_their_client_and_at_shutdown() -> None:

@@ -18,6 +18,7 @@ DEFAULTS: dict[str, str] = {
     "tbon.endpoint": "tcp://%h:*",
     "broker.shutdown-timeout": "10s",
     "broker.join-timeout": "30s",
+    "broker.client-backlog": "64M",
     "log-stderr-level": "warning",
 }
 KNOWN = frozenset(
@@ -48,6 +49,7 @@ class BrokerConfig:
     hostname: str
     log_level: str
     join_timeout: float = 30.0
+    client_backlog: int = 64 << 20  # bytes a local client may leave unread (links/local.py)
     boot_server: str | None = None
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
@@ -103,6 +105,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
     join_timeout = _duration(values, "broker.join-timeout")
     if join_timeout <= 0:
         raise UsageError("broker.join-timeout must be greater than zero")
+    backlog = _client_backlog(values["broker.client-backlog"])
     heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
@@ -118,12 +121,26 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         hostname=values.get("hostname") or socket.gethostname(),
         log_level=level,
         join_timeout=join_timeout,
+        client_backlog=backlog,
         boot_server=boot_server,
         requested_rank=requested_rank,
         cert=values.get("broker.cert") or None,
         config_file=config_file,
         attributes=dict(attributes),
     )
+
+
+def _client_backlog(text: str) -> int:
+    from tbon.overlay.links.local import MIN_BACKLOG
+    from tbon.overlay.parse.numbers import parse_bytes
+
+    size = parse_bytes(text)
+    if size is None or not MIN_BACKLOG <= size <= 1 << 40:
+        raise UsageError(
+            f"invalid broker.client-backlog {text!r}: a size from {MIN_BACKLOG >> 20}M to 1024G "
+            "(K, M and G are binary multiples)"
+        )
+    return size
 
 
 def _duration(values: dict[str, str], name: str) -> float:

@@ -207,6 +207,9 @@ class Broker:
         """After every batch of input: push status changes, start the program, finish."""
         if self.exit_code is not None:
             return
+        if self.parent is not None and self.parent.overflow is not None:
+            self._cut_off(self.parent.overflow)
+            return
         status = self.services.status
         if self.table is not None and status is not None:
             if self.table.generation != self._seen_generation:
@@ -220,6 +223,7 @@ class Broker:
                 self._start_program(now)
         if self.draining is not None and self.exit_code is None:
             self.perform(self.draining.step(now, len(self.jobs.jobs)))
+        self._clients_gone(self.local.dropped_since())  # dropped while being sent to
         self._maybe_finish(now)
 
     def _start_program(self, now: float) -> None:
@@ -314,7 +318,11 @@ class Broker:
             if received is not None:
                 hop, message = received
                 self.router.route(message, hop, now)
-        for hop in self.local.gone():
+        self._clients_gone(self.local.gone())
+
+    def _clients_gone(self, hops: list[str]) -> None:
+        """Local clients that hung up or were dropped: their jobs and streams end."""
+        for hop in hops:
             self.perform(self.services.exec.client_gone(hop))
             self.router.forget_client(hop)
 

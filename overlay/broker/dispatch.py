@@ -22,7 +22,9 @@ from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
 
-ROOT_TOPICS = frozenset({"status.get", "status.watch", "instance.shutdown", "flub.kex"})
+ROOT_TOPICS = frozenset(
+    {"status.get", "status.watch", "status.ack", "instance.shutdown", "flub.kex"}
+)
 """Topics that a request without a rank sends to rank 0."""
 
 
@@ -81,6 +83,7 @@ class Services:
             table |= {
                 "status.get": self.status.get,
                 "status.watch": self.status.watch,
+                "status.ack": self.status.ack,
                 "instance.shutdown": self.ping.shutdown,
                 "flub.allocate": self.flub.allocate,
                 "flub.kex": self.flub.kex,

@@ -203,26 +203,23 @@ class JobRunner:
             del job.streams[fd]
             self._maybe_finish(job)
             return
-        job.window.spend(len(data))
-        spent = not job.window.open and not job.unmetered
-        # A spent window sends what it has, cut line or not: the rest waits for credit, and
-        # a line held back could wait for ever.
-        self._emit(job, name, job.partial[name] + data, final=spent)
-        if spent:
-            for other, pending in job.partial.items():
-                if pending:
-                    self._emit(job, other, pending, final=True)
+        self._emit(job, name, job.partial[name] + data, final=False)
+        if not job.window.open and not job.unmetered:
             self._pause(job)
 
     def _emit(self, job: Job, name: str, pending: bytes, final: bool) -> None:
-        """Send the whole lines of `pending` (all of it if `final`); keep the rest for later."""
+        """Send the whole lines of `pending` (all of it if `final`); keep the rest for later.
+
+        Credit is spent on what is sent, not on what is read: a window is spent only by bytes in
+        flight, which the client will give back, so a line held here (less than a chunk) can
+        never stall the stream. It may overdraw the window by one message, never more."""
         cut = len(pending) if final else pending.rfind(b"\n") + 1
         if not final and cut == 0 and len(pending) >= CHUNK:
             cut = len(pending)  # a line too long to hold back
         if cut:
             message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
             message.data = pending[:cut]
-            job.window.spend(MESSAGE_COST)
+            job.window.spend(cut + MESSAGE_COST)
             self.send(message)
         job.partial[name] = pending[cut:]
 

@@ -216,7 +216,7 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
     local: LocalServer | None = None
     parent: ParentLink | None = None
     try:
-        local = LocalServer(context, rundir.path)
+        local = LocalServer(context, rundir.path, booted.config.client_backlog)
         if wireup.parent is not None:
             parent = ParentLink(
                 context,

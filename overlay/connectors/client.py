@@ -17,6 +17,7 @@ import zmq
 
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
+from tbon.overlay.services.flow import ACK_EVERY
 from tbon.overlay.wire.message import (
     ANY_RANK,
     Buffer,
@@ -50,6 +51,7 @@ class Client:
 
             self._transport = SshTransport(self.uri)
         self._tags = itertools.count(1)
+        self._watches: set[int] = set()  # tags of this client's status.watch streams
 
     def send(
         self,
@@ -61,6 +63,8 @@ class Client:
         tag = next(self._tags)
         message = Message(Kind.REQUEST, topic, payload or {}, nodeid=nodeid, tag=tag, data=data)
         self._transport.send(encode(message))
+        if topic == "status.watch":
+            self._watches.add(tag)
         return tag
 
     def wait(self, fds: list[int], timeout: float | None) -> tuple[bool, list[int]]:
@@ -76,9 +80,21 @@ class Client:
             if not self._transport.poll(None if left is None else int(left * 1000)):
                 return None
             try:
-                return self._transport.recv()
+                reply = self._transport.recv()
             except MessageError:
                 continue  # not ours to answer: skip it
+            if reply.topic == "client.dropped" and reply.kind is Kind.RESPONSE:
+                raise TbonError(reply.errstr or "the broker dropped this connection")
+            if reply.tag in self._watches:
+                self._read_table(reply)
+            return reply
+
+    def _read_table(self, reply: Message) -> None:
+        """A status table is being read: rank 0 may send the next (services/status.py)."""
+        if reply.streaming and not reply.errnum:
+            self.send("status.ack", {"watch": reply.tag}, nodeid=0)
+        else:
+            self._watches.discard(reply.tag)  # the stream has ended
 
     def rpc(
         self,
@@ -133,6 +149,23 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class ReadCount:
+    """What this client has read from its broker, acknowledged every ACK_EVERY bytes: the
+    broker drops a client that leaves too much unread (links/local.py)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._acked = 0
+
+    def read(self, frames: list[Any]) -> list[Buffer] | None:
+        """Count `frames`; the frames of a `client.ack` if one is due."""
+        self.total += sum(len(frame) for frame in frames)
+        if self.total - self._acked < ACK_EVERY:
+            return None
+        self._acked = self.total
+        return encode(Message(Kind.REQUEST, "client.ack", {"bytes": self.total}))
+
+
 class LocalTransport:
     def __init__(self, path: str) -> None:
         self._context = zmq.Context()
@@ -140,6 +173,7 @@ class LocalTransport:
         self.socket.linger = 0
         self.socket.rcvhwm = 0
         self.socket.connect(f"ipc://{path}")
+        self._read = ReadCount()
 
     def send(self, frames: list[Buffer]) -> None:
         self.socket.send_multipart(frames, copy=False)
@@ -158,7 +192,10 @@ class LocalTransport:
         return self.socket in ready, [fd for fd in fds if fd in ready]
 
     def recv(self) -> Message:
-        return decode_frames(self.socket.recv_multipart(copy=False))
+        frames = self.socket.recv_multipart(copy=False)
+        if (ack := self._read.read([frame.buffer for frame in frames])) is not None:
+            self.send(ack)
+        return decode_frames(frames)
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -79,6 +79,9 @@ class SshTransport:
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
         self._reader = FrameReader()
         self._ready: collections.deque[list[bytes]] = collections.deque()
+        from tbon.overlay.connectors.client import ReadCount
+
+        self._read = ReadCount()
 
     def send(self, frames: list[Buffer]) -> None:
         stdin = self.process.stdin
@@ -123,7 +126,10 @@ class SshTransport:
         return (pipe in ready and self.poll(0)), [fd for fd in fds if fd in ready]
 
     def recv(self) -> Message:
-        return decode(self._ready.popleft())
+        frames = self._ready.popleft()
+        if (ack := self._read.read(frames)) is not None:
+            self.send(ack)
+        return decode(frames)
 
     def close(self) -> None:
         self._selector.close()

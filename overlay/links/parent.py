@@ -18,6 +18,7 @@ from tbon import exitcodes
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
+from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     PROTOCOL_VERSION,
     Kind,
@@ -70,11 +71,12 @@ class ParentLink:
         self.rank = rank
         self.incarnation = incarnation
         self.config = config
+        self.overflow: LinkEnded | None = None  # set by send() on a full link
         public, secret = keypair
         self.socket = context.socket(zmq.DEALER)
         self.socket.linger = int(config.shutdown_timeout * 1000)
-        self.socket.sndhwm = 0
-        self.socket.rcvhwm = 0
+        self.socket.sndhwm = LINK_HWM
+        self.socket.rcvhwm = LINK_HWM
         self.socket.maxmsgsize = 8 * 1024 * 1024
         self.socket.curve_publickey = public.encode()
         self.socket.curve_secretkey = secret.encode()
@@ -98,7 +100,17 @@ class ParentLink:
         )
 
     def send(self, message: Message) -> None:
-        self.socket.send_multipart(encode(message), copy=False)
+        """Queue `message` for the parent, never blocking: a full link means a parent that has
+        stopped reading, and ends the link (`overflow`), as silence would, only sooner."""
+        if self.overflow is not None:
+            return
+        try:
+            self.socket.send_multipart(encode(message), flags=zmq.DONTWAIT, copy=False)
+        except zmq.Again:
+            self.overflow = LinkEnded(
+                exitcodes.LOST,
+                f"the link to the parent is full ({LINK_HWM} messages unsent): it stopped reading",
+            )
 
     def drain_monitor(self) -> LinkEnded | None:
         while self.monitor.poll(0):
@@ -145,6 +157,8 @@ class ParentLink:
         return inbound
 
     def tick(self, now: float) -> LinkEnded | None:
+        if self.overflow is not None:
+            return self.overflow
         if self.welcomed and now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat
             self.send(_control("heartbeat"))

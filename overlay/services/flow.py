@@ -3,14 +3,19 @@ arithmetic of a window.
 
 Output: the client grants each target rank a window of bytes in `exec.start`. A rank reads its
 job's pipes only while it has credit, and every data message it sends costs its bytes plus
-MESSAGE_COST. The client gives credit back (`exec.credit`) as it writes what it received to its
-own stdout. A reader that stops therefore stops the jobs (their pipes fill, they block on write)
-and nothing piles up in between: at most the window per rank is ever in flight.
+MESSAGE_COST (the last may overdraw the window by up to a chunk: lines go whole). The client
+gives credit back (`exec.credit`) as it writes what it received to its own stdout. A reader that
+stops therefore stops the jobs (their pipes fill, they block on write) and nothing piles up in
+between: at most the window (and a chunk) per rank is ever in flight.
 
 Input: each rank takes at most STDIN_WINDOW bytes of a job's stdin that the job has not read yet,
 and tells the client (a `stdin` answer) as the job reads them, so a job that never reads its input
 makes no broker buffer it. The per-message cost bounds the number of messages in flight, not
 only their bytes, so that a job that prints one short line at a time is bounded too.
+
+A third bound is not per stream but per client: a broker drops a local client that leaves more
+than its backlog unread (overlay/links/local.py), and the client says what it has read every
+ACK_EVERY bytes.
 
 docs/protocol.md §7.1 is the reference.
 """
@@ -36,6 +41,13 @@ DEFAULT_WINDOW = 1024 * 1024
 STDIN_WINDOW = 1024 * 1024
 """Bytes of a job's stdin a rank holds for it, unread, at most."""
 
+LINK_HWM = 65536
+"""High-water mark, in messages, of each tree link, each way. Flow control keeps a link far below
+it; a link that reaches it has a peer that stopped reading, which is then treated as gone."""
+
+ACK_EVERY = 1024 * 1024
+"""A local client acknowledges (`client.ack`) what it has read at least this often."""
+
 
 def output_window(targets: int) -> int:
     """Each target's share of the budget: wide for a few ranks (throughput), narrow for many
@@ -45,8 +57,8 @@ def output_window(targets: int) -> int:
 
 @dataclass(slots=True)
 class Window:
-    """The sender's side: credit left to spend. It may go below zero by one message's cost,
-    never further, because the sender stops as soon as it is spent."""
+    """The sender's side: credit left to spend. It may go below zero by one message, never
+    further, because the sender stops as soon as it is spent."""
 
     size: int
     credit: int
