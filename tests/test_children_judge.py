@@ -3,6 +3,7 @@ the broker attributes (config and durations) they are tuned by."""
 
 from __future__ import annotations
 
+import errno
 import math
 import socket
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tables import started
 from zmq.utils import z85
 
 from tbon import exitcodes
@@ -29,12 +31,24 @@ from tbon.overlay.links.hello import (
 from tbon.overlay.links.keyring import Identity, KeyRing
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.duration import format_duration, parse_duration
-from tbon.overlay.state.ranktable import Departed, Lost, Online, Torpid
+from tbon.overlay.services.actions import Action, Call, Respond, Send
+from tbon.overlay.services.flub import FlubService, flub_attributes
+from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.state.ranktable import (
+    Departed,
+    Event,
+    Lost,
+    Online,
+    RankState,
+    Reserve,
+    Torpid,
+)
 from tbon.overlay.state.reports import decode_event, encode_event
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, MessageError
 
 FAST = settings(max_examples=80, deadline=None)
+CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "node1"}
 
 #        0
 #      1   2
@@ -80,6 +94,18 @@ def judge(
 
 def public_key(seed: int) -> str:
     return z85.encode(bytes([seed]) * 32).decode()
+
+
+def only_answer(actions: list[Action]) -> dict[str, Any]:
+    [answer] = [a.message for a in actions if isinstance(a, Respond)]
+    assert not answer.errnum, answer.errstr
+    return answer.payload
+
+
+def only_refusal(actions: list[Action]) -> Message:
+    [answer] = [a.message for a in actions if isinstance(a, Respond)]
+    assert answer.errnum, answer.payload
+    return answer
 
 
 # --- judge_hello --------------------------------------------------------------------------------
@@ -257,6 +283,21 @@ def test_shared_key_may_not_take_a_rank_held_by_flub() -> None:
     )
 
 
+def test_a_second_broker_with_the_key_of_a_welcomed_one_is_refused() -> None:
+    """Two processes started with one certificate hold one key, so both pass ZAP as (3, 1). The
+    first welcomed keeps the rank; the same broker saying hello again (on a new connection) is
+    welcomed again."""
+    held = Parent(1, TOPOLOGY, {3: Standing(1, connected=True, broker=("node3", 1111))})
+    assert judge_hello(hello(), CHILD, held) == Refusal(
+        "rank 3 incarnation 1 is held by another broker (pid 1111 on node3)", exitcodes.REFUSED
+    )
+    assert judge_hello({**hello(), "pid": 1111}, CHILD, held) == Welcome(CHILD)
+    elsewhere = {**hello(), "pid": 1111, "hostname": "node9"}
+    assert isinstance(judge_hello(elsewhere, CHILD, held), Refusal)
+    awaited = Parent(1, TOPOLOGY, {3: Standing(1)})  # authorized, nobody welcomed yet
+    assert judge_hello(hello(), CHILD, awaited) == Welcome(CHILD)
+
+
 def test_an_ended_incarnation_is_told_so_before_anything_else() -> None:
     lost = Standing(1, ended="was lost: silent for 61.0s")
     judgement = judge_hello(hello(version=9), CHILD, Parent(1, TOPOLOGY, {3: lost}))
@@ -302,6 +343,7 @@ standings = st.builds(
     end_code=st.sampled_from([exitcodes.LOST, exitcodes.REFUSED, exitcodes.SHUTDOWN]),
     connected=st.booleans(),
     shared=st.booleans(),
+    broker=st.sampled_from([None, ("node3", 4242), ("node3", 1111), ("", 0)]),
 )
 
 
@@ -344,6 +386,8 @@ def test_one_judge_for_both_kinds_of_key(
             assert isinstance(judgement, Refusal)
         return
     ended = standing is not None and standing.incarnation == key.incarnation and standing.ended
+    pid = payload.get("pid")
+    said_by = str(payload.get("hostname", "")), pid if type(pid) is int else 0
     if key in retired:
         assert judgement == Refusal(
             f"retired: rank {key.rank} incarnation {key.incarnation} has retired",
@@ -358,6 +402,7 @@ def test_one_judge_for_both_kinds_of_key(
         and mine
         and standing is not None
         and standing.incarnation == key.incarnation
+        and standing.broker in (None, said_by)
         and not shutting_down
     ):
         assert judgement == Welcome(key)
@@ -548,6 +593,130 @@ def test_a_config_booted_broker_restarted_on_its_host_replaces_the_old_one() -> 
     children._connection_event(CLOSED, 11)  # the old broker's connection closing ends nothing
     assert children.settle() == []
     assert children.connected() == [3]
+
+
+class TwoTwins:
+    """Rank 0 (table and FLUB service) and rank 1 (Children) of kary:2, wired as the broker wires
+    them, for two twins: brokers started with one certificate, so one key, asking for rank 3 on
+    the client connections "l0a" and "l0b". Rank 1 is vacant until `parent_joins`."""
+
+    def __init__(self) -> None:
+        self.table = started("kary:2", 7, launched=1)
+        attributes = flub_attributes(2, 10, 60, 30)
+        self.flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
+        self.children, self.sent = bare_children(self.table.topology, 1)
+        self.key, self.now = public_key(7), 200.0
+
+    def ask(self, topic: str, hop: str, **payload: Any) -> list[Action]:
+        request = Message(Kind.REQUEST, f"flub.{topic}", payload, route=[hop])
+        actions: list[Action] = getattr(self.flub, topic)(request, self.now)
+        for order in [a for a in actions if isinstance(a, Call)]:  # rank 1 obeys rank 0
+            asked = order.request.payload
+            self.children.authorize(asked["rank"], asked["incarnation"], asked["public_key"])
+            actions += order.then(order.request.respond(CARD), self.now)
+        return actions
+
+    def allocate(self, hop: str) -> dict[str, Any]:
+        return only_answer(self.ask("allocate", hop, public_key=self.key, hostname="n", rank=3))
+
+    def kex(self, hop: str) -> Message:
+        [answer] = [
+            a.message for a in self.ask("kex", hop, **self.triple) if isinstance(a, Respond)
+        ]
+        return answer
+
+    @property
+    def triple(self) -> dict[str, Any]:
+        return {"rank": 3, "incarnation": 1, "public_key": self.key}
+
+    def parent_joins(self) -> None:
+        self.ask("allocate", "l0c", public_key=public_key(8), hostname="node1", rank=1)
+        self.report([Online(1, 1, "node1", 10)])
+
+    def hello(self, routing_id: bytes, fd: int, pid: int) -> None:
+        self.children._connection_event(ACCEPTED, fd)
+        inbound = Inbound()
+        said = Message(Kind.CONTROL, "hello", {**hello(3, 1), "pid": pid})
+        self.children._hello(routing_id, fd, Identity(3, 1), said, self.now, inbound)
+        self.report(inbound.reports)
+
+    def report(self, events: list[Event]) -> None:
+        """What rank 0 does with its children's reports (Broker.report)."""
+        for event in events:
+            self.now += 1
+            outcome = self.table.apply(event, self.now)
+            if isinstance(event, Online) and not outcome.applied:
+                for action in self.flub.void(
+                    event.rank, event.incarnation, outcome.reason, self.now
+                ):
+                    if isinstance(action, Send):  # the revoke reaches rank 1
+                        order = action.message.payload
+                        self.children.revoke(order["rank"], order["incarnation"], order["reason"])
+
+    def online_is(self, pid: int) -> None:
+        """Rank 0 and rank 1 agree: one broker, `pid`, holds rank 3."""
+        entry = self.table.entry(3)
+        assert (entry.state, entry.pid, entry.incarnation) == (RankState.ONLINE, pid, 1)
+        assert self.children.connected() == [3]
+        assert self.children.sessions[3].broker == ("node3", pid)
+
+
+def test_twins_whose_parent_is_not_yet_online_leave_one_broker_online() -> None:
+    """The order of events of issue 11. Both twins reserve rank 3 while its parent is vacant (one
+    reservation); the parent joins; both ask for the card. It used to go on: rank 0 ordered rank 1
+    twice, both connected with the one key and said hello, rank 1 welcomed both (a session moves
+    to its latest hello), rank 0 refused the second Online and voided the incarnation, and rank 1
+    cut both off while the table still showed the first online. Now the reservation is used only
+    on the connection it was granted on: the second twin is refused there (77)."""
+    twins = TwoTwins()
+    first, second = twins.allocate("l0a"), twins.allocate("l0b")
+    assert (first["rank"], first["incarnation"]) == (second["rank"], second["incarnation"])
+    assert "parent_card" not in first and "parent_card" not in second
+    twins.parent_joins()
+    assert twins.kex("l0a").payload == CARD
+    for asked in (twins.kex("l0b"), only_refusal(twins.ask("release", "l0b", **twins.triple))):
+        assert asked.errnum == errno.EPERM
+        assert asked.errstr == "rank 3 incarnation 1 was not reserved by this connection"
+    twins.hello(b"first", 11, 1111)
+    assert [m.topic for m in twins.sent] == ["welcome"]
+    twins.online_is(1111)
+
+
+def test_twins_given_the_card_at_once_leave_one_broker_online() -> None:
+    """The parent is online when they ask: each answer carries its card, so both reach it and say
+    hello. The first hello keeps the rank, and the parent refuses the other broker."""
+    twins = TwoTwins()
+    twins.parent_joins()
+    cards = [twins.allocate(hop)["parent_card"] for hop in ("l0a", "l0b")]
+    assert cards == [CARD, CARD]
+    twins.hello(b"first", 11, 1111)
+    twins.hello(b"second", 12, 2222)
+    assert [m.topic for m in twins.sent] == ["welcome", "refuse"]
+    assert twins.sent[1].payload == {
+        "reason": "rank 3 incarnation 1 is held by another broker (pid 1111 on node3)",
+        "exit_code": exitcodes.REFUSED,
+    }
+    twins.children._connection_event(CLOSED, 12)  # the refused twin exits
+    assert twins.children.settle() == []
+    twins.online_is(1111)
+    assert twins.children.sessions[3].routing_id == b"first"
+
+
+def test_a_second_brokers_online_reported_all_the_same_ends_the_incarnation_at_rank0() -> None:
+    """A parent that did welcome a second broker (and so cut the first off): rank 0 refuses the
+    second Online, voids the incarnation, and records it ended: lost, not online."""
+    table = started("kary:2", 7, launched=1)
+    flub = FlubService(0, table.topology, table, Lifecycle(), CARD, flub_attributes(2, 10, 60, 30))
+    assert table.apply(Reserve(public_key(8), "node1", 1, 30.0), 200.0).applied
+    assert table.apply(Online(1, 1, "node1", 10), 200.0).applied
+    assert table.apply(Reserve(public_key(7), "node3", 3, 30.0), 200.0).applied
+    assert table.apply(Online(3, 1, "node3", 1111), 201.0).applied
+    refused = table.apply(Online(3, 1, "node3", 2222), 202.0)
+    assert not refused.applied
+    actions = flub.void(3, 1, refused.reason, 202.0)
+    assert [a.message.topic for a in actions if isinstance(a, Send)] == ["flub.revoke"]
+    entry = table.entry(3)
+    assert (entry.state, entry.pid) == (RankState.LOST, None)
 
 
 # --- keyring ------------------------------------------------------------------------------------

@@ -340,6 +340,32 @@ def test_hostile_key_exchange_for_someone_elses_rank_is_refused(instance) -> Non
     assert [status["ranks"][r]["incarnation"] for r in (1, 3)] == [1, 1]
 
 
+def test_only_the_joiners_own_connection_may_use_its_reservation(instance) -> None:
+    """A public key is no secret: another client naming the joiner's (rank, incarnation, key)
+    exactly may neither exchange keys for it nor give it back. The joiner's connection may."""
+    inst = instance(1, "size=3", "tbon.fanout=2", "broker.join-timeout=300s")
+    key = generate_keypair()[0]
+    with Client(inst.uri) as joiner, Client(inst.uri) as other:
+        asked = {"public_key": key, "hostname": "joiner", "rank": 1}
+        grant = joiner.rpc("flub.allocate", asked, nodeid=0)
+        assert grant["parent_card"]["endpoint"]  # rank 0 is online: the card came at once
+        incarnation = grant["incarnation"]
+        triple = {"rank": 1, "incarnation": incarnation, "public_key": key}
+        why = f"rank 1 incarnation {incarnation} was not reserved by this connection"
+        for topic in ("flub.kex", "flub.release"):
+            try:
+                other.rpc(topic, triple, nodeid=0)
+            except RequestError as error:
+                assert error.errnum == errno.EPERM and str(error).endswith(why), str(error)
+            else:
+                raise AssertionError(f"{topic} from another connection was obeyed")
+        assert inst.status()["ranks"][1]["state"] == "reserved"
+        card = joiner.rpc("flub.kex", triple, nodeid=0)
+        assert card["endpoint"] == grant["parent_card"]["endpoint"] and card["public_key"]
+        assert joiner.rpc("flub.release", triple, nodeid=0) == {}
+    assert inst.status()["ranks"][1]["state"] == "vacant"
+
+
 def test_hostile_hello_with_an_unauthorized_key_is_refused(instance) -> None:
     inst = instance(1, "size=2")
     with Client(inst.uri) as client:
@@ -413,3 +439,100 @@ def test_requesting_a_rank_beyond_the_instance_exits_69(instance) -> None:
     code, err = finished(inst.join("broker.rank=7"))
     assert code == 69 and "no rank 7 in this instance of size 3" in err
     assert "Traceback" not in err and "internal error" not in err
+
+
+# --- two brokers, one key ------------------------------------------------------------------
+
+
+def join_logged(inst, log, *attributes: str) -> subprocess.Popen[str]:
+    """A joiner like `inst.join`, whose stderr goes to the file `log` so that the test can read
+    what it said while it runs (reaped by the instance's stop())."""
+    argv = [TBON, "broker", "-S", f"broker.boot-server={inst.uri}"]
+    argv += ["-S", "tbon.endpoint=tcp://127.0.0.1:*"]
+    for attribute in attributes:
+        argv += ["-S", attribute]
+    with open(log, "w") as stderr:
+        joiner = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+            env=child_env(),
+        )
+    inst.joiners.append(joiner)
+    return joiner
+
+
+def settle_twins(inst, twins: list[subprocess.Popen[str]]) -> dict:
+    """Wait until one twin is shown online and the other has exited, or both have exited; then
+    check that `tbon status --json` and `tbon ping` agree with which processes are alive, and
+    return rank 3 as status shows it."""
+
+    def settled() -> bool:
+        alive = [twin for twin in twins if twin.poll() is None]
+        if len(alive) != 1:
+            return not alive
+        entry = inst.status()["ranks"][3]
+        return entry["state"] == "online" and entry["pid"] == alive[0].pid
+
+    try:
+        wait_for(settled, "one twin online and the other gone, or both gone")
+    except AssertionError as error:
+        ranks = [(r["rank"], r["state"], r["pid"]) for r in inst.status()["ranks"]]
+        raise AssertionError(f"{error}; ranks {ranks}; twins {[t.pid for t in twins]}") from None
+    shown = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][3]
+    alive = {twin.pid for twin in twins if twin.poll() is None}
+    ping = tbon("ping", inst.uri, "3")
+    if shown["state"] == "online":
+        assert shown["pid"] in alive, f"rank 3 shown online with pid {shown['pid']}, gone: {shown}"
+        assert ping.returncode == 0, ping.stderr
+    else:
+        assert not alive and ping.returncode != 0, (shown, alive)
+    return shown
+
+
+def test_two_joiners_with_one_certificate_leave_status_true(instance, tmp_path) -> None:
+    """Both reserve rank 3 (one key, one reservation) while its parent is vacant, both wait,
+    then the parent joins. At most one may be online, and status and ping must say which: never
+    a rank shown online whose broker has gone (both used to say hello, and rank 0 showed the
+    first online after both were refused)."""
+    inst = instance(1, "size=4", "tbon.fanout=2", "broker.join-timeout=60s")
+    cert = tmp_path / "twin.cert"
+    assert tbon("keygen", str(cert)).returncode == 0
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    twins = [join_logged(inst, log, "broker.rank=3", f"broker.cert={cert}") for log in logs]
+    wait_for(
+        lambda: all("waiting for parent rank 1" in log.read_text() for log in logs),
+        "both twins to hold the reservation and wait for rank 1",
+    )
+    assert [t.poll() for t in twins] == [None, None]
+    inst.join("broker.rank=1")
+    shown = settle_twins(inst, twins)
+    # the reservation is used on the connection it was granted on: the other twin is refused
+    [winner] = [twin for twin in twins if twin.poll() is None]
+    [loser] = [twin for twin in twins if twin is not winner]
+    said = logs[twins.index(loser)].read_text()
+    assert loser.returncode == 77, said
+    assert "rank 3 incarnation 1 was not reserved by this connection" in said, said
+    assert shown["pid"] == winner.pid and shown["incarnation"] == 1
+
+
+def test_two_joiners_with_one_certificate_under_an_online_parent(instance, tmp_path) -> None:
+    """Both may get the parent's card with their grant and say hello: the parent keeps the
+    first and refuses the other broker (77). Or the first comes online while rank 0 orders the
+    parent for the second, whose grant has then lapsed (77), or before the second asks, which is
+    told the key holds the rank (69). Whichever, status tells the truth."""
+    inst = instance(1, "size=4", "tbon.fanout=2", "broker.join-timeout=60s")
+    inst.join("broker.rank=1")
+    inst.wait_status(online(1), "rank 1 online")
+    cert = tmp_path / "twin.cert"
+    assert tbon("keygen", str(cert)).returncode == 0
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    twins = [join_logged(inst, log, "broker.rank=3", f"broker.cert={cert}") for log in logs]
+    shown = settle_twins(inst, twins)
+    assert shown["state"] == "online" and shown["incarnation"] == 1
+    [loser] = [twin for twin in twins if twin.returncode is not None]
+    said = logs[twins.index(loser)].read_text()
+    reasons = {77: ("is held by another broker", "lapsed"), 69: ("this key already holds rank 3",)}
+    assert any(why in said for why in reasons.get(loser.returncode, ())), said

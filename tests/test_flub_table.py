@@ -45,6 +45,7 @@ from tbon.overlay.state.ranktable import (
     Reserve,
     Retire,
     Torpid,
+    Void,
 )
 from tbon.overlay.state.snapshot import describe
 from tbon.overlay.state.snapshot import snapshot as status_json
@@ -453,6 +454,48 @@ def test_release_of_a_rank_that_came_online_is_refused() -> None:
     outcome = result.apply(Release(1, grant.incarnation, ALICE), 202.0)
     assert not outcome.applied and "online, not reserved" in outcome.reason
     assert frozen(result) == before
+
+
+# --- Void: two brokers with one key --------------------------------------------------------------
+
+
+def test_two_joiners_with_one_key_share_one_reservation_and_one_may_come_online() -> None:
+    """Two processes started with one certificate ask for rank 3 while its parent is vacant: one
+    reservation. If their parent reported both online, the second is refused, and voiding the
+    incarnation ends it in the table: never online with a broker its parent cut off."""
+    result = started("kary:2", 4, launched=1)
+    first = reserve(result, ALICE, rank=3, now=200.0)
+    second = reserve(result, ALICE, rank=3, now=201.0)
+    assert second.repeated and (second.rank, second.incarnation) == (3, first.incarnation)
+    assert reserve(result, BOB, rank=1, now=202.0).granted  # the parent joins, and comes up
+    assert result.apply(Online(1, 1, "parent", 10), 203.0).applied
+    assert result.apply(Online(3, first.incarnation, "twin", 11), 204.0).applied
+    refused = result.apply(Online(3, first.incarnation, "twin", 12), 205.0)
+    assert not refused.applied and "cannot come online" in refused.reason
+    assert result.entry(3).pid == 11
+    assert result.apply(Void(3, first.incarnation, refused.reason), 205.0).applied
+    entry = result.entry(3)
+    assert (entry.state, entry.pid, entry.incarnation) == (RankState.LOST, None, 1)
+    assert reserve(result, ALICE, rank=3, now=206.0).incarnation == 2  # free again, key and all
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_only_a_connected_incarnation_is_voided_in_the_table(phase: Phase) -> None:
+    """Void ends what the table still shows connected, as Lost would; any other rank's
+    incarnation has ended already (an expired or released reservation), and nothing changes."""
+    voided, lost = rank_one_in(phase), rank_one_in(phase)
+    incarnation, connected = voided.entry(1).incarnation, voided.entry(1).state in CONNECTED
+    before = frozen(voided)
+    outcome = voided.apply(Void(1, incarnation, "voided"), 300.0)
+    assert outcome.applied == connected
+    if outcome.applied:
+        assert lost.apply(Lost(1, incarnation, "voided"), 300.0).applied
+        assert (voided.entry(1).phase, voided.retired_keys) == (
+            lost.entry(1).phase,
+            lost.retired_keys,
+        )
+    else:
+        assert frozen(voided) == before and "no broker of it is connected" in outcome.reason
 
 
 def test_expired_and_next_expiry() -> None:

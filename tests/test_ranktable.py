@@ -39,6 +39,7 @@ from tbon.overlay.state.ranktable import (
     Retire,
     SubtreeStatus,
     Torpid,
+    Void,
 )
 from tbon.overlay.state.snapshot import snapshot as status_json
 
@@ -158,6 +159,18 @@ def test_online_is_idempotent_for_the_same_pid_and_refused_for_another() -> None
     assert not other.applied
     assert result.entry(1).pid == 1001
     assert result.generation == generation
+
+
+def test_a_voided_incarnation_that_was_online_ends_as_if_lost() -> None:
+    """Rank 0 refused a second broker's Online and has the parent cut the incarnation off,
+    which the parent does not report: the table must not go on showing it online."""
+    result = started("kary:2", 7)
+    bring_up(result, [1, 3, 4])
+    assert not result.apply(Online(1, 1, "node1", 9999), 102.0).applied
+    outcome = result.apply(Void(1, 1, "rank 1 is online, it cannot come online"), 103.0)
+    assert outcome.applied and set(outcome.changed) == {1, 3, 4}
+    assert states(result)[:5] == ["online", "lost", "offline", "lost", "lost"]
+    assert result.entry(1).pid is None and result.entry(1).incarnation == 1
 
 
 def test_online_records_host_and_pid_and_clears_torpid() -> None:
@@ -485,12 +498,14 @@ class RankTableMachine(RuleBasedStateMachine):
                 assert entry.pid == event.pid
                 assert changed <= {event.rank}
                 self.welcomed[event.rank] = entry.incarnation
-            case Lost() | Departed():
+            case Lost() | Departed() | Void():
+                if isinstance(event, Void):  # only a connected incarnation is voided here
+                    assert was[event.rank] in CONNECTED
                 if event.rank in self.config:  # its host will run a broker again
                     assert entry.state is RankState.OFFLINE
                 else:
                     assert entry.state is (
-                        RankState.LOST if isinstance(event, Lost) else RankState.VACANT
+                        RankState.VACANT if isinstance(event, Departed) else RankState.LOST
                     )
                 assert changed <= {event.rank, *topology.descendants(event.rank)}
                 for rank in topology.descendants(event.rank):  # each exits with its parent
@@ -553,6 +568,12 @@ class RankTableMachine(RuleBasedStateMachine):
     def lost(self, data: st.DataObject, reason: str) -> None:
         rank = self._rank(data)
         self._apply(Lost(rank, self._incarnation(data, rank), reason))
+
+    @rule(data=st.data())
+    def void(self, data: st.DataObject) -> None:
+        """Rank 0 had the parent cut an incarnation off (an Online it refused, an expiry)."""
+        rank = self._rank(data)
+        self._apply(Void(rank, self._incarnation(data, rank), "voided"))
 
     @rule(data=st.data())
     def departed(self, data: st.DataObject) -> None:
@@ -870,7 +891,7 @@ def test_allocatable_is_what_the_reserve_rows_allow() -> None:
 
 
 def test_every_event_type_has_a_refusal_and_a_row() -> None:
-    events = {Online, Lost, Departed, Torpid, Retire, Expire, Release, Reboot, Reserve}
+    events = {Online, Lost, Departed, Torpid, Retire, Expire, Release, Reboot, Void, Reserve}
     assert set(REFUSALS) == events
     assert {kind for _, kind in TRANSITIONS} == events | {Orphaned}  # Orphaned: internal
 

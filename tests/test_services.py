@@ -40,7 +40,7 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import Draining, RetireService
 from tbon.overlay.services.status import StatusService
-from tbon.overlay.services.trust import from_parent_of, from_rank0
+from tbon.overlay.services.trust import client_notice, connection_of, from_parent_of, from_rank0
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
@@ -107,6 +107,27 @@ def test_only_the_parent_itself_passes_as_the_parent_of_a_rank() -> None:
     assert not from_parent_of(request("x", route=["l00", "c1"]), topology, 3)
     assert not from_parent_of(request("x", route=["s", "c3", "c1"]), topology, 3)
     assert from_parent_of(request("x", route=["s"]), topology, 1)
+    # a client of rank 1 itself, padding its route to look like rank 1's own request
+    assert not from_parent_of(request("x", route=["s", "l05", "c1"]), topology, 3)
+
+
+def test_a_request_names_the_connection_it_came_by_whatever_its_sender_wrote() -> None:
+    """The hops before the first broker's own are the sender's, and name nothing."""
+    cases = [
+        (["l01"], ("l01",)),
+        (["l0a", "c1"], ("l0a", "c1")),
+        (["c7", "l0a", "c1"], ("l0a", "c1")),  # padded: still that client of rank 1
+        (["l0b", "p", "l0a", "c1"], ("l0a", "c1")),
+        (["s", "c3", "c1"], ("s", "c3", "c1")),  # rank 3's own request
+        (["l0a", "c1", "p"], ("l0a", "c1", "p")),  # a notice on its way down to a stream
+        ([], ()),
+    ]
+    for route, connection in cases:
+        assert connection_of(request("x", route=route)) == connection, route
+    assert client_notice(request("client.disconnect", route=["l0a", "c1"]))
+    assert client_notice(request("client.disconnect", route=["l0a"]))
+    for forged in (["x", "l0a", "c1"], ["l0b", "l0a"], ["s", "c1"], ["c1"], []):
+        assert not client_notice(request("client.disconnect", route=forged)), forged
 
 
 # --- ping -----------------------------------------------------------------------------------
@@ -404,7 +425,7 @@ def test_one_connection_holds_a_bounded_number_of_reservations() -> None:
     bring_up(table, [1])
     fifth = generate_keypair()[0]
     assert _granted(flub.allocate(request("flub.allocate", _ask(fifth), route=hostile), NOW))
-    flub.release(release(2, 1, keys[1]), NOW)
+    flub.release(release(2, 1, keys[1], route=hostile), NOW)
     sixth = generate_keypair()[0]
     assert _granted(flub.allocate(request("flub.allocate", _ask(sixth), route=hostile), NOW))
     full = only_response(
@@ -431,6 +452,72 @@ def test_a_connection_that_goes_frees_its_slots_but_not_its_reservations() -> No
     assert _granted(flub.allocate(asked, NOW))
     reserved = [e.rank for e in table.entries if e.state is RankState.RESERVED]
     assert len(reserved) == RESERVATIONS_PER_CONNECTION + 1  # a joiner closes its client early
+
+
+def test_only_the_connection_granted_a_reservation_may_exchange_keys_or_release_it() -> None:
+    """The key is public (a certificate's, a fingerprint away from status); the connection the
+    grant went to is not. Another connection naming (rank, incarnation, key) exactly is refused."""
+    table = started("kary:2", 4, launched=2)
+    bring_up(table, [1])
+    flub = flub_at_rank0(table)
+    key, joiner, other = generate_keypair()[0], ["l0a", "c1"], ["l0b", "c1"]
+    flub.allocate(request("flub.allocate", {**_ask(key), "rank": 3}, route=joiner), NOW)
+    triple = {"rank": 3, "incarnation": 1, "public_key": key}
+    for asked in (
+        request("flub.kex", triple, route=other),
+        request("flub.release", triple, route=other),
+        request("flub.kex", triple, route=["l0a", "c2"]),  # the same hop id at another broker
+    ):
+        actions = (flub.kex if asked.topic == "flub.kex" else flub.release)(asked, NOW)
+        refused = only_response(actions)
+        assert refused.errnum == errno.EPERM
+        assert refused.errstr == "rank 3 incarnation 1 was not reserved by this connection"
+        assert of_type(actions, Call) == of_type(actions, Send) == []
+    assert table.entry(3).state is RankState.RESERVED
+    # the joiner itself may, however it pads its route
+    [call] = flub.kex(request("flub.kex", triple, route=["junk", *joiner]), NOW)
+    assert isinstance(call, Call) and call.request.topic == "flub.authorize"
+    assert only_response(flub.release(release(3, 1, key, route=joiner), NOW)).payload == {}
+    assert table.entry(3).state is RankState.VACANT
+
+
+def test_asking_again_on_another_connection_gives_no_right_to_the_reservation() -> None:
+    """Two brokers started with one certificate, or anyone who read the public key: the second
+    connection is told the reservation (one key, one reservation), and may not use it."""
+    table = started("kary:2", 4, launched=2)  # rank 3's parent, rank 1, is not yet online
+    flub = flub_at_rank0(table)
+    key, first, second = generate_keypair()[0], ["l0a"], ["l0b"]
+    asked = {**_ask(key), "rank": 3}
+    grants = [
+        only_response(flub.allocate(request("flub.allocate", asked, route=r), NOW))
+        for r in (first, second)
+    ]
+    assert [(g.payload["rank"], g.payload["incarnation"]) for g in grants] == [(3, 1), (3, 1)]
+    assert flub.held == {("l0a",): {(3, 1)}}
+    bring_up(table, [1])
+    triple = {"rank": 3, "incarnation": 1, "public_key": key}
+    for topic, serve in (("flub.kex", flub.kex), ("flub.release", flub.release)):
+        refused = only_response(serve(request(topic, triple, route=second), NOW))
+        assert refused.errnum == errno.EPERM and "not reserved by this connection" in refused.errstr
+    assert of_type(flub.kex(request("flub.kex", triple, route=first), NOW), Call)
+    # once the holder's connection has gone, nobody holds it: it ends by hello or lease
+    assert flub.disconnect(request("client.disconnect", route=first), NOW) == []
+    again = flub.allocate(request("flub.allocate", asked, route=second), NOW)
+    assert of_type(again, Call)  # told again, with the parent's card now that it is online
+    refused = only_response(flub.kex(request("flub.kex", triple, route=second), NOW))
+    assert refused.errnum == errno.EPERM and flub.held == {}
+
+
+def test_padding_a_route_gets_no_more_reservations() -> None:
+    table = started("kary:2", 12, launched=1)
+    flub = flub_at_rank0(table)
+    hostile = ["l0a", "c1"]
+    for pad in range(RESERVATIONS_PER_CONNECTION):
+        asked = request("flub.allocate", _ask(generate_keypair()[0]), route=[f"x{pad}", *hostile])
+        assert _granted(flub.allocate(asked, NOW))
+    padded = request("flub.allocate", _ask(generate_keypair()[0]), route=["c9", "l0f", *hostile])
+    assert only_response(flub.allocate(padded, NOW)).errnum == errno.EAGAIN
+    assert list(flub.held) == [tuple(hostile)]
 
 
 def _granted(actions: list[Action]) -> bool:
@@ -718,3 +805,8 @@ def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_r
         ForgetWatches(("l0a", "c1")),
     ]
     assert leaf.handlers()["client.disconnect"](gone, NOW) == [KillJobsFrom(("l0a", "c1"))]
+    # a client may write a client.disconnect of its own: with a route before its hop, it is
+    # not a broker's notice, and nothing ends
+    forged = request("client.disconnect", route=["l0a", "l0b", "c1"])
+    [said] = root.handlers()["client.disconnect"](forged, NOW)
+    assert isinstance(said, Log) and "written by a client (l0b/c1)" in said.text

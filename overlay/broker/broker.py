@@ -367,7 +367,8 @@ class Broker:
                 continue
             outcome = self._apply(event, now)
             if isinstance(event, Online) and not outcome.applied:
-                self.perform(self.services.flub.void(event.rank, event.incarnation, outcome.reason))
+                reason = outcome.reason
+                self.perform(self.services.flub.void(event.rank, event.incarnation, reason, now))
 
     def _apply(self, event: Event, now: float) -> Outcome:
         assert self.table is not None

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.router import Handler
-from tbon.overlay.services.actions import Action, ForgetWatches
+from tbon.overlay.services.actions import Action, ForgetWatches, warning
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
 from tbon.overlay.services.status import StatusService
+from tbon.overlay.services.trust import client_notice, connection_of
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
@@ -60,7 +61,11 @@ class Services:
 
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect: the client's jobs and status streams end, and at rank 0 its
-        reservations no longer count against it."""
+        reservations no longer count against it. Only a notice shaped as a broker makes one is
+        obeyed (trust.client_notice): a client could send one, but only about itself."""
+        if not client_notice(request):
+            sender = "/".join(connection_of(request))
+            return [warning(f"ignored a client.disconnect written by a client ({sender})")]
         actions = self.exec.disconnect(request, now)
         if self.status is not None:  # rank 0
             actions.append(ForgetWatches(tuple(request.route)))

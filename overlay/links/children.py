@@ -10,7 +10,8 @@ A session is on the connection its latest welcomed hello came on (connections.py
 TCP connection went half-dead may connect again and say hello on the new one: it is welcomed
 there, the old connection's close, whenever it comes, ends nothing, and the new connection's close
 ends the session. A close of the connection a session is on is what proves it gone; an old one
-closing proves only that the child left it.
+closing proves only that the child left it. Only the same broker (host and pid) moves a session:
+another process holding the same key is refused, so that one incarnation never has two brokers.
 
 The module is a little over 400 lines: it is the ROUTER's whole input (monitor events, hellos,
 reports, goodbyes) and output (welcome, refuse, heartbeats, orders), which read best in order.
@@ -27,12 +28,21 @@ import zmq
 from tbon import exitcodes
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.links.connections import Connection, ConnectionLedger
-from tbon.overlay.links.hello import AskRankZero, Parent, Refusal, Welcome, judge_hello, judge_stale
+from tbon.overlay.links.hello import (
+    AskRankZero,
+    Parent,
+    Refusal,
+    Welcome,
+    hello_broker,
+    judge_hello,
+    judge_stale,
+)
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.state.ranktable import Event, Lost, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
@@ -81,10 +91,11 @@ class Children:
         self.config = config
         self.keyring = KeyRing()
         self.zap = ZapHandler(context, self.keyring)
+        self._full: set[bytes] = set()  # routing ids of children whose link is full
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
-        self.socket.sndhwm = 0
-        self.socket.rcvhwm = 0
+        self.socket.sndhwm = LINK_HWM  # per child; see _send_raw
+        self.socket.rcvhwm = LINK_HWM
         self.socket.router_mandatory = 1
         self.socket.curve_server = True
         self.socket.curve_secretkey = secret_z85.encode()
@@ -294,11 +305,8 @@ class Children:
             incarnation=identity.incarnation,
         )
         self._send_raw(routing_id, welcome)
-        host = str(hello.payload.get("hostname", ""))
-        pid = hello.payload.get("pid")
-        inbound.reports.append(
-            Online(identity.rank, identity.incarnation, host, pid if isinstance(pid, int) else 0)
-        )
+        session.broker = host, pid = hello_broker(hello.payload)
+        inbound.reports.append(Online(identity.rank, identity.incarnation, host, pid))
         if not self._ledger.tie(session, connection):
             inbound.reports.append(self._end(session, "lost", "connection lost"))
 
@@ -383,7 +391,13 @@ class Children:
         except zmq.ZMQError as error:
             if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
+            if error.errno == zmq.EAGAIN and routing_id not in self._full:
+                # A child that stopped reading: the message fails as if it were not connected,
+                # and its silence ends it. Said once, not once per message.
+                self._full.add(routing_id)
+                log.warning("a child's link is full (%d messages unread): not sending", LINK_HWM)
             return False
+        self._full.discard(routing_id)
         return True
 
     def shutdown(self) -> None:

@@ -16,8 +16,11 @@ The checks, in order; the first that fails gives the refusal:
 3. (bound key) the hello claims the key's identity;
 4. the rank claimed is a child of this parent;
 5. (bound key) the rank has a current incarnation here, and it is the key's (else superseded);
-6. the instance is not shutting down (exit 0);
-7. (shared key) the rank is not held by a broker that joined by FLUB.
+6. (bound key) no other broker was welcomed as that incarnation: two processes may hold one key
+   (`broker.cert`), and the first to say hello keeps the rank while the second is refused;
+   the same broker saying hello again (on a new connection) is welcomed again;
+7. the instance is not shutting down (exit 0);
+8. (shared key) the rank is not held by a broker that joined by FLUB.
 
 Then a bound key is welcomed, and a shared key goes to rank 0; if the rank's broker is connected,
 it is the old broker of that host, and the new one replaces it.
@@ -68,6 +71,15 @@ class AskRankZero(Record):
 
 Judgement = Welcome | Refusal | AskRankZero
 
+Broker = tuple[str, int]
+"""Who said a hello: its hostname and process id."""
+
+
+def hello_broker(hello: dict[str, Any]) -> Broker:
+    """The broker a hello comes from, as its parent reports it online."""
+    pid = hello.get("pid")
+    return str(hello.get("hostname", "")), pid if is_int(pid) else 0
+
 
 @dataclass(frozen=True, slots=True)
 class Standing:
@@ -78,6 +90,7 @@ class Standing:
     end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
     connected: bool = False
     shared: bool = False  # its broker holds the instance's shared key (config bootstrap)
+    broker: Broker | None = None  # the broker welcomed as this incarnation, while connected
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +129,17 @@ def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> 
         return Refusal(f"rank {shown} is not a child of rank {parent.rank}", exitcodes.REFUSED)
     standing = parent.children.get(rank)
     if key is not None:
-        current = standing.incarnation if standing is not None and not standing.ended else None
-        if current is None:
+        if standing is None or standing.ended:
             return Refusal(f"rank {rank} has no incarnation expecting a broker", exitcodes.REFUSED)
-        if current != key.incarnation:
-            return _superseded(rank, current)
+        if standing.incarnation != key.incarnation:
+            return _superseded(rank, standing.incarnation)
+        if standing.broker is not None and standing.broker != hello_broker(hello):
+            host, pid = standing.broker
+            return Refusal(
+                f"rank {rank} incarnation {key.incarnation} is held by another broker "
+                f"(pid {pid} on {host})",
+                exitcodes.REFUSED,
+            )
     if parent.shutting_down:
         return Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
     if key is not None:

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from tbon import exitcodes
-from tbon.overlay.links.hello import Standing
+from tbon.overlay.links.hello import Broker, Standing
 from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.state.ranktable import Departed, Event, Lost, Torpid
@@ -30,6 +30,7 @@ class ChildSession:
     end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
     retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
     shared: bool = False  # a config-booted rank, whose broker holds the instance's shared key
+    broker: Broker | None = None  # the broker last welcomed as this incarnation (host, pid)
 
     @property
     def connected(self) -> bool:
@@ -37,8 +38,9 @@ class ChildSession:
 
     def standing(self) -> Standing:
         """What the hello judge needs of this session."""
-        incarnation = self.identity.incarnation
-        return Standing(incarnation, self.ended, self.end_code, self.connected, self.shared)
+        incarnation, connected = self.identity.incarnation, self.connected
+        broker = self.broker if connected else None
+        return Standing(incarnation, self.ended, self.end_code, connected, self.shared, broker)
 
     def end(self, how: str, why: str) -> Event:
         """End this incarnation ("lost" or "departed") and say so. One that was retiring is

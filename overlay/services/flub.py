@@ -7,6 +7,13 @@ it checks that (rank, incarnation, key) is its current reservation and sends `fl
 the parent, which answers with its endpoint and public key for the joiner. A revocation for the
 same incarnation can only follow that order down the same links, so a parent never admits a key
 that rank 0 has already voided.
+
+A reservation is used (`flub.kex`, `flub.release`) only on the client connection it was granted
+on: the key it names is public, the connection is not. Asking again with that key, on another
+connection (a second broker started with the same certificate, or anyone who read the key), gets
+the same reservation named, but not the right to use it. Each order is obeyed only from whom may
+give it (trust.py): `flub.authorize` and `flub.revoke` from rank 0, `config.rejoin` from the
+rank's parent.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from tbon.overlay.services.actions import (
     warning,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import from_parent_of, from_rank0
+from tbon.overlay.services.trust import Connection, connection_of, from_parent_of, from_rank0
 from tbon.overlay.state.ranktable import (
     CONNECTED,
     RankState,
@@ -38,16 +45,13 @@ from tbon.overlay.state.ranktable import (
     Reboot,
     Release,
     Reserve,
+    Void,
 )
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
 Card = dict[str, str]
 """What a joiner needs to reach its parent: endpoint, public_key (Z85), hostname."""
-
-Route = tuple[str, ...]
-"""The hops a request came by: at rank 0 they name one client connection (its "l<id>" at the
-broker it is a client of, then that broker's way up), as `client.disconnect` does."""
 
 RESERVATIONS_PER_CONNECTION = 4
 """How many reservations one client connection may hold at once. A joiner needs one, and
@@ -74,7 +78,8 @@ class FlubService:
         self.card = card
         self.attributes = attributes
         self.waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
-        self.held: dict[Route, set[tuple[int, int]]] = {}  # rank 0: reservations by connection
+        # rank 0: the reservations each client connection (trust.connection_of) was granted first
+        self.held: dict[Connection, set[tuple[int, int]]] = {}
 
     # --- rank 0 -------------------------------------------------------------------------------
 
@@ -91,7 +96,7 @@ class FlubService:
             return _fail(request, errno.EINVAL, "flub.allocate: rank must be a whole number")
         if self.lifecycle.stopping:
             return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
-        route = tuple(request.route)
+        route = connection_of(request)
         held = self._held(route)
         repeat = any(entry.joiner == key for entry in self.table.entries)
         if len(held) >= RESERVATIONS_PER_CONNECTION and not repeat:
@@ -117,9 +122,9 @@ class FlubService:
                 info(f"FLUB: refused a joiner on {host}: {grant.reason}"),
                 *_fail(request, errnum, grant.reason),
             ]
-        self.held.setdefault(route, set()).add((grant.rank, grant.incarnation))
         actions: list[Action] = []
-        if not grant.repeated:
+        if not grant.repeated:  # a repeat is told its reservation, and holds it only if it did
+            self.held.setdefault(route, set()).add((grant.rank, grant.incarnation))
             actions.append(
                 info(
                     f"FLUB: rank {grant.rank} incarnation {grant.incarnation} reserved for "
@@ -161,15 +166,16 @@ class FlubService:
         ]
 
     def kex(self, request: Message, now: float) -> list[Action]:
-        """A joiner whose parent is online now asks for its card: check the reservation, have
-        the parent admit the key, and pass the parent's answer on."""
+        """A joiner whose parent is online now asks for its card: check the reservation and
+        that it was granted to this connection, have the parent admit the key, and pass the
+        parent's answer on."""
         assert self.table is not None
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
             return _fail(request, errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
-        if (why := self.table.verify(rank, incarnation, key)) is not None:
+        if (why := self._not_holder(request, rank, incarnation, key)) is not None:
             return [
                 warning(f"refused a key exchange for rank {rank}: {why}"),
                 *_fail(request, errno.EPERM, why),
@@ -190,15 +196,16 @@ class FlubService:
         return [self._order_authorize(rank, incarnation, key, then=passed_on)]
 
     def release(self, request: Message, now: float) -> list[Action]:
-        """A joiner that failed before its hello gives its reservation back: the rank is vacant
-        at once instead of when the lease runs out, and its parent drops the key."""
+        """A joiner that failed before its hello gives its reservation back, on the connection
+        it was granted on: the rank is vacant at once instead of when the lease runs out, and
+        its parent drops the key."""
         assert self.table is not None
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
             return _fail(request, errno.EINVAL, "flub.release needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
-        if (why := self.table.verify(rank, incarnation, key)) is not None:
+        if (why := self._not_holder(request, rank, incarnation, key)) is not None:
             return [
                 info(f"FLUB: refused to release rank {rank}: {why}"),
                 *_fail(request, errno.EPERM, why),
@@ -209,17 +216,29 @@ class FlubService:
             return _fail(request, errno.EPERM, outcome.reason)
         return [
             info(f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"),
-            *self.void(rank, incarnation, "the joiner released its reservation"),
+            *self.void(rank, incarnation, "the joiner released its reservation", now),
             Respond(request.respond({})),
         ]
 
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect at rank 0: the connection's reservations no longer count against
-        it (they stay reserved until their joiners come online, release them or they expire)."""
-        self.held.pop(tuple(request.route), None)
+        it (they stay reserved until their joiners come online, release them or they expire),
+        and nobody may exchange keys for them or release them any more."""
+        self.held.pop(connection_of(request), None)
         return []
 
-    def _held(self, route: Route) -> set[tuple[int, int]]:
+    def _not_holder(self, request: Message, rank: int, incarnation: int, key: str) -> str | None:
+        """Why `request` may not use the reservation (rank, incarnation, key): it must be rank
+        0's current one, and, since a public key is no secret, first granted on the very
+        connection the request came by. None if it may."""
+        assert self.table is not None
+        if (why := self.table.verify(rank, incarnation, key)) is not None:
+            return why
+        if (rank, incarnation) in self.held.get(connection_of(request), ()):
+            return None
+        return f"rank {rank} incarnation {incarnation} was not reserved by this connection"
+
+    def _held(self, route: Connection) -> set[tuple[int, int]]:
         """The reservations `route` holds that are still reserved. Every connection's ended
         ones (online, expired, released, reserved again) are forgotten on the way."""
         table = self.table
@@ -267,16 +286,24 @@ class FlubService:
                         f"{expiry.incarnation} for {host} expired"
                     )
                 )
-                actions += self.void(expiry.rank, expiry.incarnation, "the reservation expired")
+                why = "the reservation expired"
+                actions += self.void(expiry.rank, expiry.incarnation, why, now)
         return actions
 
-    def void(self, rank: int, incarnation: int, reason: str) -> list[Action]:
-        """Make the parent of `rank` drop that incarnation's key and connection (one-way)."""
+    def void(self, rank: int, incarnation: int, reason: str, now: float) -> list[Action]:
+        """Make the parent of `rank` drop that incarnation's key and connection (one-way). The
+        parent reports nothing of it, so an incarnation the table still shows connected (an
+        Online refused as another broker's) ends in the table too (Void): status never shows a
+        broker that its parent has cut off."""
         parent = self.topology.parent(rank)
         if parent is None:
             return []
+        actions: list[Action] = []
+        voided = Void(rank, incarnation, reason)
+        if self.table is not None and self.table.apply(voided, now).applied:
+            actions.append(warning(f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"))
         notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
-        return [Send(Message(Kind.REQUEST, "flub.revoke", notice, nodeid=parent))]
+        return [*actions, Send(Message(Kind.REQUEST, "flub.revoke", notice, nodeid=parent))]
 
     def rejoin(self, request: Message, now: float) -> list[Action]:
         """A parent asks for the incarnation of its config-booted child, back at its door."""

@@ -88,6 +88,18 @@ class Release(Record):
         self.public_key = public_key
 
 
+class Void(Record):
+    """Rank 0 has the parent cut this incarnation off (`flub.revoke`), which the parent does not
+    report: if the table still shows it connected, it ends here."""
+
+    __slots__ = __match_args__ = ("rank", "incarnation", "reason")
+
+    def __init__(self, rank: int, incarnation: int, reason: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.reason = reason
+
+
 class Reboot(Record):
     """A config-booted rank's broker was restarted on its host: the rank takes a new
     incarnation (the ended one is `incarnation`) and stays offline until it is welcomed."""
@@ -99,9 +111,9 @@ class Reboot(Record):
         self.incarnation = incarnation
 
 
-Event = Online | Lost | Departed | Torpid | Expire | Release | Retire | Reboot
+Event = Online | Lost | Departed | Torpid | Expire | Release | Retire | Reboot | Void
 """What brokers report about a rank (they travel up the tree to rank 0), and what rank 0 decides
-itself (Expire, Release, Retire, Reboot)."""
+itself (Expire, Release, Retire, Reboot, Void)."""
 
 
 class Reserve(Record):

@@ -18,7 +18,8 @@ leaves the phase and `since` as they were: a repeat, or the torpid flag.
 
 - Online (its parent welcomed the broker): an offline or reserved rank comes online once its
   parent is connected (rank 0 has no parent). A hello from the broker already online is a
-  repeat; from any other broker it is refused.
+  repeat; from any other broker it is refused. A parent welcomes no second broker as one
+  incarnation (hello.py); should one be reported all the same, rank 0 voids it (Void).
 - Lost (its broker failed) and Departed (a goodbye) end a connected or offline rank. An open
   rank becomes lost or vacant. A config rank goes offline (CONFIG_DOWN), since its host will
   run a broker again; one that was never online in this incarnation stays CONFIG_BOOTING. A
@@ -35,6 +36,11 @@ leaves the phase and `since` as they were: a repeat, or the torpid flag.
 - Expire: a reserved rank whose lease has run out becomes vacant and shows its old host again.
 - Release: its joiner failed before its hello and gives the reservation back, naming the key
   it was made for: the rank becomes vacant at once, as on Expire. The incarnation stays raised.
+- Void: rank 0 refused an Online and so has the rank's parent cut that incarnation off, which
+  the parent does not report. If the table still shows the incarnation connected (the Online was
+  another broker's), Void ends it as Lost would: status never shows online a broker that its
+  parent has cut off. Any other rank has nothing left to void (an expired or released
+  reservation, an incarnation already ended), and Void is refused.
 - Reboot: a config rank's broker was restarted and is at its parent's door. If the rank was
   online in this incarnation (CONFIG_DOWN), it takes a new one; if not, the current one serves.
 - Reserve (a joiner asks FLUB). The key is checked first, across the table: a barred key never
@@ -72,6 +78,7 @@ from tbon.overlay.state.rankevents import (
     Reserve,
     Retire,
     Torpid,
+    Void,
 )
 from tbon.overlay.state.rankstates import (
     ALLOCATABLE,
@@ -111,6 +118,7 @@ __all__ = [
     "Rule",
     "SubtreeStatus",
     "Torpid",
+    "Void",
 ]
 
 
@@ -321,6 +329,11 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.RESERVED, Expire): Rule(Phase.VACANT, (lease_over,), (unlease,)),
     # Release: the joiner failed before its hello and gives the rank back
     (Phase.RESERVED, Release): Rule(Phase.VACANT, (same_joiner,), (unlease,)),
+    # Void: rank 0 had a connected incarnation cut off at its parent, which reports nothing
+    (Phase.ONLINE, Void): _ends(Phase.LOST),
+    (Phase.RETIRING, Void): _ends(Phase.LOST, retired=True),
+    (Phase.CONFIG_ONLINE, Void): _ends(Phase.CONFIG_DOWN),
+    (Phase.CONFIG_RETIRING, Void): _ends(Phase.CONFIG_LOST, retired=True),
     # Reboot: a config rank's broker was restarted on its host
     (Phase.CONFIG_BOOTING, Reboot): Rule(None),
     (Phase.CONFIG_DOWN, Reboot): Rule(Phase.CONFIG_BOOTING, effects=(renew,)),
@@ -353,6 +366,7 @@ REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     ),
     Expire: lambda e: f"rank {e.rank} is {e.state}, not reserved",
     Release: lambda e: f"rank {e.rank} is {e.state}, not reserved",
+    Void: lambda e: f"rank {e.rank} is {e.state}: no broker of it is connected",
     Reboot: _reboot_refusal,
     Reserve: lambda e: f"rank {e.rank} is taken: {describe(e)}",
 }
