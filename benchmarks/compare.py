@@ -8,6 +8,13 @@ as `before → after (xRATIO)`, the medians over the rounds.
     .venv/bin/python benchmarks/compare.py --before /tmp/before --rounds 3 join.py --runs 5
 
 The arguments after the script's name go to the benchmark on both sides (--markdown is added).
+
+Each side runs its own checkout's copy of the script, with its own interpreter. With
+--same-script, both sides run THIS checkout's copy (the one next to compare.py), each with its own
+checkout's interpreter (and so its own `tbon`), for a benchmark the older checkout does not have;
+the script must then drive tbon through its CLI only, never `import tbon` (as flow.py does):
+
+    .venv/bin/python benchmarks/compare.py --before /tmp/before --same-script flow.py --hold 10
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ HERE = Path(__file__).resolve().parent.parent
 NUMBER = re.compile(r"^(?P<pre>[^0-9.-]*)(?P<num>-?\d+(?:\.\d+)?)(?P<post>\s*[a-zµ%]*)$")
 
 
-def run_side(checkout: Path, script: str, args: list[str]) -> list[str]:
-    """The markdown lines one benchmark run printed on one side."""
+def run_side(checkout: Path, script: str, args: list[str], same_script: bool) -> list[str]:
+    """The markdown lines one benchmark run printed on one side: the checkout's interpreter runs
+    the checkout's copy of the script, or this checkout's with `same_script`."""
     python = checkout / ".venv" / "bin" / "python"
-    argv = [str(python), str(checkout / "benchmarks" / script), *args, "--markdown"]
+    source = HERE if same_script else checkout
+    argv = [str(python), str(source / "benchmarks" / script), *args, "--markdown"]
     result = subprocess.run(argv, capture_output=True, text=True, cwd=checkout, timeout=3600)
     if result.returncode != 0:
         sys.exit(f"{checkout}: {script} failed:\n{result.stderr[-2000:]}")
@@ -72,17 +81,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, required=True, help="the older checkout")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument(
+        "--same-script",
+        action="store_true",
+        help="run this checkout's copy of the script on both sides (each with its own "
+        "interpreter), for a benchmark the older checkout does not have",
+    )
     parser.add_argument("script", help="a benchmark in benchmarks/, e.g. join.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
     options = parser.parse_args()
     rounds = []
     for number in range(options.rounds):
         print(f"round {number + 1} of {options.rounds}", file=sys.stderr)
-        before = run_side(options.before.resolve(), options.script, options.args)
-        after = run_side(HERE, options.script, options.args)
+        before = run_side(
+            options.before.resolve(), options.script, options.args, options.same_script
+        )
+        after = run_side(HERE, options.script, options.args, options.same_script)
         rounds.append((before, after))
+    which = f", both running {HERE / 'benchmarks' / options.script}" if options.same_script else ""
     print(
-        f"{options.script}: before ({options.before}) → after ({HERE}), "
+        f"{options.script}: before ({options.before}) → after ({HERE}){which}, "
         f"medians of {options.rounds} interleaved rounds"
     )
     print("\n".join(merge(rounds)))
