@@ -1,7 +1,10 @@
 """The Typer application: one module per command, registered here.
 
-`run` turns every failure into one line on stderr and an exit code: 2 for usage errors, the error's
-own code for a `TbonError`, 1 for anything unexpected (with the traceback only under TBON_DEBUG=1).
+Every command is a TbonCommand (cli/commands.py): help in tbon's layout, numbers refused in
+tbon's words. `run` turns every failure into one line on stderr, `tbon COMMAND: what is wrong`,
+and an exit code: 2 for usage errors, the error's own code for a `TbonError`, 1 for anything
+unexpected (with the traceback only under TBON_DEBUG=1). `tbon` alone prints the help and
+exits 2.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import sys
 import typer
 from typer._click import exceptions as click_exceptions
 
+from tbon.cli.commands import TbonApp
 from tbon.errors import TbonError, debugging
 
 COMMAND_MODULES = (
@@ -22,13 +26,15 @@ COMMAND_MODULES = (
     "expand",
     "retire",
     "exec",
+    "dmesg",
     "keygen",
     "uri",
     "ping",
     "shutdown",
+    "completion",
 )
 
-app = typer.Typer(
+app = TbonApp(
     name="tbon",
     help="An elastic, authenticated tree of message brokers across an allocation.",
     no_args_is_help=True,
@@ -83,6 +89,9 @@ def run(args: list[str]) -> int:
         result = command.main(args=args, prog_name=prog, standalone_mode=False)
     except typer.Exit as exit_:
         return exit_.exit_code
+    except click_exceptions.NoArgsIsHelpError as error:  # `tbon` alone: the help, no error
+        print(error.format_message())
+        return 2
     except typer.Abort:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
@@ -94,7 +103,7 @@ def run(args: list[str]) -> int:
         )
         return 2
     except click_exceptions.ClickException as error:
-        print(f"{prog}: {error.format_message()}", file=sys.stderr)
+        print(f"{_command_name(args)}: {error.format_message()}", file=sys.stderr)
         return error.exit_code
     except TbonError as error:
         print(f"{_command_name(args)}: {error}", file=sys.stderr)

@@ -3,6 +3,9 @@
 One request goes to rank 0; each broker starts the command if it is a target and passes the
 request to the children whose subtrees hold targets. Output comes back up the same way, in whole
 lines, as it is produced. The cost grows with the tree's depth, not with the number of ranks.
+
+As with `flux exec`, jobs run in the caller's directory and with the caller's environment, which
+--env rules trim (job_environment); each broker then sets its own TBON_* variables over them.
 """
 
 from __future__ import annotations
@@ -11,16 +14,23 @@ import os
 import signal
 import sys
 import uuid
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from string import Template
 from typing import Any
 
 import typer
 
 from tbon.cli.common import print_json
-from tbon.errors import UsageError
+from tbon.errors import TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
+SKIPPED_STATES = ("lost", "offline")
+"""What `-r all` leaves out and says so: ranks whose broker is down. (Vacant and reserved ranks
+have none yet, and retiring ones are said apart: they still finish what they run.)"""
 
 
 @dataclass
@@ -30,6 +40,7 @@ class Outcome:
     pending: set[int]
     status: dict[int, int] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    notes: dict[int, str] = field(default_factory=dict)  # why a command that ended, failed
     output: dict[int, dict[str, list[bytes]]] = field(default_factory=dict)
 
     def exit_status(self) -> int:
@@ -64,7 +75,18 @@ def register(app: typer.Typer) -> None:
             "--dir",
             "-d",
             metavar="DIR",
-            help="Run in DIR (default: each broker's directory).",
+            help="Run in DIR (default: the current directory; a relative DIR is from there).",
+        ),
+        env_rules: list[str] = typer.Option(
+            [],
+            "--env",
+            metavar="RULE",
+            help="Change the environment passed (repeatable, applied in order): -PATTERN removes "
+            "the variables whose names match a glob (-* removes all), NAME=VALUE sets one, NAME "
+            "(or a glob) passes the caller's.",
+        ),
+        noinput: bool = typer.Option(
+            False, "--noinput", "-n", help="Do not read stdin: the commands' input ends at once."
         ),
         as_json: bool = typer.Option(
             False, "--json", help="Print one JSON object: each rank's status and output."
@@ -72,24 +94,38 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run COMMAND on a set of ranks, like pdsh or flux exec, through the tree.
 
-        stdout and stderr are streamed in whole lines; stdin is sent to every process; SIGINT
-        and SIGTERM are passed on to every process. Exit status: the largest of the commands'
-        (128+N for signal N), or 68 if a target does not exist, is not online, or was lost.
+        Each command runs in the current directory (or DIR) with this environment (as changed
+        by --env), plus TBON_RANK, TBON_SIZE and TBON_URI, which name its own broker. stdout and
+        stderr are streamed in whole lines; stdin is sent to every process (unless -n); SIGINT
+        and SIGTERM are passed on to every process.
+
+        -r all runs on every online rank, and says on stderr which ranks it skips (lost,
+        offline, retiring). Exit status: the largest of the commands' (128+N for signal N; 127
+        for a command not found, 126 for one that cannot run), or 68 if a rank named with -r
+        does not exist or is not online, or a rank was lost while running.
         """
         from tbon.overlay.connectors.client import connect
 
         uri, command = _split(words)
         uri = uri or uri_option
+        cwd = _directory(directory)
+        env = job_environment(os.environ, env_rules)
+        if directory is not None and "PWD" in env:
+            env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
+        _check_size(env)
         with connect(uri) as client:
             status = client.rpc("status.get", nodeid=0)
-            targets, problems = _targets(status, ranks, exclude)
+            targets, problems, skipped = _targets(status, ranks, exclude)
+            for line in _skipped_lines(skipped):
+                print(f"tbon exec: {line}", file=sys.stderr)
             outcome = Outcome(set(targets))
             for rank, why in problems.items():
                 outcome.errors[rank] = why
                 if not as_json:
                     print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
             if targets:
-                _run(client, sorted(targets), command, directory, label, as_json, outcome)
+                job = Job(command, cwd, env, noinput)
+                _run(client, sorted(targets), job, label, as_json, outcome)
         if as_json:
             print_json(
                 {
@@ -98,7 +134,7 @@ def register(app: typer.Typer) -> None:
                         {
                             "rank": rank,
                             "status": outcome.status.get(rank),
-                            "error": outcome.errors.get(rank),
+                            "error": outcome.errors.get(rank, outcome.notes.get(rank)),
                             "stdout": _text(outcome.output.get(rank, {}).get("stdout", [])),
                             "stderr": _text(outcome.output.get(rank, {}).get("stderr", [])),
                         }
@@ -126,22 +162,75 @@ def _split(words: list[str]) -> tuple[str | None, list[str]]:
     return uri, command
 
 
+def job_environment(caller: Mapping[str, str], rules: Sequence[str]) -> dict[str, str]:
+    """The environment to pass: the caller's, changed by --env rules in order, as by flux run's
+    --env. `-PATTERN` removes the variables whose names match the glob (`-*`: all of them);
+    `NAME=VALUE` sets one, `$NAME` or `${NAME}` in VALUE being taken from what is built so far,
+    else from the caller (`$$` is a dollar sign); `NAME` alone, or a glob, brings back the
+    caller's variables of that name that are not set already."""
+    env = dict(caller)
+    for rule in rules:
+        if rule.startswith("-"):
+            env = {name: value for name, value in env.items() if not fnmatchcase(name, rule[1:])}
+        elif "=" in rule:
+            name, value = rule.split("=", 1)
+            if not name:
+                raise UsageError(f"--env={rule}: no variable name before '='")
+            try:
+                env[name] = Template(value).substitute(ChainMap(env, dict(caller)))
+            except KeyError as missing:
+                raise UsageError(f"--env={rule}: ${missing.args[0]} is not set") from None
+            except ValueError:
+                raise UsageError(f"--env={rule}: write $$ for a '$' of its own") from None
+        elif rule:
+            env |= {n: v for n, v in caller.items() if fnmatchcase(n, rule) and n not in env}
+        else:
+            raise UsageError("--env needs a RULE: -PATTERN, NAME=VALUE or NAME")
+    return env
+
+
+def _directory(option: str | None) -> str:
+    """Where the jobs run: DIR, from the current directory if relative, or that directory."""
+    if option is not None and os.path.isabs(option):
+        return option
+    try:
+        here = os.getcwd()
+    except OSError as error:
+        raise TbonError(
+            f"cannot tell the current directory ({error.strerror}): use -d DIR"
+        ) from None
+    return os.path.join(here, option) if option is not None else here
+
+
+def _check_size(env: dict[str, str]) -> None:
+    """Refuse, before anything starts, an environment that no broker would take."""
+    from tbon.overlay.services.exec import ENV_LIMIT, environment_size
+
+    if (size := environment_size(env)) > ENV_LIMIT:
+        raise UsageError(
+            f"the environment takes {size} bytes, over the limit of {ENV_LIMIT} (1 MiB): leave "
+            "variables out with --env=-PATTERN"
+        )
+
+
 def _targets(
     status: dict[str, Any], ranks: str, exclude: str | None
-) -> tuple[list[int], dict[int, str]]:
-    """The ranks to run on, and why some asked-for ranks cannot be."""
+) -> tuple[list[int], dict[int, str], dict[str, list[int]]]:
+    """The ranks to run on, why some asked-for ranks cannot be, and, for `all`, the ranks left
+    out by state (lost, offline, retiring)."""
     size, entries = status["size"], status["ranks"]
-    skipped = set(parse_idset(exclude)) if exclude else set()
+    excluded = set(parse_idset(exclude)) if exclude else set()
     problems: dict[int, str] = {}
     if ranks == "all":
         chosen = [e["rank"] for e in entries if e["state"] == "online"]
-        retiring = [e["rank"] for e in entries if e["state"] == "retiring"]
-        if retiring:
-            print(f"tbon exec: skipping retiring ranks {format_idset(retiring)}", file=sys.stderr)
-        return [r for r in chosen if r not in skipped], problems
+        skipped: dict[str, list[int]] = {}
+        for entry in entries:
+            if entry["state"] in (*SKIPPED_STATES, "retiring") and entry["rank"] not in excluded:
+                skipped.setdefault(entry["state"], []).append(entry["rank"])
+        return [r for r in chosen if r not in excluded], problems, skipped
     chosen = []
     for rank in parse_idset(ranks):
-        if rank in skipped:
+        if rank in excluded:
             continue
         if rank >= size:
             problems[rank] = f"no such rank in this instance of size {size}"
@@ -149,17 +238,54 @@ def _targets(
             problems[rank] = f"rank {rank} is {entries[rank]['state']}"
         else:
             chosen.append(rank)
-    return chosen, problems
+    return chosen, problems, {}
+
+
+def _skipped_lines(skipped: dict[str, list[int]]) -> list[str]:
+    """What `-r all` says about the ranks it leaves out: one line for those whose broker is
+    down, one for those retiring."""
+    lines = []
+    down = [
+        f"{state} ranks {format_idset(skipped[state])}"
+        for state in SKIPPED_STATES
+        if state in skipped
+    ]
+    if down:
+        lines.append(f"skipping {' and '.join(down)}")
+    if "retiring" in skipped:
+        lines.append(f"skipping retiring ranks {format_idset(skipped['retiring'])}")
+    return lines
+
+
+@dataclass
+class Job:
+    """What to run, where and how: the same on every rank."""
+
+    command: list[str]
+    cwd: str
+    env: dict[str, str]
+    noinput: bool
+
+
+def _start_message(start: dict[str, Any]) -> None:
+    """Refuse an exec.start too large to be a message (a long argv, an environment of many
+    non-ASCII characters, which JSON escapes): the first broker would drop it unanswered."""
+    from tbon.overlay.wire.message import MAX_MESSAGE_BYTES, Kind, Message, encode
+
+    size = sum(len(frame) for frame in encode(Message(Kind.REQUEST, "exec.start", start)))
+    if size > MAX_MESSAGE_BYTES - ROUTE_ROOM:
+        raise UsageError(
+            f"the command and its environment take {size} bytes as a message, over the limit "
+            f"of {MAX_MESSAGE_BYTES - ROUTE_ROOM}: pass fewer arguments or variables"
+        )
+
+
+ROUTE_ROOM = 64 * 1024
+"""Room left in a message for what the tree adds to an exec.start on its way down (its route)."""
 
 
 def _run(
-    client: Any,
-    targets: list[int],
-    command: list[str],
-    directory: str | None,
-    label: bool,
-    as_json: bool,
-    outcome: Outcome,
+    client: Any, targets: list[int], job: Job, label: bool, as_json: bool, outcome: Outcome
 ) -> None:
     """Start the command, then pass output, input, signals and credit until every rank is done.
 
@@ -167,18 +293,29 @@ def _run(
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room."""
     from tbon.overlay.services.flow import StdinRoom, output_window
 
-    job = uuid.uuid4().hex
+    job_id = uuid.uuid4().hex
     window = output_window(len(targets))
-    start = {"id": job, "argv": command, "cwd": directory, "targets": targets, "window": window}
+    start = {
+        "id": job_id,
+        "argv": job.command,
+        "cwd": job.cwd,
+        "env": job.env,
+        "targets": targets,
+        "window": window,
+    }
+    _start_message(start)
     tag = client.send("exec.start", start, nodeid=0)
     watch = client.send("status.watch", {}, nodeid=0)
-    streams = Streams(client, job, window, label, as_json, outcome, StdinRoom.for_ranks(targets))
+    room = StdinRoom.for_ranks(targets)
+    streams = Streams(client, job_id, window, label, as_json, outcome, room)
 
     def forward(signum: int, _frame: object) -> None:
-        client.send("exec.signal", {"id": job, "signal": signum, "targets": targets}, nodeid=0)
+        client.send("exec.signal", {"id": job_id, "signal": signum, "targets": targets}, nodeid=0)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    stdin = _stdin_fd()
+    stdin = None if job.noinput else _stdin_fd()
+    if stdin is None:
+        streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
     try:
         while outcome.pending:
@@ -301,8 +438,10 @@ def _answer(payload: dict[str, Any], outcome: Outcome, as_json: bool) -> None:
     if "exit" in payload:
         outcome.status[rank] = int(payload["exit"])
         outcome.pending.discard(rank)
-        if "note" in payload and not as_json:
-            print(f"tbon exec: rank {rank}: {payload['note']}", file=sys.stderr)
+        if "note" in payload:
+            outcome.notes[rank] = str(payload["note"])
+            if not as_json:
+                print(f"tbon exec: rank {rank}: {payload['note']}", file=sys.stderr)
     elif "error" in payload:
         outcome.errors[rank] = str(payload["error"])
         outcome.pending.discard(rank)

@@ -8,6 +8,7 @@ are told there is no rank (exit 69) and nothing that was online is touched.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -174,15 +175,27 @@ def _launch(
     rundir = os.path.dirname(boot[len("local://") :]) if boot.startswith("local://") else None
     logs = Path(rundir or os.environ.get("TMPDIR", "/tmp")) / "expand"
     logs.mkdir(mode=0o700, exist_ok=True)
-    attributes = [f"broker.boot-server={boot}", *extra]
+    attributes = [f"broker.boot-server={boot}", *_log_level(extra), *extra]
     if info.get("endpoint", "").startswith("tcp://127.") and not any(
         a.startswith("tbon.endpoint=") for a in extra
     ):
         attributes.append("tbon.endpoint=tcp://127.0.0.1:*")  # the instance lives on loopback
+    # Run directories inside rank 0's, so that none outlives the instance, even after kill -9
+    # (overlay/launch/rundirs.py); those of brokers gone since the last expand are swept.
+    from tbon.overlay.launch.rundirs import joiner_rundir, joiners_directory, sweep
+
+    own_rundir = not any(a.startswith("broker.rundir=") for a in extra)
+    under = joiners_directory(info.get("uri", "")) if own_rundir else None
+    sweep(under)
     joiners = []
     for index, rank in enumerate(wanted):
         argv = [*_tbon_command(), "broker"]
-        for attribute in [*attributes, *([f"broker.rank={rank}"] if rank is not None else [])]:
+        place = joiner_rundir(under, f"{os.getpid()}-{index}")
+        for attribute in [
+            *attributes,
+            *([f"broker.rank={rank}"] if rank is not None else []),
+            *([f"broker.rundir={place}"] if place is not None else []),
+        ]:
             argv += ["-S", attribute]
         log = logs / f"broker-{os.getpid()}-{index}.log"
         with open(log, "wb") as output:
@@ -233,7 +246,8 @@ def _launch_remote(
     joiners = []
     for index, rank in enumerate(ranks):
         host = hosts[index % len(hosts)]
-        attributes = [f"broker.boot-server={boot}", f"broker.rank={rank}", *extra]
+        attributes = [f"broker.boot-server={boot}", f"broker.rank={rank}", *_log_level(extra)]
+        attributes += extra
         attributes += endpoint_on(host, extra)
         remote = ["env", f"TBON_SSH={os.environ.get('TBON_SSH', 'ssh')}", tbon, "broker"]
         for attribute in attributes:
@@ -296,12 +310,32 @@ def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
             progress.update(task, completed=sum(not j.pending for j in joiners))
 
 
+def _log_level(extra: list[str]) -> list[str]:
+    """The brokers' logs go to files, not to a terminal: they keep what went right too (info),
+    unless -S says otherwise."""
+    if any(a.startswith("log-stderr-level=") for a in extra):
+        return []
+    return ["log-stderr-level=info"]
+
+
+_LOG_LINE = re.compile(r"(?:\S+ )?tbon-broker(?:\[\d+\])?: (\w+): (.*)")
+"""A broker's log line: `[TIME] tbon-broker[RANK]: LEVEL: MESSAGE`."""
+
+
 def _last_line(log: Path) -> str:
+    """Why a joiner failed: the last line of its log that is not news of progress (info), without
+    its time and the broker's name. A line that is not the broker's (ssh's) counts as trouble."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     if not lines:
         return "exited without a word"
-    text = lines[-1]
-    return text.split(": ", 2)[-1] if text.startswith("tbon-broker") else text
+    for line in reversed(lines):
+        said = _LOG_LINE.fullmatch(line)
+        if said is None:
+            return line
+        if said[1] not in ("debug", "info"):
+            return said[2]
+    said = _LOG_LINE.fullmatch(lines[-1])
+    return said[2] if said else lines[-1]
 
 
 def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:

@@ -2,7 +2,8 @@
 
 `tbon broker` and `tbon relay` are dispatched before Typer is imported, so that they start with
 nothing but pyzmq and PyNaCl loaded; every other command goes through the Typer app in
-`tbon.cli.app`.
+`tbon.cli.app`. Each of the two shows in `ps` by what it is (tbon/proctitle.py): `tbon broker
+rank R/N ...`, `tbon relay ...`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ def main(argv: list[str] | None = None) -> int:
         return broker_main(args[1:])
     if args[:1] == ["relay"]:  # started by ssh for an ssh:// URI: as lean as a broker
         from tbon.overlay.connectors.relay import main as relay_main
+        from tbon.proctitle import set_title
+
+        # Shown without the broker command that `tbon alloc` has it run, so that
+        # `pgrep -f "tbon broker"` finds brokers alone.
+        shown = args[: args.index("--")] if "--" in args else args
+        set_title(" ".join(["tbon", *shown]), b"tbon-relay")
 
         return relay_main(args[1:])
     from tbon.cli.app import run

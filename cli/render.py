@@ -1,4 +1,10 @@
-"""Drawing the rank table as a tree: `RANK HOST: STATE`, one line per rank, as Flux does."""
+"""Drawing the rank table: as a tree, `RANK HOST: STATE` one line per rank as Flux does, or as
+the list of ranks that are not online (`--errors`, `--down`).
+
+Pure functions of the status object (docs/design.md §12) and of `age`, the seconds since rank 0
+made it, so that a `--watch` view can keep its clocks running between tables. Fields a newer
+rank 0 adds are used when present and never required, so this draws an older one's table too.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import Any
 from rich.text import Text
 
 from tbon.overlay.parse.duration import format_duration
+from tbon.overlay.parse.idset import format_idset
 
 STYLE = {
     "full": "green",
@@ -19,33 +26,84 @@ STYLE = {
     "retiring": "magenta",
 }
 
+VIEWS = ("tree", "summary", "errors", "down")
+
 
 def shown_state(entry: dict[str, Any]) -> str:
     """An online broker shows how its subtree is; any other rank shows its own state."""
     return entry["subtree"] if entry["state"] == "online" else entry["state"]
 
 
-def line(entry: dict[str, Any], verbose: bool, rtt: float | None) -> Text:
+def shown_since(entry: dict[str, Any], age: float = 0.0) -> float:
+    """Seconds in the state shown: for an online rank, its subtree status's own clock, which
+    restarts when a rank below changes it (`since` restarts only when the rank's own does)."""
+    if entry["state"] == "online":
+        return entry.get("subtree_since", entry["since"]) + age
+    return entry["since"] + age
+
+
+def never_held(entry: dict[str, Any]) -> bool:
+    """A spare that no broker has held yet: vacant by design, nothing went wrong."""
+    return entry["state"] == "vacant" and entry["incarnation"] == 0
+
+
+def why(entry: dict[str, Any], age: float = 0.0) -> str:
+    """Why a rank is not online, in words; "" for an online rank."""
+    state = entry["state"]
+    if "reason" in entry:
+        return str(entry["reason"])
+    if state == "offline":
+        return "not online yet"
+    if state == "reserved" and "joiner" in entry:
+        left = format_duration(max(0.0, entry["expires"] - age))
+        return f"awaiting joiner {entry['joiner']}, {left} left"
+    if state == "retiring":
+        return "being drained by tbon retire"
+    if never_held(entry):
+        return "spare, never held"
+    return ""
+
+
+def line(
+    entry: dict[str, Any],
+    verbose: bool,
+    rtt: float | None = None,
+    age: float = 0.0,
+    path: list[int] | None = None,
+) -> Text:
+    """`RANK HOST: STATE`, with what `verbose` adds (time in state, incarnation, rtt and, for a
+    rank not online, why and its last pid) and, for `--down`, its path to the root."""
     state = shown_state(entry)
     text = Text(f"{entry['rank']} {entry['host']}: ")
     text.append(state, style=STYLE.get(state, ""))
     if entry["state"] == "reserved" and "joiner" in entry:
-        text.append(
-            f" (joiner {entry['joiner']}, {format_duration(entry['expires'])} left)",
-            style="bright_black",
-        )
+        left = format_duration(max(0.0, entry["expires"] - age))
+        text.append(f" (joiner {entry['joiner']}, {left} left)", style="bright_black")
     if entry.get("retired"):
         text.append(" (retired)", style="bright_black")
     if entry["torpid"]:
         text.append(" (torpid)", style="bold red")
     if verbose:
         text.append(
-            f" for {format_duration(entry['since'])} incarnation {entry['incarnation']}",
+            f" for {format_duration(shown_since(entry, age))} incarnation {entry['incarnation']}",
             style="bright_black",
         )
         if rtt is not None:
             text.append(f" rtt {rtt * 1000:.3f}ms", style="bright_black")
+    if path is not None:
+        text.append(f" (via {', '.join(map(str, path))})" if path else " (the root)")
+    if path is not None or (verbose and entry["state"] != "online"):
+        _append_why(text, entry, verbose, age)
     return text
+
+
+def _append_why(text: Text, entry: dict[str, Any], last_pid: bool, age: float) -> None:
+    if entry["state"] == "reserved":
+        return  # its joiner and lease are on the line already
+    if reason := why(entry, age):
+        text.append(f": {reason}")
+    if last_pid and entry.get("last_pid") is not None:
+        text.append(f" (last pid {entry['last_pid']})", style="bright_black")
 
 
 def tree(
@@ -54,6 +112,7 @@ def tree(
     pretty: bool = True,
     verbose: bool = False,
     rtts: dict[int, float] | None = None,
+    age: float = 0.0,
 ) -> list[Text]:
     """Lines for the subtree under `root`, with box-drawing connectors when `pretty`."""
     ranks = status["ranks"]
@@ -63,7 +122,7 @@ def tree(
     while stack:
         rank, prefix, below = stack.pop()
         text = Text(prefix)
-        text.append_text(line(ranks[rank], verbose, rtts.get(rank)))
+        text.append_text(line(ranks[rank], verbose, rtts.get(rank), age))
         lines.append(text)
         children = ranks[rank]["children"]
         for index in range(len(children) - 1, -1, -1):
@@ -87,6 +146,16 @@ def subtree(status: dict[str, Any], root: int) -> list[int]:
     return sorted(found)
 
 
+def path_to_root(status: dict[str, Any], rank: int) -> list[int]:
+    """The ranks a message from `rank` passes on its way up: its parent, ..., 0."""
+    path: list[int] = []
+    parent = status["ranks"][rank]["parent"]
+    while parent is not None:
+        path.append(parent)
+        parent = status["ranks"][parent]["parent"]
+    return path
+
+
 def summary(status: dict[str, Any], root: int = 0) -> Text:
     """The root line and how many ranks of its subtree are in each state."""
     counts: dict[str, int] = {}
@@ -98,3 +167,62 @@ def summary(status: dict[str, Any], root: int = 0) -> Text:
     parts = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
     text.append(f" ({len(ranks)} ranks: {parts})")
     return text
+
+
+def not_online(
+    status: dict[str, Any],
+    root: int = 0,
+    paths: bool = False,
+    verbose: bool = False,
+    age: float = 0.0,
+) -> list[Text]:
+    """`--errors` (`paths` False) and `--down` (True): a line for each rank under `root` that is
+    not online, with why; spares never held, vacant by design, share one last line."""
+    lines: list[Text] = []
+    spares: list[int] = []
+    for rank in subtree(status, root):
+        entry = status["ranks"][rank]
+        if entry["state"] == "online":
+            continue
+        if never_held(entry) and "reason" not in entry:
+            spares.append(rank)
+        elif paths:
+            lines.append(line(entry, verbose, None, age, path_to_root(status, rank)))
+        else:
+            lines.append(error_line(entry, age))
+    if spares:
+        text = Text(f"{format_idset(spares)}: ")
+        text.append("vacant", style=STYLE["vacant"])
+        text.append(": spare never held" if len(spares) == 1 else ": spares never held")
+        lines.append(text)
+    return lines
+
+
+def error_line(entry: dict[str, Any], age: float = 0.0) -> Text:
+    """`RANK HOST: STATE for TIME: REASON (last pid PID)`, as `flux overlay errors` words it."""
+    text = Text(f"{entry['rank']} {entry['host']}: ")
+    state = entry["state"]
+    text.append(state, style=STYLE.get(state, ""))
+    text.append(f" for {format_duration(shown_since(entry, age))}", style="bright_black")
+    if reason := why(entry, age):
+        text.append(f": {reason}")
+    if entry.get("last_pid") is not None:
+        text.append(f" (last pid {entry['last_pid']})", style="bright_black")
+    return text
+
+
+def view(
+    status: dict[str, Any],
+    root: int,
+    kind: str,
+    pretty: bool = True,
+    verbose: bool = False,
+    rtts: dict[int, float] | None = None,
+    age: float = 0.0,
+) -> list[Text]:
+    """The lines of one view of the table (`kind` is one of VIEWS)."""
+    if kind == "summary":
+        return [summary(status, root)]
+    if kind in ("errors", "down"):
+        return not_online(status, root, paths=kind == "down", verbose=verbose, age=age)
+    return tree(status, root, pretty, verbose, rtts, age)

@@ -1,11 +1,21 @@
-"""`tbon status`: the tree of ranks and their states, once, until a state, or live."""
+"""`tbon status`: the tree of ranks and their states, once, until a state, or live.
+
+A `--watch` view on a terminal is drawn on the alternate screen and redrawn whole at every table
+rank 0 pushes and at least every second, so that its clocks tick and anything else written to
+the terminal (the warnings of the brokers of a `tbon start` shell) is wiped at the next redraw
+instead of shifting the view; when it ends, the last view is printed on the normal screen. Piped,
+each table is printed after a line with the time.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -13,20 +23,38 @@ from tbon.cli.common import URI_HELP, duration, interactive, print_json
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.connectors.client import RequestError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 SUBTREE_STATES = ("full", "partial", "degraded", "lost", "offline")
+UP = "up"
+WAIT_STATES = (*SUBTREE_STATES, UP)
+EXPECTED_MISSING = ("offline", "reserved", "lost")
+"""The states of a rank that is expected to have a broker online and has none: launched or in
+the config file and not yet online, reserved for a joiner on its way, or lost. Vacant ranks
+(spares, ranks whose broker left or retired, lapsed reservations) are expected to have none, and
+a retiring rank is on its way out."""
+
+COLORS = ("auto", "always", "never")
+TICK = 1.0  # seconds between redraws of a --watch view on a terminal, at most
+WIPE = 0.25  # a redraw this soon after a pushed table wipes warnings that came with the change
 
 
 def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(
         uri: str = typer.Argument(None, metavar="[URI]", help=URI_HELP),
-        rank: int = typer.Option(0, "--rank", "-r", help="Show the subtree under this rank."),
+        rank: int = typer.Option(
+            0, "--rank", "-r", metavar="RANK", help="Show the subtree under this rank."
+        ),
         wait: str = typer.Option(
             None,
             "--wait",
             "-w",
             metavar="STATE",
-            help="Wait until the subtree is in STATE (full, partial, degraded, lost, offline).",
+            help="Wait until the subtree is in STATE: full, partial, degraded, lost or offline; "
+            "or up, every rank of it that is expected to have a broker has it online (none is "
+            "offline, reserved or lost; vacant spares are not expected).",
         ),
         timeout: str = typer.Option(
             None,
@@ -36,15 +64,40 @@ def register(app: typer.Typer) -> None:
             help="Give up waiting after DURATION (e.g. 30s) and exit 1.",
         ),
         summary: bool = typer.Option(False, "--summary", help="Show only the subtree's root."),
+        errors: bool = typer.Option(
+            False,
+            "--errors",
+            help="List each rank that is not online, with how long and why (like flux overlay "
+            "errors).",
+        ),
+        down: bool = typer.Option(
+            False,
+            "--down",
+            help="List each rank that is not online with its path to the root and why.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the rank table as JSON."),
         no_pretty: bool = typer.Option(
             False, "--no-pretty", help="Indent with spaces, no tree connectors."
         ),
         verbose: bool = typer.Option(
-            False, "--verbose", "-v", help="Add time in state and round-trip time per rank."
+            False,
+            "--verbose",
+            "-v",
+            help="Add time in the state shown, incarnation and round-trip time per rank, and why "
+            "each rank that is not online went.",
         ),
         watch: bool = typer.Option(
-            False, "--watch", help="Keep a live view, redrawn as ranks change, until Ctrl-C."
+            False,
+            "--watch",
+            help="Keep a live view, redrawn as ranks change and every second, until Ctrl-C; "
+            "piped, print each table after a line with the time.",
+        ),
+        color: str = typer.Option(
+            "auto",
+            "--color",
+            metavar="WHEN",
+            help="Colour the states: auto (on a terminal, unless NO_COLOR is set), always or "
+            "never.",
         ),
     ) -> None:
         """Show the state of every rank as a tree: RANK HOST: STATE.
@@ -52,13 +105,20 @@ def register(app: typer.Typer) -> None:
         An online broker shows its subtree's status: full (all online), partial (some rank below
         is offline, vacant, reserved or retiring) or degraded (some rank below is lost); other
         ranks show their own state: lost, offline, vacant, reserved, retiring.
+
+        --errors and --down list only the ranks that are not online, with why each went.
         """
         from tbon.overlay.connectors.client import connect
 
-        if wait is not None and wait not in SUBTREE_STATES:
-            raise UsageError(
-                f"invalid --wait state {wait!r}: use one of {', '.join(SUBTREE_STATES)}"
-            )
+        if wait is not None and wait not in WAIT_STATES:
+            raise UsageError(f"invalid --wait state {wait!r}: use one of {', '.join(WAIT_STATES)}")
+        if color not in COLORS:
+            raise UsageError(f"invalid --color {color!r}: use auto, always or never")
+        views = (("summary", summary), ("errors", errors), ("down", down))
+        chosen = [name for name, on in views if on]
+        if len(chosen) > 1:
+            raise UsageError(f"--{chosen[0]} and --{chosen[1]} do not go together: choose one")
+        kind = chosen[0] if chosen else "tree"
         limit = duration(timeout, "--timeout")
         with connect(uri) as client:
             if wait is not None:
@@ -67,15 +127,34 @@ def register(app: typer.Typer) -> None:
                     print_json(table)
                 return
             if watch:
-                watch_live(client, rank, not no_pretty, verbose, summary, as_json)
+                console = make_console(color)
+                watch_live(client, rank, kind, not no_pretty, verbose, as_json, console)
                 return
             table = client.rpc("status.get", nodeid=0, timeout=30.0 if limit is None else limit)
             check_rank(table, rank)
             if as_json:
                 print_json(table)
                 return
-            rtts = round_trips(client, table, rank) if verbose else None
-            show(table, rank, not no_pretty, verbose, summary, rtts)
+            rtts = round_trips(client, table, rank) if verbose and kind == "tree" else None
+            show(make_console(color), table, rank, kind, not no_pretty, verbose, rtts)
+
+
+def make_console(color: str) -> Console:
+    """Standard output as `--color` wants it: `auto` colours a terminal unless NO_COLOR is set
+    (and only then: FORCE_COLOR and the like are not asked); `always` colours even a pipe."""
+    from rich.console import Console
+
+    tty = sys.stdout.isatty()
+    no_color = os.environ.get("NO_COLOR", "") != ""
+    colored = color == "always" or (color == "auto" and tty and not no_color)
+    system = None if not colored else "auto" if color == "auto" else "standard"  # always: even dumb
+    return Console(
+        highlight=False,
+        soft_wrap=True,
+        force_terminal=tty or colored,
+        color_system=system,  # type: ignore[arg-type]
+        no_color=not colored,
+    )
 
 
 def check_rank(table: dict[str, Any], rank: int) -> None:
@@ -83,33 +162,18 @@ def check_rank(table: dict[str, Any], rank: int) -> None:
         raise UsageError(f"--rank {rank}: no such rank in this instance of size {table['size']}")
 
 
-def lines(
-    table: dict[str, Any],
-    rank: int,
-    pretty: bool,
-    verbose: bool,
-    summary: bool,
-    rtts: dict[int, float] | None = None,
-) -> list[Any]:
-    from tbon.cli import render
-
-    if summary:
-        return [render.summary(table, rank)]
-    return render.tree(table, rank, pretty, verbose, rtts)
-
-
 def show(
+    console: Console,
     table: dict[str, Any],
     rank: int,
+    kind: str,
     pretty: bool,
     verbose: bool,
-    summary: bool,
     rtts: dict[int, float] | None = None,
 ) -> None:
-    from rich.console import Console
+    from tbon.cli import render
 
-    console = Console(highlight=False, soft_wrap=True)
-    for text in lines(table, rank, pretty, verbose, summary, rtts):
+    for text in render.view(table, rank, kind, pretty, verbose, rtts):
         console.print(text)
 
 
@@ -134,8 +198,18 @@ def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, floa
     return rtts
 
 
+def missing(table: dict[str, Any], root: int) -> list[int]:
+    """The ranks under `root` expected to have a broker online that have none (EXPECTED_MISSING):
+    `--wait up` waits until there are none."""
+    from tbon.cli import render
+
+    ranks = table["ranks"]
+    return [r for r in render.subtree(table, root) if ranks[r]["state"] in EXPECTED_MISSING]
+
+
 def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[str, Any]:
-    """Follow the pushed status until `rank`'s subtree is in `state`; TbonError on timeout."""
+    """Follow the pushed status until `rank`'s subtree is in `state` (or, for `up`, has no rank
+    missing); TbonError on timeout."""
     deadline = None if limit is None else time.monotonic() + limit
     from rich.console import Console
 
@@ -147,11 +221,22 @@ def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[st
         for table in _stream_until(client, deadline):
             check_rank(table, rank)
             now_state = table["ranks"][rank]["subtree"]
-            if now_state == state:
+            if state == UP:
+                if not (gone := missing(table, rank)):
+                    return table
+                now_state += f"; not online: {_listed(table, gone)}"
+            elif now_state == state:
                 return table
     raise TbonError(
         f"timed out after {limit:g}s waiting for rank {rank} to be {state} (it is {now_state})"
     )
+
+
+def _listed(table: dict[str, Any], ranks: list[int], most: int = 8) -> str:
+    """`3 lost, 5 offline`, the first `most` of them."""
+    shown = [f"{r} {table['ranks'][r]['state']}" for r in ranks[:most]]
+    more = f" and {len(ranks) - most} more" if len(ranks) > most else ""
+    return ", ".join(shown) + more
 
 
 def _stream_until(client: Any, deadline: float | None) -> Any:
@@ -162,30 +247,85 @@ def _stream_until(client: Any, deadline: float | None) -> Any:
         raise TbonError(f"status stream ended: {error}") from None
 
 
-def watch_live(
-    client: Any, rank: int, pretty: bool, verbose: bool, summary: bool, as_json: bool = False
-) -> None:
-    """Redraw on every pushed change (rank 0 pushes; we never poll) until Ctrl-C."""
-    from rich.console import Console, Group
-    from rich.live import Live
+def ticking(client: Any, tick: float = TICK) -> Iterator[tuple[dict[str, Any], float]]:
+    """(table, age) as rank 0 pushes tables (age 0), and between them at least every `tick`
+    seconds (the same table, `age` seconds older), so that a view's clocks keep running."""
+    tag = client.send("status.watch", {}, nodeid=0)
+    table: dict[str, Any] | None = None
+    received = next_draw = 0.0
+    while True:
+        reply = client.receive(None if table is None else max(0.0, next_draw - time.monotonic()))
+        now = time.monotonic()
+        if reply is None:
+            assert table is not None
+            next_draw = now + tick
+            yield table, now - received
+            continue
+        if reply.tag != tag:
+            continue
+        if reply.errnum:
+            raise TbonError(f"status stream ended: {reply.errstr or os.strerror(reply.errnum)}")
+        table, received, next_draw = reply.payload, now, now + WIPE
+        yield table, 0.0
 
-    console = Console(highlight=False)
+
+def watch_live(
+    client: Any,
+    rank: int,
+    kind: str,
+    pretty: bool,
+    verbose: bool,
+    as_json: bool,
+    console: Console,
+) -> None:
+    """Show the view until Ctrl-C: rank 0 pushes each change (we never poll it)."""
+    from tbon.cli import render
+
     try:
         if as_json:  # one JSON object a line, for scripts
             for table in _stream_until(client, None):
                 print_json(table)
                 sys.stdout.flush()
-        elif console.is_terminal:
-            with Live(console=console, auto_refresh=False, transient=False) as live:
-                for table in _stream_until(client, None):
-                    check_rank(table, rank)
-                    live.update(Group(*lines(table, rank, pretty, verbose, summary)), refresh=True)
+        elif sys.stdout.isatty():
+            _watch_screen(client, rank, kind, pretty, verbose, console)
         else:
             for table in _stream_until(client, None):
                 check_rank(table, rank)
-                for text in lines(table, rank, pretty, verbose, summary):
+                console.print(datetime.now().astimezone().isoformat(timespec="milliseconds"))
+                for text in render.view(table, rank, kind, pretty, verbose):
                     console.print(text)
                 console.print()
                 console.file.flush()
     except KeyboardInterrupt:
         return
+
+
+def _watch_screen(
+    client: Any, rank: int, kind: str, pretty: bool, verbose: bool, console: Console
+) -> None:
+    from rich.console import Group
+    from rich.live import Live
+
+    from tbon.cli import render
+
+    shown: list[Any] = []
+    try:
+        with Live(console=console, screen=True, auto_refresh=False) as live:
+            for table, age in ticking(client):
+                check_rank(table, rank)
+                shown = render.view(table, rank, kind, pretty, verbose, None, age)
+                live.update(Group(*fit(shown, console.size.height)), refresh=True)
+    finally:
+        if shown:  # the last view stays on the normal screen
+            console.print(Group(*shown))
+
+
+def fit(lines: list[Any], height: int) -> list[Any]:
+    """At most `height` lines: the alternate screen shows no more, so say what is cut."""
+    if len(lines) <= height:
+        return lines
+    from rich.text import Text
+
+    kept = max(0, height - 1)
+    more = Text(f"... {len(lines) - kept} more lines: a taller terminal, --rank, or --down")
+    return [*lines[:kept], more]

@@ -24,3 +24,10 @@ class Record:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"{type(self).__name__}({fields})"
+
+    def __str__(self) -> str:
+        """As a log line shows it to people: `lost (rank 3, incarnation 1, reason: gone)`."""
+        name = "".join(f" {c}" if c.isupper() else c for c in type(self).__name__).strip()
+        values = [(field, getattr(self, field)) for field in self.__slots__]
+        words = [f"{f}: {v}" if isinstance(v, str) else f"{f} {v}" for f, v in values]
+        return f"{name.lower()} ({', '.join(words)})"

@@ -501,7 +501,7 @@ def test_a_child_saying_hello_again_on_a_new_connection_moves_there() -> None:
     assert children.connected() == [3]
     assert children.sessions[3].routing_id == b"new"
     children._connection_event(CLOSED, 12)
-    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert children.settle() == [Lost(3, 1, "connection dropped")]
     assert children.connected() == []
 
 
@@ -514,7 +514,7 @@ def test_a_stale_close_noted_before_the_new_hello_is_read_ends_nothing() -> None
     welcomed_on(children, b"new", 11)  # the new connection even got the same descriptor
     assert children.settle() == []
     children._connection_event(CLOSED, 11)
-    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert children.settle() == [Lost(3, 1, "connection dropped")]
 
 
 def test_a_close_settled_before_the_new_hello_ends_the_incarnation() -> None:
@@ -524,7 +524,7 @@ def test_a_close_settled_before_the_new_hello_ends_the_incarnation() -> None:
     children.sessions[3] = ChildSession(CHILD)
     welcomed_on(children, b"old", 11)
     children._connection_event(CLOSED, 11)
-    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert children.settle() == [Lost(3, 1, "connection dropped")]
     assert welcomed_on(children, b"new", 12).reports == []
     assert (sent[-1].topic, sent[-1].payload["exit_code"]) == ("refuse", exitcodes.LOST)
 
@@ -537,7 +537,7 @@ def test_a_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
     children._connection_event(CLOSED, 12)
     inbound = Inbound()
     children._hello(b"new", 12, CHILD, hello_message(CHILD), 1.0, inbound)
-    assert inbound.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection lost")]
+    assert inbound.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection dropped")]
     children._connection_event(CLOSED, 11)
     assert children.settle() == []
 
@@ -560,7 +560,7 @@ def test_a_superseded_incarnation_is_still_lost_when_its_connection_closes() -> 
     welcomed_on(children, b"old", 11)
     children.authorize(3, 2, public_key(3))
     children._connection_event(CLOSED, 11)
-    assert children.settle() == [Lost(3, 1, "connection lost")]
+    assert children.settle() == [Lost(3, 1, "connection dropped")]
     assert children.sessions[3].identity == Identity(3, 2) and not children.sessions[3].ended
 
 
@@ -576,7 +576,7 @@ def test_a_rejoin_is_tied_to_the_connection_its_hello_came_on() -> None:
     children._connection_event(CLOSED, 11)
     children._connection_event(ACCEPTED, 11)
     answered = children.rejoined(rejoin, 1, "", 1.0)
-    assert answered.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection lost")]
+    assert answered.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection dropped")]
 
 
 def test_a_config_booted_broker_restarted_on_its_host_replaces_the_old_one() -> None:

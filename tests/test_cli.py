@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 from conftest import DEADLINE, TBON, child_env, process_gone, tbon, wait_for
@@ -56,7 +60,8 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int, pattern:
         (["start", "--test-size=2", "-o", "-v", "true"], 2, r"unsupported broker option '-v'"),
         (["broker", "-S", "nonsense=1"], 2, r"^tbon broker: unknown attribute 'nonsense'"),
         (["broker", "-S", "size"], 2, r"^tbon broker: invalid attribute 'size'"),
-        (["broker", "--frob"], 2, r"^tbon broker: unrecognized arguments: --frob"),
+        (["broker", "--frob"], 2, r"^tbon broker: no such option: --frob"),
+        (["broker", "-S"], 2, r"^tbon broker: option '-S' requires an argument"),
         (["uri", "pid:999999999"], 1, r"pid 999999999: no such process"),
         (["uri", "/nonexistent"], 1, r"no such run directory"),
         (["uri", "--local", "--remote", "local:///x"], 2, r"exclude each other"),
@@ -187,6 +192,254 @@ def test_help_explains_every_command() -> None:
         result = tbon(command, "--help")
         assert result.returncode == 0 and "Usage" in result.stdout, command
     broker = tbon("broker", "--help")
-    assert broker.returncode == 0 and "exit status" in broker.stdout
+    assert broker.returncode == 0 and "Exit status:" in broker.stdout
     top = tbon("--help").stdout
     assert all(name in top for name in ("start", "broker", "status", "ping", "shutdown"))
+
+
+# --- help, errors, completion, process titles, run directories (issue 13) -------------------
+
+
+def commands() -> list[str]:
+    """Every command `tbon --help` lists, as a user finds them."""
+    top = tbon("--help", env=child_env(COLUMNS="200")).stdout
+    listed = top.split("\nCommands:\n", 1)[1]
+    return [
+        line.split()[0] for line in listed.splitlines() if line.startswith("  ") and line[2] != " "
+    ]
+
+
+def hard_breaks(text: str, width: int) -> list[str]:
+    """Lines broken where the next word would still have fitted: a break that the source put
+    there, not the terminal's width. A continuation line is one indented to the column where
+    the text of the line before it starts (0 for a paragraph, the text column for a row).
+    Checked at two widths, for every command, this finds breaks written into the source."""
+    lines = text.splitlines()
+    body = lines[lines.index("") :] if "" in lines else []  # past the usage line
+    found = []
+    for before, after in itertools.pairwise(body):
+        header = before.endswith(":") and before[0] != " "
+        if header or not before.strip() or not after.strip():
+            continue
+        row = re.match(r"^( {2}\S.*?\s{2,})\S", before)
+        column = len(row.group(1)) if row else len(before) - len(before.lstrip())
+        if len(after) - len(after.lstrip()) != column:
+            continue
+        word = re.match(r"\[[^\]]*\]|\S+", after.lstrip())  # `[default: 10s]` is one
+        if word and len(before) + 1 + len(word.group()) <= width:
+            found.append(f"{before!r} / {after!r}")
+    return found
+
+
+UNREADABLE = re.compile(r"<\w+(\[[^\]]*\])?>|\[\[|\]\.\.\.\]|\.\.\.\]\.\.\.")
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_every_help_wraps_only_at_the_edge_and_reads(width: int) -> None:
+    names = commands()
+    assert {"start", "status", "broker", "completion"} <= set(names), names
+    env = child_env(COLUMNS=str(width))
+    for args in [[], *([name] for name in names)]:
+        result = tbon(*args, "--help", env=env)
+        assert result.returncode == 0, (args, result.stderr)
+        page = result.stdout
+        assert page.startswith(f"Usage: {' '.join(['tbon', *args])} "), page
+        assert "\nOptions:\n" in page and "-h, --help" in page, args
+        assert not UNREADABLE.findall(page), (args, UNREADABLE.findall(page))
+        assert max(len(line) for line in page.splitlines()) <= width, args
+        assert not hard_breaks(page, width), (args, hard_breaks(page, width))
+
+
+def test_broker_help_looks_like_the_others_and_loads_no_typer() -> None:
+    from tbon.overlay.broker.attributes import KNOWN
+
+    env = child_env(COLUMNS="100")
+    broker, start = tbon("broker", "--help", env=env), tbon("start", "--help", env=env)
+    assert broker.returncode == 0, broker.stderr
+    assert broker.stdout.startswith("Usage: tbon broker [OPTIONS] [COMMAND]...\n\n")
+
+    def headers(page: str) -> list[str]:
+        return [line for line in page.splitlines() if re.fullmatch(r"[A-Z][a-z ]+:", line)]
+
+    assert headers(broker.stdout)[:2] == headers(start.stdout) == ["Arguments:", "Options:"]
+    assert headers(broker.stdout)[2:] == ["Attributes:", "Exit status:"]
+    help_row = next(line for line in start.stdout.splitlines() if "-h, --help" in line)
+    assert re.search(r"^  -h, --help +Show this message and exit\.$", broker.stdout, re.M)
+    assert help_row.split("--help")[1].strip() == "Show this message and exit."
+    attributes = broker.stdout.split("\nAttributes:\n")[1].split("\n\n")[0]
+    listed = {line.split()[0] for line in attributes.splitlines() if line[2] != " "}
+    assert listed == set(KNOWN)
+    assert not hard_breaks(broker.stdout, 100)
+    code = (
+        "import sys; from tbon.cli.main import main; main(['broker', '--help']); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'rich', 'click'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert loaded.stdout.splitlines()[-1] == "[]", loaded.stdout[-200:]
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["start", "--test-size=0", "true"], r"^tbon start: invalid --test-size '0': use a whole"),
+        (["start", "--test-size=two", "true"], r"^tbon start: invalid --test-size 'two'"),
+        (["start", "true"], r"^tbon start: missing option '--test-size'"),
+        (["ping", "local:///x", "1", "--count", "0"], r"^tbon ping: invalid --count '0'"),
+        (["ping", "local:///x", "1", "-c", "1e3"], r"^tbon ping: invalid --count '1e3'"),
+        (["expand", "local:///x", "-n", "0"], r"^tbon expand: invalid --count '0'"),
+        (["alloc", "-N", "0", "true"], r"^tbon alloc: invalid --nodes '0'"),
+        (["alloc", "-N", "2", "--size", "x"], r"^tbon alloc: invalid --size 'x'"),
+        (["status", "--rank", "one", "local:///x"], r"^tbon status: invalid --rank 'one'"),
+        (["status", "--rank"], r"^tbon status: option '--rank' requires an argument"),
+        (["status", "--json=1"], r"^tbon status: option '--json' does not take a value"),
+        (["ping", "-c"], r"^tbon ping: option '-c' requires an argument"),
+        (["uri", "a", "b"], r"^tbon uri: unexpected argument: b"),
+        (["completion", "tcsh"], r"^tbon completion: invalid shell 'tcsh'"),
+    ],
+)
+def test_errors_name_the_command_in_tbons_own_words(args: list[str], pattern: str) -> None:
+    result = tbon(*args)
+    one_line_error(result, 2, pattern)
+    for foreign in ("Input should", "Invalid value for", "valid integer", "pydantic", "Got "):
+        assert foreign not in result.stderr, result.stderr
+
+
+def test_tbon_alone_prints_the_help_and_no_error() -> None:
+    result = tbon()
+    assert result.returncode == 2
+    assert result.stderr == ""
+    assert result.stdout.startswith("Usage: tbon [OPTIONS] COMMAND [ARGS]...")
+    assert "\nCommands:\n" in result.stdout
+
+
+def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -> None:
+    scripts = {}
+    for shell in ("bash", "zsh", "fish"):
+        result = tbon("completion", shell)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert "tbon" in result.stdout and "status" in result.stdout
+        scripts[shell] = tmp_path / f"tbon.{shell}"
+        scripts[shell].write_text(result.stdout)
+    probe = (
+        f"source {scripts['bash']}\n"
+        "complete -p tbon >/dev/null || exit 9\n"
+        'try() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _tbon; echo "${COMPREPLY[*]}"; }\n'
+        "try tbon stat\n"
+        "try tbon sta\n"
+        "try tbon status --ra\n"
+        "try tbon broker -S tbon.to\n"
+        "try tbon alloc --launcher s\n"
+        "try tbon completion f\n"
+    )
+    bash = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+    assert bash.stdout.splitlines() == [
+        "status",
+        "start status",
+        "--rank",
+        "tbon.topo= tbon.torpid=",
+        "ssh srun",
+        "fish",
+    ]
+    fish = shutil.which("fish")
+    if fish:
+        lines = ["tbon stat", "tbon status --ra", "tbon broker -S tbon.to"]
+        code = f"source {scripts['fish']}; " + "; ".join(f"complete -C '{c}'" for c in lines)
+        found = subprocess.run([fish, "--no-config", "-c", code], capture_output=True, text=True)
+        assert found.returncode == 0, found.stderr
+        words = [line.split("\t")[0] for line in found.stdout.splitlines()]
+        assert words == ["status", "--rank", "tbon.topo=", "tbon.torpid="], found.stdout
+    zsh = shutil.which("zsh")
+    if zsh:
+        checked = subprocess.run([zsh, "-n", str(scripts["zsh"])], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+        # The function's own choices, with zsh's completion builtins standing in.
+        stubs = (
+            "_describe() { local name=${@[-1]}; local -a items; items=(${(P)name}); "
+            "print -r -- ${items%%:*}; }\n"
+            "compadd() { while [[ $1 == -* ]]; do [[ $1 == -- ]] && { shift; break; }; "
+            "[[ $1 == -S ]] && shift; shift; done; print -r -- $@; }\n"
+            "_files() { print files; }\n"
+            "compdef() { :; }\n"
+            f"source {scripts['zsh']}\n"
+            "try() { words=($@); CURRENT=$#; PREFIX=${words[CURRENT]}; _tbon; }\n"
+            "try tbon st\n"
+            "try tbon status --\n"
+            "try tbon broker -S ''\n"
+        )
+        ran = subprocess.run([zsh, "-f", "-c", stubs], capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        out = ran.stdout.splitlines()
+        assert "status" in out[0].split() and "start" in out[0].split(), out
+        assert "--rank" in out[1].split() and "--watch" in out[1].split(), out
+        assert "tbon.topo=" in out[2].split(), out
+
+
+def launcher_of(start: subprocess.Popen[str]) -> int:
+    """The `python -m tbon.overlay.launch.local` that `tbon start` ran: its only child."""
+    found = subprocess.run(
+        ["pgrep", "-P", str(start.pid)], capture_output=True, text=True
+    ).stdout.split()
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+def cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as file:
+        return file.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+
+
+def test_every_broker_shows_as_tbon_broker_rank_in_ps(instance) -> None:
+    inst = instance(3)
+    launcher = launcher_of(inst.process)
+    found = subprocess.run(
+        ["pgrep", "-P", str(launcher), "-f", "tbon broker"], capture_output=True, text=True
+    ).stdout.split()
+    assert {int(pid) for pid in found} == inst.broker_pids
+    titles = sorted(cmdline(int(pid)) for pid in found)
+    assert [re.sub(r"\s+$", "", t) for t in titles] == [f"tbon broker rank {r}/3" for r in range(3)]
+    for pid in found:
+        with open(f"/proc/{pid}/comm") as comm:
+            assert comm.read().strip() == "tbon-broker"
+    # One started on its own shows the same, with the arguments it was given.
+    alone = tbon("broker", "sh", "-c", 'tr "\\0" " " < /proc/$PPID/cmdline')
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.startswith("tbon broker rank 0/1 sh -c tr"), alone.stdout
+    # Under `tbon alloc`, each broker runs below a `tbon relay`, which does not show as one.
+    count = (
+        'relays=$(pgrep -P $PPID -f "^tbon relay"); echo $relays | wc -w; '
+        'for r in $relays; do pgrep -P $r -f "^tbon broker rank [01]/2"; done | wc -l; '
+        'pgrep -P $PPID -f "tbon broker" | grep -vx $$ | wc -l'
+    )
+    alloc = tbon("alloc", "-N", "2", "--launcher", "local", "sh", "-c", count)
+    assert alloc.returncode == 0, alloc.stderr
+    assert alloc.stdout.split() == ["2", "2", "0"], alloc.stdout
+
+
+def test_a_killed_joiners_run_directory_goes(instance) -> None:
+    inst = instance(2, "size=4")
+    rank0_dir = os.path.dirname(inst.uri[len("local://") :])
+    joined = tbon("expand", inst.uri, "-n", "2", "--json")
+    assert joined.returncode == 0, joined.stderr
+    pids = [j["pid"] for j in json.loads(joined.stdout)["joined"]]
+    try:
+        dirs = [
+            os.path.dirname(tbon("uri", f"pid:{pid}").stdout.strip()[len("local://") :])
+            for pid in pids
+        ]
+        assert all(d.startswith(rank0_dir + os.sep) and os.path.isdir(d) for d in dirs), dirs
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: process_gone(pids[0]), "the killed joiner to go")
+        assert os.path.isdir(dirs[0])  # nobody could remove it yet
+        again = tbon("expand", inst.uri, "--fill", "--json")
+        assert again.returncode == 0, again.stderr
+        pids += [j["pid"] for j in json.loads(again.stdout)["joined"]]
+        assert not os.path.exists(dirs[0]), "the next expand sweeps a dead joiner's directory"
+        assert os.path.isdir(dirs[1]), "and leaves a live one's alone"
+    finally:
+        inst.stop()
+        wait_for(lambda: all(process_gone(p) for p in pids), "joined brokers to leave")
+        for pid in pids:  # ours, by PID, should any have outlived the instance
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not os.path.exists(rank0_dir)

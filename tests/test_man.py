@@ -55,3 +55,13 @@ def test_broker_page_documents_every_attribute_and_exit_code() -> None:
     assert not missing, f"tbon-broker.1 lacks attributes {missing}"
     for code in ("69", "75", "77"):
         assert code in text
+
+
+def test_tbon_page_lists_every_command_and_how_to_complete_and_find_pages() -> None:
+    text = (MAN / "tbon.1").read_text().replace("\\-", "-")
+    commands = text.split(".SH COMMANDS", 1)[1].split(".SH ", 1)[0]
+    missing = [c for c in COMMAND_MODULES if f".B tbon {c}\n" not in commands]
+    assert not missing, f"tbon.1 lists no {missing}"
+    for shell in ("bash", "zsh", "fish"):
+        assert f"tbon completion {shell}" in text
+    assert "share/man" in text and "pgrep -f" in text

@@ -34,7 +34,8 @@ def test_ruff_is_clean() -> None:
 
 def test_broker_imports_neither_typer_nor_rich() -> None:
     code = (
-        "import sys; import tbon.cli.main, tbon.overlay.broker.broker, tbon.overlay.launch.local; "
+        "import sys; import tbon.cli.main, tbon.overlay.broker.broker, tbon.overlay.launch.local, "
+        "tbon.overlay.broker.main, tbon.helptext, tbon.proctitle; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'rich')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -82,3 +83,34 @@ def test_installed_package_runs_an_instance(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().startswith(str(target))
+
+
+def test_pip_install_puts_the_man_pages_where_man_finds_them(tmp_path: Path) -> None:
+    """A wheel built from this tree, installed into a new virtual environment: every page of
+    man/ lands in VENV/share/man, which man-db finds from PATH (VENV/bin) alone. The wheel is
+    built by this environment's pip and installed by pip into the new one only, so nothing here
+    changes the environment the tests run in, and nothing is downloaded."""
+    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    steps = [
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = wheels.glob("tbon-*.whl")
+    target = [*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps"]
+    done = subprocess.run([*target, str(wheel)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (venv / "bin" / "tbon").exists()
+    for page in sorted((ROOT / "man").glob("*.[15]")):
+        installed = venv / "share" / "man" / f"man{page.suffix[1:]}" / page.name
+        assert installed.read_bytes() == page.read_bytes(), installed
+    man = shutil.which("man")
+    if man is None:
+        return  # man-db is not installed here: the files are where it would look
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C"}
+    found = subprocess.run([man, "-w", "tbon-status"], capture_output=True, text=True, env=env)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(venv / "share" / "man" / "man1" / "tbon-status.1")

@@ -18,10 +18,12 @@ from hypothesis.stateful import (
 )
 from tables import bring_up, reserve, specs, started, table
 
-from tbon.overlay.state.rankstates import CONFIG_PHASES, PUBLIC
+from tbon.overlay.state.rankstates import CONFIG_PHASES, PUBLIC, roll_up
 from tbon.overlay.state.ranktable import (
     ALLOCATABLE,
     CONNECTED,
+    GOODBYE,
+    REASON_LENGTH,
     REFUSALS,
     TRANSITIONS,
     Departed,
@@ -55,6 +57,17 @@ SNAPSHOT_FIELDS = {
     "torpid",
     "since",
 }
+"""Every entry has these; the others appear only where they say something (docs/design.md §12)."""
+
+SOMETIMES = {
+    "subtree_since": {"online", "retiring"},
+    "reason": {"lost", "offline", "vacant"},
+    "last_pid": {"lost", "offline", "vacant"},
+    "joiner": {"reserved"},
+    "expires": {"reserved"},
+    "retired": {"vacant"},
+}
+"""The fields an entry may add, and the states it may add them in."""
 
 
 def states(result: RankTable) -> list[str]:
@@ -202,7 +215,7 @@ def test_lost_cascades_to_connected_and_offline_descendants() -> None:
         "offline",
         "vacant",
     ]
-    outcome = result.apply(Lost(1, 1, "connection lost"), 200.0)
+    outcome = result.apply(Lost(1, 1, "connection dropped"), 200.0)
     assert outcome.applied
     assert set(outcome.changed) == {1, 3, 4}
     assert outcome.changed[0] == 1
@@ -379,7 +392,12 @@ def test_snapshot_fields() -> None:
     assert set(snapshot) == {"size", "topo", "ranks"}
     assert snapshot["size"] == 4
     assert snapshot["topo"] == "kary:2"
-    assert [set(rank) for rank in snapshot["ranks"]] == [SNAPSHOT_FIELDS] * 4
+    assert [set(rank) for rank in snapshot["ranks"]] == [
+        SNAPSHOT_FIELDS | {"subtree_since"},
+        SNAPSHOT_FIELDS | {"subtree_since"},
+        SNAPSHOT_FIELDS,  # offline, never held: nothing to say why
+        SNAPSHOT_FIELDS,  # a spare
+    ]
     assert snapshot["ranks"][0] == {
         "rank": 0,
         "state": "online",
@@ -391,6 +409,7 @@ def test_snapshot_fields() -> None:
         "subtree": "partial",
         "torpid": False,
         "since": 3.25,
+        "subtree_since": 3.25,
     }
     assert snapshot["ranks"][1] == {
         "rank": 1,
@@ -403,6 +422,7 @@ def test_snapshot_fields() -> None:
         "subtree": "partial",
         "torpid": True,
         "since": 2.25,
+        "subtree_since": 2.25,
     }
     assert snapshot["ranks"][3] == {
         "rank": 3,
@@ -419,6 +439,145 @@ def test_snapshot_fields() -> None:
     # it is JSON as it stands, and a clock that went backwards never shows a negative age
     assert json.loads(json.dumps(snapshot)) == snapshot
     assert all(rank["since"] == 0.0 for rank in status_json(result, 0.0)["ranks"])
+
+
+# --- why a rank went: reasons, last pid, and the subtree's clock ---------------------------------
+
+
+def shown(result: RankTable, rank: int, now: float) -> dict[str, Any]:
+    return status_json(result, now)["ranks"][rank]
+
+
+def test_a_lost_rank_says_why_when_and_which_broker() -> None:
+    result = started("kary:2", 3)
+    bring_up(result, [1, 2])
+    result.apply(Lost(2, 1, "connection dropped"), 200.0)
+    entry = shown(result, 2, 203.5)
+    assert (entry["state"], entry["reason"], entry["since"]) == ("lost", "connection dropped", 3.5)
+    assert (entry["pid"], entry["last_pid"], entry["host"]) == (None, 1002, "node2")
+    assert "subtree_since" not in entry
+
+
+def test_ranks_below_one_that_went_name_it() -> None:
+    #        0
+    #      1   2
+    #     3 4 5 6
+    result = started("kary:2", 7)
+    bring_up(result, [1, 2, 3, 4, 5])
+    result.apply(Lost(1, 1, "silent for 5.0s"), 200.0)
+    result.apply(Departed(2, 1), 201.0)
+    reasons = {rank: result.entry(rank).reason for rank in range(1, 7)}
+    assert reasons == {
+        1: "silent for 5.0s",
+        2: GOODBYE,
+        3: "rank 1 above it was lost",
+        4: "rank 1 above it was lost",
+        5: "rank 2 above it left",
+        6: "rank 2 above it left",  # launched, never online: cut off all the same
+    }
+    assert [result.entry(rank).last_pid for rank in range(1, 7)] == [
+        1001,
+        1002,
+        1003,
+        1004,
+        1005,
+        None,
+    ]
+    assert "last_pid" not in shown(result, 6, 202.0)
+
+
+def test_a_voided_rank_and_those_below_it_say_so() -> None:
+    result = started("kary:1", 3)
+    bring_up(result, [1, 2])
+    result.apply(Void(1, 1, "rank 1 is online, it cannot come online"), 200.0)
+    assert result.entry(1).reason == "voided: rank 1 is online, it cannot come online"
+    assert result.entry(2).reason == "rank 1 above it was voided"
+
+
+def test_retired_ranks_and_those_cut_off_below_a_retiring_one() -> None:
+    result = started("kary:1", 3, launched=2)  # rank 2 is a spare: nothing below rank 1 held
+    bring_up(result, [1])
+    result.apply(Retire(1, 1), 200.0)
+    assert result.entry(1).reason == ""  # connected: nothing to explain
+    result.apply(Departed(1, 1), 201.0)
+    assert (result.entry(1).state, result.entry(1).reason) == (RankState.VACANT, "retired")
+    assert "reason" not in shown(result, 2, 202.0)  # a spare never held says nothing
+    config = started("kary:1", 3, launched=3, fixed=True)
+    config.apply(Online(1, 1, "node1", 11), 101.0)
+    config.apply(Retire(1, 1), 200.0)
+    config.apply(Departed(1, 1), 201.0)
+    reasons = (config.entry(1).reason, config.entry(2).reason)
+    assert reasons == ("retired", "rank 1 above it retired")
+
+
+def test_a_config_rank_says_why_it_is_offline_and_that_it_was_restarted() -> None:
+    result = started("kary:2", 3, fixed=True)
+    bring_up(result, [1])
+    result.apply(Lost(1, 1, "connection dropped"), 200.0)
+    assert shown(result, 1, 201.0)["reason"] == "connection dropped"
+    result.apply(Reboot(1, 1), 202.0)
+    entry = shown(result, 1, 203.0)
+    assert (entry["state"], entry["reason"], entry["last_pid"]) == (
+        "offline",
+        "its host restarted its broker",
+        1001,
+    )
+    result.apply(Online(1, 2, "node1", 77), 204.0)
+    entry = shown(result, 1, 205.0)
+    assert "reason" not in entry and "last_pid" not in entry and entry["pid"] == 77
+
+
+def test_a_lapsed_or_released_reservation_says_so_and_shows_the_last_broker_again() -> None:
+    result = started("kary:2", 3)
+    bring_up(result, [1, 2])
+    result.apply(Lost(2, 1, "connection dropped"), 200.0)
+    grant = reserve(result, Reserve("a" * 40, "joiner", 2, 30.0), 201.0)
+    reserved = shown(result, 2, 202.0)
+    assert reserved["host"] == "joiner" and "reason" not in reserved and "last_pid" not in reserved
+    assert result.apply(Expire(2, grant.incarnation), 231.0).applied
+    entry = shown(result, 2, 232.0)
+    assert entry["state"] == "vacant"
+    assert entry["reason"] == "lease expired before its joiner's hello"
+    assert (entry["host"], entry["last_pid"], entry["since"]) == ("node2", 1002, 1.0)
+    again = reserve(result, Reserve("b" * 40, "joiner", 2, 30.0), 240.0)
+    assert result.apply(Release(2, again.incarnation, "b" * 40), 241.0).applied
+    assert result.entry(2).reason == "released: its joiner failed before hello"
+
+
+def test_coming_online_clears_the_reason() -> None:
+    result = started("kary:2", 3, launched=2)
+    bring_up(result, [1])
+    result.apply(Lost(1, 1, "connection dropped"), 200.0)
+    grant = reserve(result, Reserve("a" * 40, "joiner", 1, 30.0), 201.0)
+    result.apply(Online(1, grant.incarnation, "joiner", 55), 202.0)
+    assert (result.entry(1).reason, result.entry(1).last_pid) == ("", 55)
+
+
+def test_a_long_reason_from_a_child_is_cut_short() -> None:
+    result = started("kary:2", 3)
+    bring_up(result, [1])
+    result.apply(Lost(1, 1, "x" * 5000), 200.0)
+    reason = result.entry(1).reason
+    assert len(reason) == REASON_LENGTH and reason == "x" * (REASON_LENGTH - 3) + "..."
+
+
+def test_the_subtree_clock_restarts_when_the_subtree_status_changes() -> None:
+    """The root said `full for 49.5s` just after recovering from a failure (issue 13): its own
+    state had not changed, but its subtree's had."""
+    result = started("kary:2", 3, launched=3)
+    bring_up(result, [1, 2], now=101.0)
+    assert shown(result, 0, 150.0)["subtree_since"] == 49.0  # full since rank 2 came online
+    result.apply(Lost(2, 1, "connection dropped"), 160.0)
+    assert shown(result, 0, 161.0)["subtree"] == "degraded"
+    assert shown(result, 0, 161.0)["subtree_since"] == 1.0
+    grant = reserve(result, Reserve("a" * 40, "joiner", 2, 30.0), 170.0)
+    assert shown(result, 0, 171.0)["subtree"] == "partial"
+    result.apply(Online(2, grant.incarnation, "joiner", 9), 175.0)
+    root = shown(result, 0, 176.5)
+    assert (root["subtree"], root["subtree_since"], root["since"]) == ("full", 1.5, 76.5)
+    # a change below that leaves the status as it was does not restart the clock
+    result.apply(Torpid(1, 1, True), 180.0)
+    assert shown(result, 0, 181.0)["subtree_since"] == 6.0
 
 
 # --- random event sequences ---------------------------------------------------------------------
@@ -457,6 +616,15 @@ class RankTableMachine(RuleBasedStateMachine):
 
     def _apply(self, event: Event) -> None:
         self.now += 0.5
+        statuses = self.table.subtree_statuses()
+        clocks = [self.table.subtree_since(rank) for rank in range(self.table.size)]
+        self._apply_checked(event)
+        for rank, status in enumerate(self.table.subtree_statuses()):
+            # a subtree status that changed restarts its clock; one that did not, does not
+            since = self.now if status is not statuses[rank] else clocks[rank]
+            assert self.table.subtree_since(rank) == since, (rank, event)
+
+    def _apply_checked(self, event: Event) -> None:
         before = fingerprint(self.table)
         old_entries = [astuple(entry) for entry in self.table.entries]
         was = [entry.state for entry in self.table.entries]
@@ -564,7 +732,7 @@ class RankTableMachine(RuleBasedStateMachine):
                 self._apply(Online(entry.rank, entry.incarnation, "h", self.pids))
                 return
 
-    @rule(data=st.data(), reason=st.sampled_from(["connection lost", "silent for 61.0s"]))
+    @rule(data=st.data(), reason=st.sampled_from(["connection dropped", "silent for 61.0s"]))
     def lost(self, data: st.DataObject, reason: str) -> None:
         rank = self._rank(data)
         self._apply(Lost(rank, self._incarnation(data, rank), reason))
@@ -628,6 +796,22 @@ class RankTableMachine(RuleBasedStateMachine):
         statuses = self.table.subtree_statuses()
         for rank in range(self.table.size):
             assert statuses[rank] is brute_subtree(self.table, rank), rank
+        states = [entry.state for entry in self.table.entries]
+        assert statuses == roll_up(self.table.topology, states)  # kept live = rolled up anew
+
+    @precondition(lambda self: hasattr(self, "table"))
+    @invariant()
+    def every_rank_that_went_says_why(self) -> None:
+        """A rank that a broker held and that is lost, offline or vacant has a reason; a
+        connected or reserved one has none; and the last broker's pid is kept."""
+        for entry in self.table.entries:
+            assert len(entry.reason) <= REASON_LENGTH
+            if entry.state in CONNECTED or entry.state is RankState.RESERVED:
+                assert entry.reason == "", entry
+            elif entry.last_pid is not None:
+                assert entry.reason, entry
+            if entry.state in CONNECTED:
+                assert entry.last_pid == entry.pid
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
@@ -635,9 +819,13 @@ class RankTableMachine(RuleBasedStateMachine):
         snapshot = status_json(self.table, self.now)
         assert snapshot["size"] == self.table.size == len(snapshot["ranks"])
         for rank, shown in enumerate(snapshot["ranks"]):
-            assert set(shown) == SNAPSHOT_FIELDS
+            assert set(shown) >= SNAPSHOT_FIELDS
+            for field in set(shown) - SNAPSHOT_FIELDS:
+                assert shown["state"] in SOMETIMES[field], (field, shown)
             assert shown["rank"] == rank
             assert shown["since"] >= 0
+            if shown["state"] in CONNECTED:
+                assert 0 <= shown["subtree_since"] <= shown["since"]
         assert self.table.up() == all(
             entry.state is not RankState.OFFLINE for entry in self.table.entries
         )
@@ -712,7 +900,7 @@ def test_retiring_again_or_after_is_not_an_error() -> None:
 
 def test_unsafe_retires_are_refused_and_change_nothing() -> None:
     result = retire_table()
-    result.apply(Lost(6, 1, "connection lost"), 200.0)
+    result.apply(Lost(6, 1, "connection dropped"), 200.0)
     generation = result.generation
     cases = {
         0: "rank 0 cannot retire",
@@ -743,7 +931,7 @@ def test_a_retiring_parent_takes_no_new_children() -> None:
 def test_a_retiring_broker_that_dies_is_lost_not_retired() -> None:
     result = retire_table()
     result.apply(Retire(5, 1), 200.0)
-    result.apply(Lost(5, 1, "connection lost"), 201.0)
+    result.apply(Lost(5, 1, "connection dropped"), 201.0)
     assert result.entry(5).state is RankState.LOST and not result.entry(5).retired
 
 
@@ -757,7 +945,7 @@ def test_a_retired_joiners_key_never_gets_a_rank_again(ending: str) -> None:
     end = (
         Departed(1, grant.incarnation)
         if ending == "departed"
-        else Lost(1, grant.incarnation, "connection lost")
+        else Lost(1, grant.incarnation, "connection dropped")
     )
     assert result.apply(end, 203.0).applied
     for wanted in (1, 2, None):
@@ -782,7 +970,7 @@ def test_a_config_rank_whose_broker_goes_is_offline_and_reboots_with_a_new_incar
     end: str,
 ) -> None:
     result = config_table()
-    event: Event = Lost(1, 1, "connection lost") if end == "lost" else Departed(1, 1)
+    event: Event = Lost(1, 1, "connection dropped") if end == "lost" else Departed(1, 1)
     assert result.apply(event, 200.0).changed == (1,)
     entry = result.entry(1)
     assert (entry.state, entry.phase, entry.pid) == (RankState.OFFLINE, Phase.CONFIG_DOWN, None)
@@ -829,7 +1017,7 @@ def test_config_ranks_below_a_lost_one_go_offline_even_while_retiring() -> None:
     #   0 - 1 - 2   (a chain): rank 2 retires, then its parent goes
     result = config_table("kary:1", 3)
     assert result.apply(Retire(2, 1), 200.0).applied
-    outcome = result.apply(Lost(1, 1, "connection lost"), 201.0)
+    outcome = result.apply(Lost(1, 1, "connection dropped"), 201.0)
     assert outcome.changed == (1, 2)
     assert [result.entry(r).phase for r in (1, 2)] == [Phase.CONFIG_DOWN, Phase.CONFIG_DOWN]
     assert not result.retired_keys  # cut off, not retired: its host may start it again
@@ -840,7 +1028,7 @@ def test_config_ranks_below_a_lost_one_go_offline_even_while_retiring() -> None:
 def test_a_config_broker_that_dies_while_retiring_is_lost_and_free_for_flub() -> None:
     result = config_table()
     result.apply(Retire(2, 1), 200.0)
-    result.apply(Lost(2, 1, "connection lost"), 201.0)
+    result.apply(Lost(2, 1, "connection dropped"), 201.0)
     assert (result.entry(2).state, result.entry(2).phase) == (RankState.LOST, Phase.CONFIG_LOST)
     assert result.apply(Reboot(2, 1), 202.0).reason == "rank 2 is lost"
     grant = reserve(result, Reserve("k" * 40, "joiner", 2, 30.0), 203.0)
@@ -914,3 +1102,25 @@ def test_reserve_goes_through_apply_and_carries_its_grant() -> None:
     )
     # no event but Reserve carries a grant
     assert result.apply(Torpid(0, 1, True), 203.0).reservation is None
+
+
+@given(trees(40), st.integers(0, 2**32))
+@settings(max_examples=60, deadline=None)
+def test_the_live_roll_up_is_the_roll_up(tree: tuple[str, int], seed: int) -> None:
+    """Every rank brought up, then ranks lost and departed in a random order: the counts kept
+    along the way give the statuses a roll-up from scratch gives."""
+    import random
+
+    spec, size = tree
+    result = started(spec, size)
+    order = [0, *result.topology.descendants(0)]
+    bring_up(result, order[1:])
+    shuffled = random.Random(seed).sample(order[1:], len(order) - 1)
+    for step, rank in enumerate(shuffled):
+        entry = result.entry(rank)
+        event: Event = Departed(rank, 1) if step % 3 == 0 else Lost(rank, 1, "x")
+        if entry.state in CONNECTED:
+            result.apply(event, 200.0 + step)
+        assert result.subtree_statuses() == roll_up(
+            result.topology, [e.state for e in result.entries]
+        )

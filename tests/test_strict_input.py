@@ -131,10 +131,5 @@ def test_a_path_that_is_not_there_is_named_as_tbon_exec_names_it(local) -> None:
     ]
     dealer.send_multipart(frames)
     assert exec_answers(dealer) == [
-        {
-            "rank": 0,
-            "stream": "stderr",
-            "data": b"tbon exec: bogus://x: No such file or directory\n",
-        },
-        {"rank": 0, "exit": 127},
+        {"rank": 0, "exit": 127, "note": "bogus://x: No such file or directory"}
     ]

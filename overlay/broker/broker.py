@@ -38,6 +38,7 @@ from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.ranktable import Event, Online, Outcome, RankTable
 from tbon.overlay.state.reports import encode_event
 from tbon.overlay.wire.message import Kind, Message
+from tbon.proctitle import name_broker
 
 log = logging.getLogger("tbon.broker")
 
@@ -72,7 +73,7 @@ class Broker:
         self._seen_generation = -1
         self._poller = zmq.Poller()
         self._handlers: dict[Any, Callable[[float], None]] = {}
-        self.program = InitialProgram(command, self.uri, self.rank)
+        self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
         self.jobs = JobRunner(self.rank, self.uri, self._watch, self._unwatch, self._respond)
         self.draining: Draining | None = None
         self.lifecycle = Lifecycle()
@@ -204,7 +205,8 @@ class Broker:
             self.perform(self.services.flub.expire(now))
 
     def _tick(self, now: float) -> None:
-        """After every batch of input: push status changes, start the program, finish."""
+        """After every batch of input: push status changes and log records, start the program,
+        finish."""
         if self.exit_code is not None:
             return
         if self.parent is not None and self.parent.overflow is not None:
@@ -223,6 +225,8 @@ class Broker:
                 self._start_program(now)
         if self.draining is not None and self.exit_code is None:
             self.perform(self.draining.step(now, len(self.jobs.jobs)))
+        if self.exit_code is None:  # what was logged meanwhile, to its followers
+            self.perform(self.services.dmesg.pushes(now))
         self._clients_gone(self.local.dropped_since())  # dropped while being sent to
         self._maybe_finish(now)
 
@@ -444,6 +448,7 @@ def run_broker(config: BrokerConfig, command: list[str]) -> int:
     try:
         booted = boot(config, context)
         set_log_rank(booted.wireup.rank)
+        name_broker(booted.wireup.rank, booted.wireup.topology.size)  # what ps shows
         try:
             links = open_links(booted, context, time.monotonic())
         except BaseException:

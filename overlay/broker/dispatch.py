@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.broker.logs import recent
 from tbon.overlay.broker.router import Handler
 from tbon.overlay.services.actions import Action, ForgetWatches, warning
+from tbon.overlay.services.dmesg import DmesgService
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
@@ -35,6 +37,7 @@ class Services:
     exec: ExecService
     flub: FlubService
     retire: RetireService
+    dmesg: DmesgService
     status: StatusService | None  # rank 0 only
 
     @staticmethod
@@ -56,17 +59,19 @@ class Services:
             exec=ExecService(rank, topology, lifecycle),
             flub=FlubService(rank, topology, table, lifecycle, card, attributes),
             retire=RetireService(rank, topology, table),
+            dmesg=DmesgService(rank, recent()),
             status=StatusService(table, lifecycle) if table is not None else None,
         )
 
     def disconnect(self, request: Message, now: float) -> list[Action]:
-        """client.disconnect: the client's jobs and status streams end, and at rank 0 its
-        reservations no longer count against it. Only a notice shaped as a broker makes one is
-        obeyed (trust.client_notice): a client could send one, but only about itself."""
+        """client.disconnect: the client's jobs, log follows and status streams end, and at
+        rank 0 its reservations no longer count against it. Only a notice shaped as a broker
+        makes one is obeyed (trust.client_notice): a client could send one, but only about
+        itself."""
         if not client_notice(request):
             sender = "/".join(connection_of(request))
             return [warning(f"ignored a client.disconnect written by a client ({sender})")]
-        actions = self.exec.disconnect(request, now)
+        actions = self.exec.disconnect(request, now) + self.dmesg.disconnect(request, now)
         if self.status is not None:  # rank 0
             actions.append(ForgetWatches(tuple(request.route)))
             actions += self.flub.disconnect(request, now)
@@ -83,6 +88,9 @@ class Services:
             "flub.authorize": self.flub.authorize,
             "flub.revoke": self.flub.revoke,
             "retire.order": self.retire.order,
+            "dmesg.get": self.dmesg.get,
+            "dmesg.follow": self.dmesg.follow,
+            "dmesg.ack": self.dmesg.ack,
         }
         if self.status is not None:  # rank 0: these need the rank table
             table |= {

@@ -7,6 +7,11 @@ pipes fill and the job blocks on write, and nothing piles up here. Input is take
 too, and credited back as the job reads it. A job's exit is sent only after both its pipes are
 drained, so it always comes last. Pipes are non-blocking and watched by the broker's poller: a
 command that floods its output or ignores its input never stalls the broker.
+
+A command that cannot start is answered with its exit status (127, 126) and a `note` in a shell's
+words (program.py's launch checks it before the exec); the orphan guard that execs it must never
+be heard, even when the exec fails after all (a file removed meanwhile): its own complaint, the
+first line of the job's stderr, is recognized and turned into such a note.
 """
 
 from __future__ import annotations
@@ -23,18 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tbon.overlay.broker.program import program_environment
-from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.services.flow import (
-    CHUNK,
-    DEFAULT_WINDOW,
-    MAX_WINDOW,
-    MESSAGE_COST,
-    MIN_WINDOW,
-    STDIN_WINDOW,
-    Window,
-)
-from tbon.overlay.wire.message import Message
+from tbon.overlay.broker.program import launch, program_environment
+from tbon.overlay.services.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
+from tbon.overlay.wire.message import Kind, Message
 
 log = logging.getLogger("tbon.exec")
 
@@ -51,6 +47,22 @@ def orphan_guard() -> tuple[str, ...]:
 
     setpriv = shutil.which("setpriv")
     return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
+
+
+GUARD_FAILED = b"setpriv: failed to execute "
+"""How the orphan guard says that it could not exec the command (util-linux's errexec())."""
+
+
+def guard_failure(line: bytes, name: str) -> str | None:
+    """If `line` is the orphan guard's own complaint that it could not exec `name`, what a shell
+    would say instead (`NAME: REASON`); else None."""
+    prefix = GUARD_FAILED + os.fsencode(name) + b": "
+    if not line.startswith(prefix) or not line.endswith(b"\n") or line.count(b"\n") != 1:
+        return None
+    reason = line[len(prefix) : -1].decode("utf-8", "replace")
+    if os.sep not in name and reason == os.strerror(errno.ENOENT):
+        reason = "command not found"
+    return f"{name}: {reason}"
 
 
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
@@ -71,22 +83,12 @@ class Job:
     stdin_read: int = 0  # bytes the job took from its stdin since the last credit sent back
     status: int | None = None
     note: str = ""  # why the broker ended it, told to the client with its exit status
+    guarded: str | None = None  # the name the orphan guard execs, until the job's stderr speaks
+    held: bytes = b""  # the first stderr line, while it may be the guard's complaint
 
     @property
     def done(self) -> bool:
         return self.status is not None and not self.streams
-
-
-def _os_text(value: object) -> bool:
-    """A string the system takes as an argument or a path: no NUL byte, and nothing that has no
-    bytes (surrogateescape's U+DC80-U+DCFF, standing for bytes that are not UTF-8, do)."""
-    if not isinstance(value, str) or "\0" in value:
-        return False
-    try:
-        os.fsencode(value)
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class JobRunner:
@@ -108,36 +110,22 @@ class JobRunner:
         self.jobs: dict[str, Job] = {}
 
     def start(self, request: Message) -> Message | None:
-        """Start the command of an exec.start request; an error response if it cannot start."""
+        """Start the command of an exec.start request (checked by the exec service); an error
+        response if it cannot be taken at all. A command that cannot start is answered as one
+        that ran and failed: its status and a note."""
         payload = request.payload
-        job_id, argv, cwd = payload.get("id"), payload.get("argv"), payload.get("cwd")
-        if not isinstance(job_id, str) or not isinstance(argv, list) or not argv:
-            return request.fail(errno.EINVAL, "exec.start needs id and argv")
-        if not all(_os_text(word) for word in argv) or job_id in self.jobs:
+        job_id, argv, cwd = payload["id"], payload["argv"], payload.get("cwd")
+        if job_id in self.jobs:
             return request.fail(errno.EINVAL, "exec.start: bad argv or a duplicate id")
-        if cwd is not None and not _os_text(cwd):
-            return request.fail(errno.EINVAL, "exec.start: cwd must be a directory's path or null")
-        window = payload.get("window", DEFAULT_WINDOW)
-        if not is_int(window) or not MIN_WINDOW <= window <= MAX_WINDOW:
-            why = f"exec.start: window must be a number of bytes from {MIN_WINDOW} to {MAX_WINDOW}"
-            return request.fail(errno.EINVAL, why)
-        if cwd is not None and not os.path.isdir(cwd):
-            self._cannot_start(request, f"tbon exec: {cwd}: no such directory\n", 126)
+        env = program_environment(self.uri, self.rank, payload.get("size"), payload.get("env"))
+        plan = launch(argv, cwd, env)
+        if plan.why:
+            self._cannot_start(request, plan.why, plan.status)
             return None
-        env = program_environment(self.uri, self.rank)
+        guard = orphan_guard()
         try:
-            import shutil
-
-            if os.sep not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
-            # A path is checked here too: setpriv would fail on it in words of its own.
-            program = os.path.join(cwd or "", argv[0])
-            if os.sep in argv[0] and not os.path.exists(program):
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
-            if os.sep in argv[0] and (os.path.isdir(program) or not os.access(program, os.X_OK)):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv[0])
             process = subprocess.Popen(
-                [*orphan_guard(), *argv],
+                [*guard, *plan.argv],
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.PIPE,
@@ -145,12 +133,14 @@ class JobRunner:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-        except OSError as error:
+        except OSError as error:  # the guard, or the command if there is none: never named
             code = 127 if isinstance(error, FileNotFoundError) else 126
-            where = f" in {cwd}" if cwd is not None else ""
-            self._cannot_start(request, f"tbon exec: {argv[0]}{where}: {error.strerror}\n", code)
+            what = cwd if cwd is not None and error.filename == cwd else argv[0]
+            self._cannot_start(request, f"{what}: {error.strerror}", code)
             return None
-        job = Job(job_id, request, process, Window.full(window))
+        window = payload.get("window", DEFAULT_WINDOW)
+        job = Job(job_id, _anchor(request), process, Window.full(window))
+        job.guarded = plan.argv[0] if guard else None
         self.jobs[job_id] = job
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             assert pipe is not None
@@ -166,11 +156,9 @@ class JobRunner:
         return None
 
     def _cannot_start(self, request: Message, why: str, code: int) -> None:
-        """What a shell would say on stderr, then the exit status it would give."""
-        said = request.respond({"rank": self.rank, "stream": "stderr"}, streaming=True)
-        said.data = why.encode("utf-8", "surrogateescape")
-        self.send(said)
-        self.send(request.respond({"rank": self.rank, "exit": code}, streaming=True))
+        """The exit status a shell would give, and what it would say, as the job's note."""
+        answer = {"rank": self.rank, "exit": code, "note": why}
+        self.send(request.respond(answer, streaming=True))
 
     # --- output, within the client's window ------------------------------------------------
 
@@ -216,12 +204,34 @@ class JobRunner:
         cut = len(pending) if final else pending.rfind(b"\n") + 1
         if not final and cut == 0 and len(pending) >= CHUNK:
             cut = len(pending)  # a line too long to hold back
-        if cut:
-            message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
-            message.data = pending[:cut]
-            job.window.spend(cut + MESSAGE_COST)
-            self.send(message)
         job.partial[name] = pending[cut:]
+        data = pending[:cut]
+        if job.guarded is not None and data:
+            data = self._heard(job, name, data)
+        if data:
+            message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
+            message.data = data
+            job.window.spend(len(data) + MESSAGE_COST)
+            self.send(message)
+
+    def _heard(self, job: Job, name: str, data: bytes) -> bytes:
+        """The job's first output: a first stderr line that is the guard's complaint is held
+        until the exit says whether it was (the guard exits 126 or 127, saying nothing else)."""
+        assert job.guarded is not None
+        if name == "stderr" and guard_failure(data, job.guarded) is not None:
+            job.held = data
+            return b""
+        self._release(job)  # the command runs: a line held was its own
+        job.guarded = None
+        return data
+
+    def _release(self, job: Job) -> None:
+        """Send a held stderr line after all: the command said it."""
+        if job.held:
+            message = job.request.respond({"rank": self.rank, "stream": "stderr"}, streaming=True)
+            message.data, job.held = job.held, b""
+            job.window.spend(len(message.data) + MESSAGE_COST)
+            self.send(message)
 
     def grant(self, job_id: str, amount: int) -> None:
         """Credit the client gave back: read again if the window had been spent."""
@@ -314,6 +324,10 @@ class JobRunner:
             self.unwatch(pipe.fileno())
             pipe.close()
         del self.jobs[job.id]
+        if job.held and job.guarded is not None and job.status in (126, 127):
+            job.note = guard_failure(job.held, job.guarded) or job.note
+            job.held = b""
+        self._release(job)
         answer: dict[str, Any] = {"rank": self.rank, "exit": job.status}
         if job.note:
             answer["note"] = job.note
@@ -348,3 +362,10 @@ class JobRunner:
         return [
             {"id": j.id, "pid": j.process.pid, "argv": j.process.args} for j in self.jobs.values()
         ]
+
+
+def _anchor(request: Message) -> Message:
+    """What a job keeps of its exec.start: the way back, not the argv and environment."""
+    return Message(
+        Kind.REQUEST, request.topic, {}, nodeid=request.nodeid, tag=request.tag, route=request.route
+    )

@@ -1,96 +1,150 @@
-"""`tbon broker`: parsed with argparse, so that a broker never imports typer or rich."""
+"""`tbon broker`: parsed with argparse, so that a broker never imports typer or rich.
+
+Its help is laid out as every other command's (tbon/helptext.py), from the tables below, which
+`tbon completion` reads too; its usage errors are worded as theirs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn
 
 from tbon import exitcodes
 from tbon.errors import TbonError, debugging
 
+PROG = "tbon broker"
+
 DESCRIPTION = """\
-Run one broker of a tbon instance. Started by a PMI launcher (tbon start, MPICH's mpiexec,
-srun --mpi=pmi2), it learns its rank and size from PMI, swaps keys and endpoints with the other
-brokers and joins the tree; started alone, it is rank 0 of a size-1 instance. Rank 0 runs
-COMMAND, if given, once every launched broker is online, then shuts the instance down and exits
-with COMMAND's status.
+Run one broker of a tbon instance.
+
+Started by a PMI launcher (tbon start, MPICH's mpiexec, srun --mpi=pmi2), it learns its rank and
+size from PMI, swaps keys and endpoints with the other brokers and joins the tree; with -c FILE,
+it takes its rank from a config file; with -S broker.boot-server=URI, it joins a running instance
+by FLUB; started alone, it is rank 0 of a size-1 instance. Rank 0 runs COMMAND, if given, once
+every launched broker is online, then shuts the instance down and exits with COMMAND's status.
 """
 
-EPILOG = """\
-attributes (-S NAME=VALUE):
-  size                 ranks in the instance (default: the PMI size)
-  tbon.topo            kary:K | binomial (default kary:32); tbon.fanout=K is kary:K
-  tbon.heartbeat       heartbeat period on each link (default 2s)
-  tbon.torpid          silence that flags a broker torpid (default 10s; 0 disables)
-  tbon.timeout         silence that makes a broker lost (default 60s; 0 disables)
-  tbon.endpoint        where a parent listens, tcp://HOST:PORT; %h is this host's
-                       address, * a free port (default tcp://%h:*)
-  broker.rundir        run directory for the local socket (default: a new 0700 temp dir)
-  broker.shutdown-timeout  how long to wait for children at shutdown (default 10s)
-  broker.boot-server   join a running instance by FLUB through this URI (local://...)
-  broker.rank          with broker.boot-server: ask for this rank
-  broker.join-timeout  how long a FLUB reservation lasts (default 30s; rank 0's counts)
-  broker.cert          use the key pair of this certificate (tbon keygen), not a new one
-  hostname             the name this broker reports (default: the host name)
-  log-stderr-level     debug | info | warning | error (default warning)
+ARGUMENTS = [("[COMMAND]...", "Initial program for rank 0, run with TBON_URI set.")]
 
-exit status:
-  0 shut down (or retired)   1 internal error   2 usage error   69 no rank available
-  75 lost the parent or the instance (restart may rejoin)   77 refused (do not restart)
+OPTIONS: list[tuple[tuple[str, ...], str, str]] = [  # names, metavar ("" for a flag), help
+    (("-S", "--setattr"), "NAME=VALUE", "Set a broker attribute (repeatable); see Attributes."),
+    (
+        ("-c", "--config-file"),
+        "FILE",
+        "Bootstrap from the [bootstrap] table of a TOML file (tbon-config(5)).",
+    ),
+    (("-h", "--help"), "", "Show this message and exit."),
+]
 
-See tbon-broker(1).
-"""
+ATTRIBUTES = [
+    ("size", "Ranks in the instance (default: the PMI size); more than launched: spares."),
+    ("tbon.topo", "kary:K or binomial (default kary:32)."),
+    ("tbon.fanout", "K: the same as tbon.topo=kary:K."),
+    ("tbon.heartbeat", "Heartbeat period on each link (default 2s)."),
+    ("tbon.torpid", "Silence that flags a broker torpid (default 10s; 0 disables)."),
+    ("tbon.timeout", "Silence that makes a broker lost (default 60s; 0 disables)."),
+    (
+        "tbon.endpoint",
+        "Where a parent listens, tcp://HOST:PORT; %h is this host's address, * a free port "
+        "(default tcp://%h:*).",
+    ),
+    (
+        "broker.rundir",
+        "Run directory for the local socket; %r is the rank (default: a new 0700 directory).",
+    ),
+    ("broker.shutdown-timeout", "How long to wait for children at shutdown (default 10s)."),
+    ("broker.boot-server", "Join a running instance by FLUB through this URI."),
+    ("broker.rank", "With broker.boot-server: ask for this rank."),
+    ("broker.join-timeout", "How long a FLUB reservation lasts (default 30s; rank 0's counts)."),
+    (
+        "broker.client-backlog",
+        "Bytes a local client may leave unread before it is dropped (default 64M).",
+    ),
+    ("broker.cert", "Use the key pair of this certificate (tbon keygen), not a new one."),
+    ("hostname", "The name this broker reports (default: the host name)."),
+    ("log-stderr-level", "debug, info, warning or error (default warning)."),
+]
+
+EXIT_STATUS = [
+    ("0", "Shut down (or retired)."),
+    ("1", "Internal error (a supervisor may restart it)."),
+    ("2", "Usage error."),
+    ("69", "No rank available."),
+    (
+        "75",
+        "Lost the parent or the instance, or could not reach the boot server (a new "
+        "process may rejoin).",
+    ),
+    ("77", "Refused (do not restart)."),
+]
+
+
+def help_text() -> str:
+    from tbon.helptext import HelpPage, Section, render
+
+    options = [
+        (", ".join(names) + (f" {metavar}" if metavar else ""), text)
+        for names, metavar, text in OPTIONS
+    ]
+    page = HelpPage(
+        f"{PROG} [OPTIONS] [COMMAND]...",
+        DESCRIPTION,
+        [
+            Section("Arguments", ARGUMENTS),
+            Section("Options", options),
+            Section("Attributes", ATTRIBUTES),
+            Section("Exit status", EXIT_STATUS),
+        ],
+        "See tbon-broker(1).",
+    )
+    return render(page)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        print(f"tbon broker: {message} (try 'tbon broker --help')", file=sys.stderr)
+        print(f"{PROG}: {_reworded(message)} (try '{PROG} --help')", file=sys.stderr)
         sys.exit(exitcodes.USAGE)
 
 
+def _reworded(message: str) -> str:
+    """argparse's words, as the other commands say them."""
+    unknown = re.fullmatch(r"unrecognized arguments: (\S+).*", message)
+    if unknown:
+        return f"no such option: {unknown.group(1)}"
+    needs = re.fullmatch(r"argument (-\w+)(?:/\S+)?: expected one argument", message)
+    if needs:
+        return f"option '{needs.group(1)}' requires an argument"
+    return message
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="tbon broker",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "-S",
-        "--setattr",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a broker attribute (repeatable)",
-    )
-    parser.add_argument(
-        "-c",
-        "--config-file",
-        metavar="FILE",
-        help="bootstrap from the [bootstrap] table of a TOML file (tbon-config(5))",
-    )
-    parser.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="COMMAND",
-        help="initial program for rank 0, run with TBON_URI set",
-    )
+    parser = _Parser(prog=PROG, add_help=False)
+    parser.add_argument("-h", "--help", action="store_true")
+    parser.add_argument("-S", "--setattr", action="append", default=[])
+    parser.add_argument("-c", "--config-file")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: list[str]) -> int:
     from tbon.overlay.broker.attributes import broker_config, parse_assignments
+    from tbon.proctitle import name_broker
 
     args = _parser().parse_args(argv)
+    if args.help:
+        sys.stdout.write(help_text())
+        return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         config = broker_config(parse_assignments(args.setattr), args.config_file)
     except TbonError as error:
-        print(f"tbon broker: {error}", file=sys.stderr)
+        print(f"{PROG}: {error}", file=sys.stderr)
         return error.exit_code
     from tbon.overlay.broker.broker import run_broker
 
+    name_broker(detail=" ".join(argv))  # `tbon broker rank R/N ...` once bootstrap tells R/N
     try:
         return run_broker(config, command)
     except KeyboardInterrupt:
@@ -98,5 +152,5 @@ def main(argv: list[str]) -> int:
     except Exception as error:  # a broker reports, it does not print tracebacks at users
         if debugging():
             raise
-        print(f"tbon broker: internal error: {error!r}", file=sys.stderr)
+        print(f"{PROG}: internal error: {error!r}", file=sys.stderr)
         return exitcodes.INTERNAL

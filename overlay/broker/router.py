@@ -122,7 +122,7 @@ class Router:
         try:
             return handler(request, now)
         except Exception as error:  # a request we could not serve never stops a broker
-            log.error("request %r failed: %r", request.topic, error)
+            log.error("request %r failed: %s: %s", request.topic, type(error).__name__, error)
             return _answer(request.fail(errno.EPROTO, f"{request.topic}: internal error"))
 
     def send_down(self, child: int, message: Message) -> bool:

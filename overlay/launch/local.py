@@ -35,10 +35,10 @@ from tbon.overlay.broker.broker import run_broker
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.parse.duration import parse_duration
+from tbon.proctitle import name_broker
 
 PROG = "tbon start"
 _PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
 
 
 def _prctl(option: int, value: int | bytes) -> None:
@@ -98,7 +98,8 @@ class Launch:
         code = exitcodes.INTERNAL
         try:
             die_with_parent(launcher)
-            _prctl(_PR_SET_NAME, b"tbon-broker")
+            # `tbon broker rank R/N`, as a broker started on its own shows (tbon/proctitle.py).
+            name_broker(rank, instance_size(self.config.size, self.size), detail="")
             for other in server.fileobjs():
                 other.close()
             os.environ.update(PMI_FD=str(pmi.fileno()), PMI_RANK=str(rank), PMI_SIZE=str(self.size))

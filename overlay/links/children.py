@@ -163,7 +163,7 @@ class Children:
         gone, self._gone = self._gone, []
         for session in gone:
             if session.connected and not self._ledger.tied(session):
-                reports.append(self._end(session, "lost", "connection lost"))
+                reports.append(self._end(session, "lost", "connection dropped"))
         return reports
 
     def read(self, now: float) -> Inbound:
@@ -308,7 +308,7 @@ class Children:
         session.broker = host, pid = hello_broker(hello.payload)
         inbound.reports.append(Online(identity.rank, identity.incarnation, host, pid))
         if not self._ledger.tie(session, connection):
-            inbound.reports.append(self._end(session, "lost", "connection lost"))
+            inbound.reports.append(self._end(session, "lost", "connection dropped"))
 
     def _report(self, sender: Identity, message: Message, inbound: Inbound) -> None:
         try:

@@ -4,12 +4,14 @@ kill what a vanished client started.
 One `exec.start` reaches every target: each broker acts on it if it is a target itself and
 sends one copy to each child whose subtree holds targets. Answers travel back along the
 request's route, so rank 0 never talks to more than its own children. The processes themselves
-are started and watched by the broker's job runner (overlay/broker/jobs.py).
+are started and watched by the broker's job runner (overlay/broker/jobs.py), once this service
+has checked the request: a bad one is refused here, before anything is started.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import signal
 from typing import Any
 
@@ -25,12 +27,71 @@ from tbon.overlay.services.actions import (
     StartJob,
     WriteStdin,
 )
+from tbon.overlay.services.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
+
+ENV_LIMIT = 1 << 20
+"""Bytes an exec.start's `env` may take, counted as execve(2) does (NAME=VALUE and a NUL each):
+a quarter of a message, and half of what Linux lets a program's arguments and environment take
+with the usual 8 MiB stack."""
+
+
+def os_text(value: object) -> bool:
+    """A string the system takes as an argument, a path or a variable: no NUL byte, and nothing
+    that has no bytes (surrogateescape's U+DC80-U+DCFF, standing for bytes that are not UTF-8,
+    do)."""
+    if not isinstance(value, str) or "\0" in value:
+        return False
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def environment_size(env: dict[str, str]) -> int:
+    """What `env` takes in a process, as execve(2) counts it."""
+    return sum(len(os.fsencode(name)) + len(os.fsencode(value)) + 2 for name, value in env.items())
+
+
+def environment_problem(env: object) -> str | None:
+    """Why an exec.start's `env` cannot be a job's environment, or None: null (the broker's own
+    environment), or an object of names to values that execve(2) can take, within ENV_LIMIT."""
+    if env is None:
+        return None
+    if not isinstance(env, dict):
+        return "exec.start: env must be an object of names to values, or null"
+    for name, value in env.items():
+        if not name or "=" in name or not os_text(name):
+            return f"exec.start: env: {name[:64]!r} is not a variable name"
+        if not os_text(value):
+            return f"exec.start: env: the value of {name[:64]} must be a string without NUL"
+    if (size := environment_size(env)) > ENV_LIMIT:
+        return f"exec.start: env takes {size} bytes, over the limit of {ENV_LIMIT} (1 MiB)"
+    return None
+
+
+def start_problem(payload: dict[str, Any]) -> str | None:
+    """Why an exec.start cannot start anything, whatever the rank, or None. (A duplicate id is
+    the job runner's to see: only it knows what runs.)"""
+    job_id, argv, cwd = payload.get("id"), payload.get("argv"), payload.get("cwd")
+    if not isinstance(job_id, str) or not isinstance(argv, list) or not argv:
+        return "exec.start needs id and argv"
+    if not all(os_text(word) for word in argv):
+        return "exec.start: bad argv or a duplicate id"
+    if cwd is not None and not os_text(cwd):
+        return "exec.start: cwd must be a directory's path or null"
+    if why := environment_problem(payload.get("env")):
+        return why
+    window = payload.get("window", DEFAULT_WINDOW)
+    if not is_int(window) or not MIN_WINDOW <= window <= MAX_WINDOW:
+        return f"exec.start: window must be a number of bytes from {MIN_WINDOW} to {MAX_WINDOW}"
+    return None
 
 
 class ExecService:
@@ -86,9 +147,30 @@ class ExecService:
             if is_int(signum) and 0 < signum < signal.NSIG:
                 return [SignalJob(job_id, signum)]
             return []
-        if why := self.lifecycle.refusing_work(self.rank):
+        if why := self.lifecycle.refusing_work(self.rank) or start_problem(payload):
             return [_answer(request, {"rank": self.rank, "error": why})]
-        return [StartJob(request)]
+        return [StartJob(self._job(request))]
+
+    def _job(self, request: Message) -> Message:
+        """The exec.start as the job runner takes it: checked, with its defaults, and with the
+        instance's size (for TBON_SIZE), which the runner is not told otherwise."""
+        payload = request.payload
+        job = {
+            "id": payload["id"],
+            "argv": payload["argv"],
+            "cwd": payload.get("cwd"),
+            "env": payload.get("env"),
+            "window": payload.get("window", DEFAULT_WINDOW),
+            "size": self.topology.size,
+        }
+        return Message(
+            Kind.REQUEST,
+            request.topic,
+            job,
+            nodeid=request.nodeid,
+            tag=request.tag,
+            route=list(request.route),
+        )
 
     def credit(self, request: Message, now: float) -> list[Action]:
         """exec.credit: the client wrote out what this rank sent; it may send that much more.
@@ -103,7 +185,8 @@ class ExecService:
     def started_by(self, hop: str, request: Message) -> None:
         """A local client (route hop `hop`) asked for a job: remember it, to kill it should the
         client vanish."""
-        self._client_jobs.setdefault(hop, []).append(dict(request.payload))
+        job = {"id": request.payload.get("id"), "targets": request.payload.get("targets", [])}
+        self._client_jobs.setdefault(hop, []).append(job)  # not its env: up to 1 MiB
 
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,

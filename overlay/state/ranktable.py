@@ -13,8 +13,9 @@ about; an event about any other incarnation than the rank's current one is refus
 decided by `TRANSITIONS`, keyed by (phase, event type). A pair the table does not list is
 refused with a reason that says the rank's state. A row lists guards, named functions any of
 which may refuse with a reason; then its effects, which write the event's data into the entry;
-then the rank enters the row's target phase, which restarts its `since`. A row without a target
-leaves the phase and `since` as they were: a repeat, or the torpid flag.
+then the rank enters the row's target phase, which restarts its `since` and sets its `reason`,
+as the row's `why` words it. A row without a target leaves the phase, `since` and `reason` as
+they were: a repeat, or the torpid flag.
 
 - Online (its parent welcomed the broker): an offline or reserved rank comes online once its
   parent is connected (rank 0 has no parent). A hello from the broker already online is a
@@ -49,6 +50,18 @@ leaves the phase and `since` as they were: a repeat, or the torpid flag.
   Then the rank: the one asked for, or else the lowest whose row allows Reserve and whose guard
   passes. Lost, vacant and retired ranks may be reserved unless their parent is retiring; the
   rank takes a new incarnation and becomes open, whoever held it before.
+
+Reasons. `tbon status` tells why a rank is not online: each row that moves a rank words why
+(its `why`). A Lost carries its parent's words ("connection dropped", "silent for 5.0s"); a Void
+says "voided: " and rank 0's; an orphan names the rank above it that went; a goodbye is "said
+goodbye (exit status 0)", since a broker says goodbye only as it exits 0 (at a shutdown, or
+retired: then "retired"); a lapsed reservation "lease expired", a released one "released". A row
+into a connected or reserved phase has nothing to explain, and clears the reason; a rank that
+nothing has happened to yet has none. The last welcomed broker's pid stays as `last_pid` once it
+has gone, and its host as `host`.
+
+Subtree statuses are kept by a `Rollup` that each move updates, so that status can say how
+long each rank's subtree has been as it is (`tbon status -v`).
 
 Only Reserve and Reboot raise an incarnation. `apply` never performs I/O: the broker acts on the
 Outcome, whose `changed` names every rank whose entry changed; `generation` counts the events
@@ -88,8 +101,8 @@ from tbon.overlay.state.rankstates import (
     Phase,
     RankEntry,
     RankState,
+    Rollup,
     SubtreeStatus,
-    roll_up,
 )
 from tbon.overlay.state.snapshot import describe
 from tbon.overlay.state.topology import Topology
@@ -124,10 +137,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Orphaned:
-    """Internal: the broker above this rank ended, so this rank's broker exits too."""
+    """Internal: the broker above this rank ended, so this rank's broker exits too. `cause`
+    names that rank and how it went, as the orphan's reason."""
 
     rank: int
     incarnation: int
+    cause: str
 
 
 def refused(reason: str) -> Outcome:
@@ -144,6 +159,12 @@ def _no(reason: str, never: bool = False) -> Outcome:
 Stimulus = Event | Reserve | Orphaned
 Guard = Callable[["RankTable", RankEntry, Any, float], "str | None"]
 Effect = Callable[["RankTable", RankEntry, Any, float], "tuple[int, ...]"]
+Why = Callable[[Any], str]
+
+REASON_LENGTH = 64
+"""Reasons are cut to this many characters (the longest the table words today is under 60): a
+whole table of them must fit in one status message (docs/design.md §14), and a Lost's reason
+comes from a child broker."""
 
 
 def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
@@ -214,6 +235,7 @@ def parent_not_retiring(
 def seat(table: RankTable, entry: RankEntry, event: Online, now: float) -> tuple[int, ...]:
     """Record the welcomed broker."""
     entry.host, entry.pid, entry.torpid = event.host, event.pid, False
+    entry.last_pid = event.pid
     return ()
 
 
@@ -255,13 +277,40 @@ def bar_key(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> 
 
 def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> tuple[int, ...]:
     """Every rank below gets Orphaned; those the table has no row for stay as they are."""
+    if isinstance(event, Lost):
+        how = "was lost"
+    elif isinstance(event, Void):
+        how = "was voided"
+    else:
+        how = "retired" if entry.state is RankState.RETIRING else "left"
+    cause = f"rank {entry.rank} above it {how}"
     changed = []
     for rank in table.topology.descendants(entry.rank):
         below = table.entries[rank]
         rule = TRANSITIONS.get((below.phase, Orphaned))
         if rule is not None:
-            changed += table._fire(below, rule, Orphaned(rank, below.incarnation), now)
+            changed += table._fire(below, rule, Orphaned(rank, below.incarnation, cause), now)
     return tuple(changed)
+
+
+# --- reasons: why a row's rank is in its new phase, as status shows it --------------------------
+
+
+def told(event: Lost) -> str:
+    """The parent's own words: "connection dropped", "silent for 5.0s"."""
+    return event.reason
+
+
+def voided(event: Void) -> str:
+    return f"voided: {event.reason}"
+
+
+def cut_off(event: Orphaned) -> str:
+    return event.cause
+
+
+GOODBYE = "said goodbye (exit status 0)"  # only a broker that exits 0 says goodbye
+RETIRED = "retired"
 
 
 # --- the table ----------------------------------------------------------------------------------
@@ -269,17 +318,20 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One row: where the rank goes (None: it stays), what must hold, what else happens."""
+    """One row: where the rank goes (None: it stays), what must hold, what else happens, and
+    why the rank is there (a reason, or a function of the event that words it)."""
 
     target: Phase | None
     guards: tuple[Guard, ...] = ()
     effects: tuple[Effect, ...] = ()
     note: str = ""  # said on an applied repeat; {rank} is filled in
+    why: str | Why = ""
 
 
-def _ends(target: Phase, *, retired: bool = False) -> Rule:
-    """Lost or Departed: the rank goes to `target` and the ranks below it are cut off."""
-    return Rule(target, (root_stays,), (bar_key, cut_below) if retired else (cut_below,))
+def _ends(target: Phase, why: str | Why, *, retired: bool = False) -> Rule:
+    """Lost, Departed or Void: the rank goes to `target` and the ranks below it are cut off."""
+    effects = (bar_key, cut_below) if retired else (cut_below,)
+    return Rule(target, (root_stays,), effects, why=why)
 
 
 TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
@@ -291,29 +343,29 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.ONLINE, Online): Rule(None, (same_broker,)),
     (Phase.CONFIG_ONLINE, Online): Rule(None, (same_broker,)),
     # Lost: the broker failed
-    (Phase.LAUNCHED, Lost): _ends(Phase.LOST),
-    (Phase.ONLINE, Lost): _ends(Phase.LOST),
-    (Phase.RETIRING, Lost): _ends(Phase.LOST, retired=True),
-    (Phase.CONFIG_BOOTING, Lost): _ends(Phase.CONFIG_BOOTING),
-    (Phase.CONFIG_DOWN, Lost): _ends(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_ONLINE, Lost): _ends(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_RETIRING, Lost): _ends(Phase.CONFIG_LOST, retired=True),
+    (Phase.LAUNCHED, Lost): _ends(Phase.LOST, told),
+    (Phase.ONLINE, Lost): _ends(Phase.LOST, told),
+    (Phase.RETIRING, Lost): _ends(Phase.LOST, told, retired=True),
+    (Phase.CONFIG_BOOTING, Lost): _ends(Phase.CONFIG_BOOTING, told),
+    (Phase.CONFIG_DOWN, Lost): _ends(Phase.CONFIG_DOWN, told),
+    (Phase.CONFIG_ONLINE, Lost): _ends(Phase.CONFIG_DOWN, told),
+    (Phase.CONFIG_RETIRING, Lost): _ends(Phase.CONFIG_LOST, told, retired=True),
     # Departed: the broker said goodbye
-    (Phase.LAUNCHED, Departed): _ends(Phase.VACANT),
-    (Phase.ONLINE, Departed): _ends(Phase.VACANT),
-    (Phase.RETIRING, Departed): _ends(Phase.RETIRED, retired=True),
-    (Phase.CONFIG_BOOTING, Departed): _ends(Phase.CONFIG_BOOTING),
-    (Phase.CONFIG_DOWN, Departed): _ends(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_ONLINE, Departed): _ends(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_RETIRING, Departed): _ends(Phase.RETIRED, retired=True),
+    (Phase.LAUNCHED, Departed): _ends(Phase.VACANT, GOODBYE),
+    (Phase.ONLINE, Departed): _ends(Phase.VACANT, GOODBYE),
+    (Phase.RETIRING, Departed): _ends(Phase.RETIRED, RETIRED, retired=True),
+    (Phase.CONFIG_BOOTING, Departed): _ends(Phase.CONFIG_BOOTING, GOODBYE),
+    (Phase.CONFIG_DOWN, Departed): _ends(Phase.CONFIG_DOWN, GOODBYE),
+    (Phase.CONFIG_ONLINE, Departed): _ends(Phase.CONFIG_DOWN, GOODBYE),
+    (Phase.CONFIG_RETIRING, Departed): _ends(Phase.RETIRED, RETIRED, retired=True),
     # Orphaned (internal): the broker above ended, so this one exits
-    (Phase.LAUNCHED, Orphaned): Rule(Phase.LOST),
-    (Phase.ONLINE, Orphaned): Rule(Phase.LOST),
-    (Phase.RETIRING, Orphaned): Rule(Phase.LOST),
-    (Phase.CONFIG_BOOTING, Orphaned): Rule(Phase.CONFIG_BOOTING),
-    (Phase.CONFIG_DOWN, Orphaned): Rule(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_ONLINE, Orphaned): Rule(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_RETIRING, Orphaned): Rule(Phase.CONFIG_DOWN),
+    (Phase.LAUNCHED, Orphaned): Rule(Phase.LOST, why=cut_off),
+    (Phase.ONLINE, Orphaned): Rule(Phase.LOST, why=cut_off),
+    (Phase.RETIRING, Orphaned): Rule(Phase.LOST, why=cut_off),
+    (Phase.CONFIG_BOOTING, Orphaned): Rule(Phase.CONFIG_BOOTING, why=cut_off),
+    (Phase.CONFIG_DOWN, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
+    (Phase.CONFIG_ONLINE, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
+    (Phase.CONFIG_RETIRING, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
     # Torpid: a flag on a connected rank
     (Phase.ONLINE, Torpid): Rule(None, effects=(flag,)),
     (Phase.RETIRING, Torpid): Rule(None, effects=(flag,)),
@@ -326,17 +378,23 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.CONFIG_RETIRING, Retire): Rule(None, note="rank {rank} is already retiring"),
     (Phase.RETIRED, Retire): Rule(None, note="rank {rank} is already retired"),
     # Expire: the lease ran out before the joiner's hello
-    (Phase.RESERVED, Expire): Rule(Phase.VACANT, (lease_over,), (unlease,)),
+    (Phase.RESERVED, Expire): Rule(
+        Phase.VACANT, (lease_over,), (unlease,), why="lease expired before its joiner's hello"
+    ),
     # Release: the joiner failed before its hello and gives the rank back
-    (Phase.RESERVED, Release): Rule(Phase.VACANT, (same_joiner,), (unlease,)),
+    (Phase.RESERVED, Release): Rule(
+        Phase.VACANT, (same_joiner,), (unlease,), why="released: its joiner failed before hello"
+    ),
     # Void: rank 0 had a connected incarnation cut off at its parent, which reports nothing
-    (Phase.ONLINE, Void): _ends(Phase.LOST),
-    (Phase.RETIRING, Void): _ends(Phase.LOST, retired=True),
-    (Phase.CONFIG_ONLINE, Void): _ends(Phase.CONFIG_DOWN),
-    (Phase.CONFIG_RETIRING, Void): _ends(Phase.CONFIG_LOST, retired=True),
+    (Phase.ONLINE, Void): _ends(Phase.LOST, voided),
+    (Phase.RETIRING, Void): _ends(Phase.LOST, voided, retired=True),
+    (Phase.CONFIG_ONLINE, Void): _ends(Phase.CONFIG_DOWN, voided),
+    (Phase.CONFIG_RETIRING, Void): _ends(Phase.CONFIG_LOST, voided, retired=True),
     # Reboot: a config rank's broker was restarted on its host
     (Phase.CONFIG_BOOTING, Reboot): Rule(None),
-    (Phase.CONFIG_DOWN, Reboot): Rule(Phase.CONFIG_BOOTING, effects=(renew,)),
+    (Phase.CONFIG_DOWN, Reboot): Rule(
+        Phase.CONFIG_BOOTING, effects=(renew,), why="its host restarted its broker"
+    ),
     # Reserve: FLUB gives the rank to a joiner's key
     (Phase.VACANT, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
     (Phase.LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
@@ -398,6 +456,7 @@ class RankTable:
             RankEntry(rank, Phase.VACANT, 0, f"extra{rank - len(hosts)}", None, now)
             for rank in range(len(hosts), topology.size)
         ]
+        self.rollup = Rollup(topology, [entry.state for entry in self.entries], now)
 
     @property
     def size(self) -> int:
@@ -450,6 +509,9 @@ class RankTable:
             changed += effect(self, entry, event, now)
         if rule.target is not None:
             entry.phase, entry.since = rule.target, now
+            why = rule.why(event) if callable(rule.why) else rule.why
+            entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
+            self.rollup.set(entry.rank, entry.state, now)
             if entry.state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
             if rule.target is not Phase.RESERVED:
@@ -531,5 +593,9 @@ class RankTable:
         return not any(entry.state is RankState.OFFLINE for entry in self.entries)
 
     def subtree_statuses(self) -> list[SubtreeStatus]:
-        """Each rank's subtree status (rankstates.roll_up)."""
-        return roll_up(self.topology, [entry.state for entry in self.entries])
+        """Each rank's subtree status (rankstates.Rollup, held to rankstates.roll_up)."""
+        return list(self.rollup.statuses)
+
+    def subtree_since(self, rank: int) -> float:
+        """When `rank`'s subtree status last changed."""
+        return self.rollup.since[rank]

@@ -2,7 +2,9 @@
 
 Pure functions of the table, kept apart from its rules so that the state machine decides and
 this module only words and shapes. Public keys are never shown: a reserved rank carries its
-joiner's key fingerprint.
+joiner's key fingerprint. Fields are only ever added (docs/design.md §12), and only where they
+say something: `reason` and `last_pid` for a rank that is lost, offline or vacant, once known;
+`subtree_since` for a connected rank, the one whose subtree status `tbon status` shows.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ def snapshot(table: RankTable, now: float) -> dict[str, Any]:
             "torpid": entry.torpid,
             "since": round(max(0.0, now - entry.since), 3),
         }
+        if entry.state in CONNECTED:
+            shown["subtree_since"] = round(max(0.0, now - table.subtree_since(entry.rank)), 3)
+        elif entry.state is not RankState.RESERVED:  # gone, or never held: why, and who was it
+            if entry.reason:
+                shown["reason"] = entry.reason
+            if entry.last_pid is not None:
+                shown["last_pid"] = entry.last_pid
         if entry.retired:
             shown["retired"] = True
         if entry.joiner is not None:

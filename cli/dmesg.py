@@ -1,0 +1,256 @@
+"""`tbon dmesg`: the brokers' recent log records, gathered through the tree, or followed.
+
+Every broker keeps its last records in a ring (overlay/services/dmesg.py). One request goes to
+each rank through the tree, WINDOW of them at a time, so that the answers coming back to this
+command's broker stay few whatever the size of the instance; they are printed sorted by time,
+then rank. With --follow each rank then streams what it logs, one batch in flight: each batch is
+acknowledged once written out, so a reader that stops makes the brokers drop records (and say how
+many), never pile them up. Rank 0's pushed status tells which ranks were lost meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import typer
+
+from tbon.cli.common import URI_HELP, print_json
+from tbon.errors import TbonError, UsageError
+
+RANK_TROUBLE = 68  # a rank does not exist, is not online, or was lost: as tbon exec
+WINDOW = 16  # ranks asked at once: what they answer is at most 16 rings (about 24 MiB)
+LEVELS = ("debug", "info", "warning", "error")
+READABLE = ("online", "retiring")  # states whose brokers answer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("dmesg")
+    def dmesg(
+        uri: str = typer.Argument(None, metavar="[URI]", help=URI_HELP),
+        ranks: str = typer.Option(
+            "all",
+            "--rank",
+            "-r",
+            metavar="RANKS",
+            help="The ranks to read: an idset like 0,3-7, or all (every online rank).",
+        ),
+        follow: bool = typer.Option(
+            False, "--follow", "-f", help="Then print new records as they come, until Ctrl-C."
+        ),
+        level: str = typer.Option(
+            "debug",
+            "--level",
+            metavar="LEVEL",
+            help="Only records at or above LEVEL: debug, info, warning or error.",
+        ),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            help="Print a JSON array of records (with --follow, one JSON object a line).",
+        ),
+    ) -> None:
+        """Print the brokers' recent log records, sorted by time: TIME rank RANK LEVEL: MESSAGE.
+
+        Each broker keeps its last 1000 records, info and above. Exit status: 0, or 68 if a rank
+        asked for does not exist, is not online, or was lost before it answered (with --follow:
+        while followed); Ctrl-C ends --follow with that status.
+        """
+        from tbon.overlay.connectors.client import connect
+
+        if level not in LEVELS:
+            raise UsageError(f"invalid --level {level!r}: use one of {', '.join(LEVELS)}")
+        with connect(uri) as client:
+            status = client.rpc("status.get", nodeid=0)
+            targets, trouble = _targets(status, ranks)
+            reading = Reading(client, level, follow, as_json, trouble)
+            try:
+                reading.run(targets)
+            except BrokenPipeError:
+                raise typer.Exit(128 + signal.SIGPIPE) from None
+        raise typer.Exit(RANK_TROUBLE if reading.trouble else 0)
+
+
+def _targets(status: dict[str, Any], ranks: str) -> tuple[list[int], dict[int, str]]:
+    """The ranks to read, and why some asked-for ranks cannot be (each said on stderr)."""
+    from tbon.overlay.parse.idset import format_idset, parse_idset
+
+    size, entries = status["size"], status["ranks"]
+    trouble: dict[int, str] = {}
+    if ranks == "all":
+        chosen = [e["rank"] for e in entries if e["state"] in READABLE]
+        for state in ("lost", "offline", "reserved"):
+            skipped = [e["rank"] for e in entries if e["state"] == state]
+            if skipped:
+                _say(f"skipping {state} rank{'s' * (len(skipped) > 1)} {format_idset(skipped)}")
+        return chosen, trouble
+    chosen = []
+    for rank in parse_idset(ranks):
+        if rank >= size:
+            trouble[rank] = f"rank {rank}: no such rank in this instance of size {size}"
+        elif entries[rank]["state"] not in READABLE:
+            trouble[rank] = f"rank {rank} is {entries[rank]['state']}"
+        else:
+            chosen.append(rank)
+    for why in trouble.values():
+        _say(why)
+    return chosen, trouble
+
+
+@dataclass
+class Reading:
+    """One `tbon dmesg`: the ranks asked, those followed, and what went wrong with which."""
+
+    client: Any
+    level: str
+    follow: bool
+    as_json: bool
+    trouble: dict[int, str]
+    waiting: list[int] = field(default_factory=list)  # not asked yet, last first
+    asked: dict[int, int] = field(default_factory=dict)  # tag -> rank: no answer yet
+    following: dict[int, int] = field(default_factory=dict)  # tag -> rank: streaming
+    acks: dict[int, int] = field(default_factory=dict)  # tag -> `next` to acknowledge
+    watch: int = 0
+
+    def run(self, targets: list[int]) -> None:
+        if not targets:
+            if self.as_json and not self.follow:
+                print_json([])
+            return
+        self.watch = self.client.send("status.watch", {}, nodeid=0)
+        self.waiting = sorted(targets, reverse=True)
+        backlog: list[dict[str, Any]] = []
+        while self.waiting or self.asked:
+            self._ask()
+            backlog += self._take(self.client.receive(None))
+        self._write(backlog, whole=True)
+        if self.follow:
+            self._follow()
+
+    def _ask(self) -> None:
+        topic = "dmesg.follow" if self.follow else "dmesg.get"
+        while self.waiting and len(self.asked) < WINDOW:
+            rank = self.waiting.pop()
+            self.asked[self.client.send(topic, {"level": self.level}, nodeid=rank)] = rank
+
+    def _follow(self) -> None:
+        """Print each batch as it comes, and acknowledge it once written, until Ctrl-C (or
+        SIGTERM)."""
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            while self.following:
+                self._acknowledge()
+                self._write(self._take(self.client.receive(None)), whole=False)
+        except KeyboardInterrupt:
+            return
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _acknowledge(self) -> None:
+        for tag, upto in self.acks.items():
+            self.client.send("dmesg.ack", {"follow": tag, "next": upto}, nodeid=self.following[tag])
+        self.acks.clear()
+
+    def _take(self, reply: Any) -> list[dict[str, Any]]:
+        """The records (and lost markers) of one answer, each with its rank."""
+        if reply is None:
+            return []
+        if reply.tag == self.watch:
+            self._note_lost(reply)
+            return []
+        rank = self.asked.pop(reply.tag, None)
+        if rank is None and reply.tag in self.following:
+            rank = self.following[reply.tag]
+        if rank is None:
+            return []
+        if reply.errnum:
+            self.following.pop(reply.tag, None)
+            self._trouble(rank, f"rank {rank}: {reply.errstr}")
+            return []
+        if self.follow and reply.streaming:
+            self.following[reply.tag] = rank
+            self.acks[reply.tag] = reply.payload.get("next", 0)
+        taken = [{**record, "rank": rank} for record in reply.payload.get("records", [])]
+        if lost := reply.payload.get("lost"):
+            taken.append({"rank": rank, "lost": lost, "time": _now(taken)})
+        return taken
+
+    def _note_lost(self, reply: Any) -> None:
+        """Rank 0 pushed its table: a rank being read whose broker has gone will never answer."""
+        if reply.errnum:  # the instance is shutting down
+            raise TbonError(f"status stream ended: {reply.errstr}")
+        entries = reply.payload["ranks"]
+        gone = {r for r in self.waiting if entries[r]["state"] not in READABLE}
+        self.waiting = [r for r in self.waiting if r not in gone]
+        for streams in (self.asked, self.following):
+            for tag, rank in list(streams.items()):
+                if entries[rank]["state"] not in READABLE:
+                    del streams[tag]
+                    self.acks.pop(tag, None)
+                    gone.add(rank)
+        for rank in sorted(gone):
+            state = entries[rank]["state"]
+            if state == "vacant":  # its broker left cleanly: retired, or said goodbye
+                _say(f"rank {rank} is vacant: its broker left")
+            else:
+                self._trouble(rank, f"rank {rank} is {state}")
+
+    def _trouble(self, rank: int, why: str) -> None:
+        self.trouble[rank] = why
+        _say(why)
+
+    def _write(self, records: list[dict[str, Any]], whole: bool) -> None:
+        """Records sorted by time, then rank: all at once (a JSON array, unless following), or
+        as one batch of a follow (a JSON object a line)."""
+        records.sort(key=lambda r: (r["time"], r["rank"], r.get("seq", -1)))
+        if self.as_json and whole and not self.follow:
+            print_json([_as_json(r) for r in records])
+            return
+        out = sys.stdout
+        for record in records:
+            text = json.dumps(_as_json(record), separators=(",", ":")) if self.as_json else None
+            out.write((text or _line(record)) + "\n")
+        out.flush()
+
+
+def _line(record: dict[str, Any]) -> str:
+    from tbon.overlay.broker.logs import local_time
+
+    when, rank = local_time(record["time"]), record["rank"]
+    if "lost" in record:
+        return f"{when} rank {rank}: {record['lost']} records lost (not read in time)"
+    return f"{when} rank {rank} {record['level']}: {record['message']}"
+
+
+def _as_json(record: dict[str, Any]) -> dict[str, Any]:
+    seconds = record["time"]
+    stamp = datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="milliseconds")
+    if "lost" in record:
+        return {"time": stamp, "timestamp": seconds, "rank": record["rank"], "lost": record["lost"]}
+    return {
+        "time": stamp,
+        "timestamp": seconds,
+        "rank": record["rank"],
+        "level": record["level"],
+        "message": record["message"],
+        "seq": record["seq"],
+    }
+
+
+def _now(records: list[dict[str, Any]]) -> float:
+    """When a lost marker is shown: just before the records that came after the gap."""
+    import time
+
+    return min((r["time"] for r in records), default=time.time())
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _say(text: str) -> None:
+    print(f"tbon dmesg: {text}", file=sys.stderr)

@@ -1,0 +1,339 @@
+"""`tbon status` as a user sees it (issue 13): why a rank went, --errors, --down, --color, the
+`-v` clock of the state shown, --watch piped, and --wait up for an instance with spare ranks.
+
+Real instances of `tbon start` on 127.0.0.1; every wait has a deadline, every process is reaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+from typing import Any
+
+from conftest import DEADLINE, child_env, process_gone, start_tbon, tbon, wait_for
+
+from tbon.overlay.parse.duration import parse_duration
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d")
+
+
+def kill_rank(inst: Any, rank: int) -> int:
+    """SIGKILL the broker of `rank` and wait until rank 0 shows it lost; its pid."""
+    pid = inst.pid(rank)
+    os.kill(pid, signal.SIGKILL)
+    inst.wait_status(lambda s: s["ranks"][rank]["state"] == "lost", f"rank {rank} lost")
+    return pid
+
+
+def shown_time(text: str, rank: int) -> float:
+    """The `for TIME` of `rank`'s line in `tbon status -v`, in seconds."""
+    match = re.search(rf"(?m)^[ │├└─]*{rank} \S+: \S+ for (\S+) ", text)
+    assert match, text
+    return parse_duration(match.group(1))
+
+
+# --- why a rank went ----------------------------------------------------------------------------
+
+
+def test_a_killed_leaf_is_lost_because_its_connection_dropped(instance) -> None:
+    inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
+    pid = kill_rank(inst, 3)
+
+    entry = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][3]
+    assert (entry["state"], entry["reason"], entry["last_pid"]) == (
+        "lost",
+        "connection dropped",
+        pid,
+    )
+    assert entry["pid"] is None and entry["host"] and entry["since"] >= 0
+
+    errors = tbon("status", inst.uri, "--errors")
+    assert errors.returncode == 0, errors.stderr
+    assert re.fullmatch(
+        rf"3 \S+: lost for \S+: connection dropped \(last pid {pid}\)\n", errors.stdout
+    )
+
+    down = tbon("status", inst.uri, "--down")
+    assert re.fullmatch(r"3 \S+: lost \(via 1, 0\): connection dropped\n", down.stdout)
+
+    verbose = tbon("status", inst.uri, "-v").stdout
+    assert re.search(
+        rf"(?m)^│  ├─ 3 \S+: lost for \S+ incarnation 1: connection dropped \(last pid {pid}\)$",
+        verbose,
+    ), verbose
+    assert "(last pid" not in tbon("status", inst.uri).stdout  # only -v says why
+
+
+def test_ranks_cut_off_below_a_lost_one_name_it_and_show_their_path(instance) -> None:
+    inst = instance(7, "tbon.fanout=2")
+    below = {rank: inst.pid(rank) for rank in (3, 4)}
+    kill_rank(inst, 1)
+    wait_for(lambda: all(process_gone(pid) for pid in below.values()), "ranks 3, 4 to exit")
+
+    down = tbon("status", inst.uri, "--down").stdout.splitlines()
+    assert re.fullmatch(r"1 \S+: lost \(via 0\): connection dropped", down[0])
+    assert re.fullmatch(r"3 \S+: lost \(via 1, 0\): rank 1 above it was lost", down[1])
+    assert re.fullmatch(r"4 \S+: lost \(via 1, 0\): rank 1 above it was lost", down[2])
+    assert len(down) == 3
+    status = json.loads(tbon("status", inst.uri, "--json").stdout)
+    assert [status["ranks"][r].get("last_pid") for r in (3, 4)] == [below[3], below[4]]
+    # --rank narrows the list to a subtree
+    assert tbon("status", inst.uri, "--errors", "--rank", "2").stdout == ""
+
+
+def test_a_retired_rank_says_so(instance) -> None:
+    inst = instance(3)
+    pid = inst.pid(2)
+    assert tbon("retire", inst.uri, "2").returncode == 0
+    wait_for(lambda: process_gone(pid), "the retired broker to exit")
+    errors = tbon("status", inst.uri, "--errors").stdout
+    assert re.fullmatch(rf"2 \S+: vacant for \S+: retired \(last pid {pid}\)\n", errors)
+
+
+def test_spares_never_held_share_one_line(instance) -> None:
+    inst = instance(2, "size=5")
+    assert tbon("status", inst.uri, "--errors").stdout == "2-4: vacant: spares never held\n"
+    assert tbon("status", inst.uri, "--down").stdout == "2-4: vacant: spares never held\n"
+    assert "4 extra2: vacant for" in tbon("status", inst.uri, "-v").stdout
+
+
+# --- options ------------------------------------------------------------------------------------
+
+
+def test_color_always_never_and_auto_in_a_pipe(instance) -> None:
+    inst = instance(2)
+    always = tbon("status", inst.uri, "--color=always")
+    assert always.returncode == 0 and "\x1b[" in always.stdout
+    assert ANSI.sub("", always.stdout) == tbon("status", inst.uri).stdout
+    for argv in (["--color=never"], ["--color=auto"], []):
+        assert "\x1b" not in tbon("status", inst.uri, *argv, "-v").stdout, argv
+    # an explicit `always` wins over NO_COLOR
+    forced = tbon("status", inst.uri, "--color", "always", env=child_env(NO_COLOR="1"))
+    assert "\x1b[" in forced.stdout
+    # and `auto` is not talked into colour by FORCE_COLOR in a pipe
+    assert "\x1b" not in tbon("status", inst.uri, env=child_env(FORCE_COLOR="1")).stdout
+
+
+def test_bad_options_are_usage_errors() -> None:
+    cases = [
+        (["--color=sometimes"], "invalid --color 'sometimes': use auto, always or never"),
+        (["--errors", "--down"], "--errors and --down do not go together"),
+        (["--summary", "--errors"], "--summary and --errors do not go together"),
+        (["--wait", "bogus"], "use one of full, partial, degraded, lost, offline, up"),
+    ]
+    for argv, message in cases:
+        result = tbon("status", *argv, "local:///nonexistent/socket")
+        assert result.returncode == 2, (argv, result.stderr)
+        assert result.stderr.startswith("tbon status: ") and message in result.stderr, argv
+        assert len(result.stderr.splitlines()) == 1
+
+
+def test_the_v_time_is_that_of_the_subtree_status_shown(instance) -> None:
+    """Issue 13: the root said `full for 49.5s` just after recovering from a failure."""
+    inst = instance(3)
+    kill_rank(inst, 2)
+    inst.join("broker.rank=2")
+    inst.wait_status(
+        lambda s: s["ranks"][2]["state"] == "online" and s["ranks"][0]["subtree"] == "full",
+        "rank 2 back online, incarnation 2",
+    )
+    status = json.loads(tbon("status", inst.uri, "--json").stdout)
+    root, one, two = status["ranks"][:3]
+    assert root["subtree_since"] <= two["since"] + 0.005  # full again when rank 2 came back
+    assert root["subtree_since"] < one["since"] and root["since"] >= one["since"]
+
+    text = tbon("status", inst.uri, "-v").stdout
+    assert re.search(r"(?m)^0 \S+: full for ", text), text
+    assert shown_time(text, 0) <= shown_time(text, 2) + 0.01
+    assert shown_time(text, 0) < shown_time(text, 1)
+
+
+# --- --wait up ----------------------------------------------------------------------------------
+
+
+def test_wait_up_returns_for_an_instance_with_spares(instance) -> None:
+    inst = instance(3, "size=5")  # ranks 3, 4 are spares
+    up = tbon("status", inst.uri, "--wait", "up", "--timeout", "20s", "--json")
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout)["ranks"][0]["subtree"] == "partial"
+    full = tbon("status", inst.uri, "--wait", "full", "--timeout", "300ms")
+    assert full.returncode == 1 and "(it is partial)" in full.stderr
+
+    kill_rank(inst, 2)  # a lost rank is expected back: not up
+    down = tbon("status", inst.uri, "--wait", "up", "--timeout", "300ms")
+    assert down.returncode == 1
+    assert "to be up (it is degraded; not online: 2 lost)" in down.stderr
+    waiting = start_tbon("status", inst.uri, "--wait", "up", "--timeout", "20s")
+    try:
+        inst.join()  # the lowest rank FLUB may give: lost rank 2, before spares 3 and 4
+        assert waiting.wait(timeout=DEADLINE) == 0, waiting.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+        waiting.stdout.close()  # type: ignore[union-attr]
+        waiting.stderr.close()  # type: ignore[union-attr]
+    assert inst.status()["ranks"][2]["incarnation"] == 2
+
+
+# --- --watch in a pipe --------------------------------------------------------------------------
+
+
+class Reader:
+    """Lines of a piped process, read from its raw descriptor with a deadline (a buffered
+    readline would hide lines it has read ahead from the next select)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self.fd = process.stdout.fileno()
+        self.buffer = b""
+
+    def line(self, deadline: float) -> str:
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                raise AssertionError(f"no line in time; have {self.buffer!r}")
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the watcher ended; have {self.buffer!r}")
+            self.buffer += chunk
+        text, self.buffer = self.buffer.split(b"\n", 1)
+        return text.decode()
+
+    def block(self, timeout: float = DEADLINE) -> list[str]:
+        """The next snapshot: the lines up to an empty one."""
+        deadline = time.monotonic() + timeout
+        lines: list[str] = []
+        while text := self.line(deadline):
+            lines.append(text)
+        return lines
+
+
+def test_watch_in_a_pipe_prints_each_snapshot_after_a_timestamp(instance) -> None:
+    inst = instance(3)
+    watcher = start_tbon("status", inst.uri, "--watch", "--no-pretty")
+    try:
+        reader = Reader(watcher)
+        first = reader.block()
+        assert ISO_TIME.fullmatch(first[0]), first
+        assert [re.sub(r"\S+:", "H:", line) for line in first[1:]] == [
+            "0 H: full",
+            "  1 H: full",
+            "  2 H: full",
+        ]
+        kill_rank(inst, 2)
+        block = reader.block()
+        while "  2 H: lost" not in [re.sub(r"\S+:", "H:", line) for line in block]:
+            block = reader.block()
+        assert ISO_TIME.fullmatch(block[0]) and block[0] >= first[0]
+        assert "\x1b" not in "".join(first + block)
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=DEADLINE) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+        watcher.stdout.close()  # type: ignore[union-attr]
+        watcher.stderr.close()  # type: ignore[union-attr]
+
+
+def test_watch_errors_in_a_pipe(instance) -> None:
+    inst = instance(3)
+    watcher = start_tbon("status", inst.uri, "--watch", "--errors")
+    try:
+        reader = Reader(watcher)
+        assert len(reader.block()) == 1  # the time alone: nothing is down
+        pid = kill_rank(inst, 1)
+        while len(block := reader.block()) == 1:
+            pass
+        assert re.fullmatch(
+            rf"1 \S+: lost for \S+: connection dropped \(last pid {pid}\)", block[1]
+        )
+    finally:
+        watcher.kill()
+        watcher.wait()
+        watcher.stdout.close()  # type: ignore[union-attr]
+        watcher.stderr.close()  # type: ignore[union-attr]
+
+
+# --- the views, from status objects alone ---------------------------------------------------------
+
+
+def status_of(*states: str, **fields: Any) -> dict[str, Any]:
+    """A status object of a chain 0 - 1 - 2 ... with these states (each may add fields)."""
+    ranks = []
+    for rank, state in enumerate(states):
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "state": state,
+            "host": f"n{rank}",
+            "pid": 100 + rank if state in ("online", "retiring") else None,
+            "incarnation": 1,
+            "parent": rank - 1 if rank else None,
+            "children": [rank + 1] if rank + 1 < len(states) else [],
+            "subtree": "full",
+            "torpid": False,
+            "since": 10.0,
+        }
+        entry.update(fields.get(f"r{rank}", {}))
+        ranks.append(entry)
+    return {"size": len(states), "topo": "kary:1", "ranks": ranks}
+
+
+def test_wait_up_expects_offline_reserved_and_lost_ranks_only() -> None:
+    from tbon.cli.status import missing
+
+    for state in ("offline", "reserved", "lost"):
+        assert missing(status_of("online", state), 0) == [1], state
+    for state in ("online", "retiring", "vacant"):
+        assert missing(status_of("online", state), 0) == [], state
+    assert missing(status_of("online", "online", "lost"), 1) == [2]
+
+
+def test_the_clock_shown_is_the_subtree_status_clock_and_runs_with_age() -> None:
+    from tbon.cli.render import line
+
+    status = status_of("online", "lost", r0={"subtree_since": 2.0}, r1={"reason": "x"})
+    root, lost = status["ranks"]
+    assert str(line(root, True)) == "0 n0: full for 2s incarnation 1"
+    assert str(line(root, True, age=1.5)) == "0 n0: full for 3.5s incarnation 1"
+    assert str(line(lost, True, age=1.5)) == "1 n1: lost for 11.5s incarnation 1: x"
+    del root["subtree_since"]  # an older rank 0's table: its own clock
+    assert str(line(root, True)) == "0 n0: full for 10s incarnation 1"
+
+
+def test_down_and_errors_lines() -> None:
+    from tbon.cli.render import not_online
+
+    status = status_of(
+        "online",
+        "online",
+        "lost",
+        "vacant",
+        r2={"reason": "connection dropped", "last_pid": 42},
+        r3={"incarnation": 0},
+    )
+    assert [str(t) for t in not_online(status, 0, paths=True)] == [
+        "2 n2: lost (via 1, 0): connection dropped",
+        "3: vacant: spare never held",
+    ]
+    assert [str(t) for t in not_online(status, 0)] == [
+        "2 n2: lost for 10s: connection dropped (last pid 42)",
+        "3: vacant: spare never held",
+    ]
+    assert not_online(status_of("online", "online"), 0) == []
+
+
+def test_a_view_taller_than_the_screen_says_what_is_cut() -> None:
+    from tbon.cli.status import fit
+
+    assert fit(["a", "b"], 2) == ["a", "b"]
+    cut = fit(["a", "b", "c", "d"], 3)
+    assert cut[:2] == ["a", "b"] and str(cut[2]).startswith("... 2 more lines")
