@@ -204,7 +204,7 @@ def _directory(option: str | None) -> str:
 
 def _check_size(env: dict[str, str]) -> None:
     """Refuse, before anything starts, an environment that no broker would take."""
-    from tbon.overlay.services.exec import ENV_LIMIT, environment_size
+    from tbon.limits import ENV_LIMIT, environment_size
 
     if (size := environment_size(env)) > ENV_LIMIT:
         raise UsageError(

@@ -7,6 +7,8 @@ typo is a usage error and never an attempt. Imported by the broker: no typer, no
 
 from __future__ import annotations
 
+import os
+
 from tbon.errors import UsageError
 
 MAX_SIZE = 8192
@@ -82,3 +84,14 @@ def check_duration(seconds: float, what: str) -> float:
     if not seconds <= MAX_DURATION:  # NaN and inf included
         raise UsageError(f"{what} is out of range: at most {MAX_DURATION / 86400:g}d")
     return seconds
+
+
+ENV_LIMIT = 1 << 20
+"""Bytes an exec.start's `env` may take, counted as execve(2) does (NAME=VALUE and a NUL each):
+a quarter of a message, and half of what Linux lets a program's arguments and environment take
+with the usual 8 MiB stack. Here, not in the exec service, so that the CLI checks it cheaply."""
+
+
+def environment_size(env: dict[str, str]) -> int:
+    """What `env` takes in a process, as execve(2) counts it."""
+    return sum(len(os.fsencode(name)) + len(os.fsencode(value)) + 2 for name, value in env.items())

@@ -16,16 +16,11 @@ from hypothesis import strategies as st
 
 from tbon.cli.exec import _skipped_lines, _targets, job_environment
 from tbon.errors import UsageError
+from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.broker.jobs import guard_failure
 from tbon.overlay.broker.program import SHELL, Launch, launch, program_environment
 from tbon.overlay.services.actions import Respond, StartJob
-from tbon.overlay.services.exec import (
-    ENV_LIMIT,
-    ExecService,
-    environment_problem,
-    environment_size,
-    start_problem,
-)
+from tbon.overlay.services.exec import ExecService, environment_problem, start_problem
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message

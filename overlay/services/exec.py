@@ -15,6 +15,7 @@ import os
 import signal
 from typing import Any
 
+from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
@@ -35,11 +36,6 @@ from tbon.overlay.wire.message import Kind, Message
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
-ENV_LIMIT = 1 << 20
-"""Bytes an exec.start's `env` may take, counted as execve(2) does (NAME=VALUE and a NUL each):
-a quarter of a message, and half of what Linux lets a program's arguments and environment take
-with the usual 8 MiB stack."""
-
 
 def os_text(value: object) -> bool:
     """A string the system takes as an argument, a path or a variable: no NUL byte, and nothing
@@ -52,11 +48,6 @@ def os_text(value: object) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def environment_size(env: dict[str, str]) -> int:
-    """What `env` takes in a process, as execve(2) counts it."""
-    return sum(len(os.fsencode(name)) + len(os.fsencode(value)) + 2 for name, value in env.items())
 
 
 def environment_problem(env: object) -> str | None:
