@@ -3,6 +3,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/wireup.py [--runs R] [--sizes 1,4,16,64] [--markdown]
+    .venv/bin/python benchmarks/wireup.py --sections scale --sizes 64,256,1024,2048 --runs 2 --force
 
 Everything is measured against the real `tbon` console script next to sys.executable and real
 brokers; nothing here sleeps and hopes: every wait has a deadline, and every process this script
@@ -11,6 +12,9 @@ to stdout (`--markdown` for GitHub tables, e.g. for the README).
 
 Sections (select with --sections):
   wall  median/min/max wall time of `tbon start --test-size=N true` (start, run, shut down)
+  scale the same for large N (up to 2048): median wall time, CPU (user+sys of the whole process
+        tree, from getrusage(RUSAGE_CHILDREN) around each run) and peak Σ PSS of the tree (sampled
+        in one more, untimed run), with the log-log slope of wall time between sizes
   rss   peak (VmHWM) and current (VmRSS) resident memory per broker, plus PSS (fork-shared pages
         counted fairly), for an idle instance of each size
   lost  SIGKILL a leaf broker (rank 3 of size 4, fanout 2) and time until rank 0 pushes a status
@@ -24,6 +28,8 @@ Only the standard library, tbon itself and common.py (next to this script) are i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import signal
@@ -59,7 +65,10 @@ TARGET_LOST_S = 0.5  # leaf SIGKILL -> rank 0 shows it lost
 TARGET_PING_MS = 1.0  # round trip to a rank two hops down
 
 LOST_DEADLINE_S = 10.0  # for the lost snapshot to arrive
-SECTIONS = ("wall", "rss", "lost", "ping")
+TARGET_SCALE_S = {1024: 5.0, 2048: 10.0}  # up and down
+TARGET_SLOPE = 1.0  # log-log, wall time against N, from 256 to 2048
+PSS_EVERY_S = 0.25  # between samples of the tree's PSS
+SECTIONS = ("wall", "scale", "rss", "lost", "ping")
 
 
 def tbon_json(*args: str, timeout: float) -> Any:
@@ -124,6 +133,101 @@ def bench_wall(report: Report, sizes: Sequence[int], runs: int) -> None:
 
 def _run_start(size: int) -> float:
     return time_command([str(TBON), "start", f"--test-size={size}", "true"])
+
+
+# --- 1b. scale: wall, CPU and peak Σ PSS up to 2048 brokers ------------------------------------
+
+
+def bench_scale(report: Report, sizes: Sequence[int], runs: int, force: bool) -> None:
+    import math
+    import resource
+
+    extra = ["--force"] if force else []
+    rows = []
+    walls: dict[int, float] = {}
+    for size in sizes:
+        argv = [str(TBON), "start", f"--test-size={size}", *extra, "true"]
+        times, cpus = [], []
+        for run in range(runs):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            times.append(time_command(argv))
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+            progress(
+                f"scale: size {size} run {run + 1}/{runs}: {seconds(times[-1])} s wall, "
+                f"{cpus[-1]:.2f} s CPU"
+            )
+        pss = _peak_tree_pss_mb(argv)
+        progress(f"scale: size {size}: peak Σ PSS {pss:.0f} MB")
+        walls[size] = median(times)
+        target = TARGET_SCALE_S.get(size)
+        rows.append(
+            [
+                str(size),
+                seconds(median(times)),
+                f"{median(cpus):.2f}",
+                f"{pss:.0f}",
+                f"{pss / size:.1f}",
+                f"≤ {target:g} s {verdict(walls[size] <= target)}" if target else "",
+            ]
+        )
+    report.heading(f"Scale: `tbon start --test-size=N true` ({runs} runs each)")
+    report.table(
+        ["N", "wall median s", "CPU median s", "peak Σ PSS MB", "per broker MB", "target"],
+        rows,
+    )
+    ordered = sorted(walls)
+    slopes = [
+        f"{a}→{b}: {math.log(walls[b] / walls[a]) / math.log(b / a):.2f}"
+        for a, b in itertools.pairwise(ordered)
+    ]
+    if 256 in walls and 2048 in walls:
+        slope = math.log(walls[2048] / walls[256]) / math.log(8)
+        slopes.append(
+            f"256→2048: {slope:.2f} (≤ {TARGET_SLOPE:g} {verdict(slope <= TARGET_SLOPE)})"
+        )
+    report.note(
+        "CPU is user+sys of `tbon start`, its launcher and every broker. Σ PSS is the whole tree "
+        "(`tbon start`, launcher, brokers), sampled every "
+        f"{PSS_EVERY_S:g} s in one more run. Log-log slope of wall time: " + ", ".join(slopes)
+    )
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc/PID/task/TID/children."""
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            with contextlib.suppress(OSError):
+                stack.extend(
+                    int(c) for c in Path(f"/proc/{current}/task/{tid}/children").read_text().split()
+                )
+    return found
+
+
+def _peak_tree_pss_mb(argv: Sequence[str]) -> float:
+    """Run `argv` once (untimed) and return the largest Σ PSS of its process tree seen."""
+    process = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    peak = 0
+    try:
+        deadline = time.monotonic() + 120.0
+        while process.poll() is None and time.monotonic() < deadline:
+            total = sum(_proc_kb(pid, ("Pss",)).get("Pss", 0) for pid in _tree(process.pid))
+            peak = max(peak, total)
+            time.sleep(PSS_EVERY_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    return peak / 1024
 
 
 # --- 2. memory per broker -----------------------------------------------------------------------
@@ -318,11 +422,20 @@ def _rpc_pings(client: Any, rank: int, count: int) -> tuple[int, list[float]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (default 5)")
-    parser.add_argument("--sizes", type=sizes_arg, default=[1, 4, 16, 64], help="default 1,4,16,64")
+    parser.add_argument(
+        "--sizes", type=sizes_arg, default=[1, 4, 16, 64], help="default 1,4,16,64; up to 2048"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="pass --force to `tbon start` in the scale section (more brokers than its capacity "
+        "check admits: mind the machine's memory)",
+    )
     args = parse_args(parser, argv, SECTIONS)
     report = begin("wireup", args.markdown)
     steps: dict[str, Callable[[], None]] = {
         "wall": lambda: bench_wall(report, args.sizes, args.runs),
+        "scale": lambda: bench_scale(report, args.sizes, args.runs, args.force),
         "rss": lambda: bench_rss(report, args.sizes),
         "lost": lambda: bench_lost(report, args.runs),
         "ping": lambda: bench_ping(report),

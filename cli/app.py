@@ -1,4 +1,5 @@
-"""The Typer application: one module per command, registered here.
+"""The Typer application: one module per command, each imported only when its command runs
+(or when `tbon --help` or completion lists them all): see TbonGroup in cli/commands.py.
 
 Every command is a TbonCommand (cli/commands.py): help in tbon's layout, numbers refused in
 tbon's words. `run` turns every failure into one line on stderr, `tbon COMMAND: what is wrong`,
@@ -9,13 +10,12 @@ exits 2.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
 from typer._click import exceptions as click_exceptions
 
-from tbon.cli.commands import TbonApp
+from tbon.cli.commands import TbonApp, TbonGroup
 from tbon.errors import TbonError, debugging
 
 COMMAND_MODULES = (
@@ -34,7 +34,13 @@ COMMAND_MODULES = (
     "completion",
 )
 
+
+class _Tbon(TbonGroup):
+    command_modules = {name: f"tbon.cli.{name}" for name in COMMAND_MODULES}
+
+
 app = TbonApp(
+    group=_Tbon,
     name="tbon",
     help="An elastic, authenticated tree of message brokers across an allocation.",
     no_args_is_help=True,
@@ -61,10 +67,6 @@ def _root(
     """An elastic, authenticated tree of message brokers across an allocation."""
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"tbon.cli.{_name}").register(app)
-
-
 LEADING_URI = ("exec",)
 """Commands whose [URI] comes before options and a COMMAND: `tbon exec URI -r 3 hostname`."""
 
@@ -73,9 +75,11 @@ def _lift_uri(args: list[str]) -> list[str]:
     """Turn a leading URI into --uri, so that the options after it are still parsed as options
     (the command line of COMMAND itself must not be). Any `SCHEME://` counts: an unknown scheme
     is then refused as a bad URI, like everywhere else, instead of run as COMMAND."""
+    if len(args) < 2 or args[0] not in LEADING_URI:
+        return args
     from tbon.overlay.connectors.uri import looks_like_uri
 
-    if len(args) >= 2 and args[0] in LEADING_URI and looks_like_uri(args[1]):
+    if looks_like_uri(args[1]):
         return [args[0], "--uri", args[1], *args[2:]]
     return args
 

@@ -7,24 +7,37 @@ to the terminal, metavars a person reads (`RANK`, `[COMMAND]...`; a flag has non
 every whole number on the command line before Typer hands it to its validation library, so that
 a bad one is refused in tbon's words, `invalid --count '0': use a whole number of 1 or more`,
 and a usage error found while parsing a command's options names that command.
+
+Two things keep a command quick to start (`tbon status --json` pays for nothing it does not
+use). A TbonGroup loads a command's module only when that command is asked for (`LazyCommands`),
+while `tbon --help` and completion still list them all. And the values of tbon's plain
+parameters (`str`, `bool`, `int`, `list[str]`) are converted here (`PlainValue`) instead of through
+Typer's pydantic adapters, whose import alone costs about 100 ms; a value they do not take as
+they are (anything but ASCII digits for an `int`) still goes through Typer's own conversion, so
+what is accepted and every message are unchanged.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
-from typing import Any
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import typer
-from typer._click import Context
+from typer._click import Command, Context
 from typer._click.exceptions import (
     BadParameter,
     MissingParameter,
     NoArgsIsHelpError,
     UsageError,
 )
+from typer._coercion import RuntimeParam, build_runtime_param
 from typer.core import TyperCommand, TyperGroup
 
-from tbon.helptext import KEEP, HelpPage, Section, first_paragraph, render
+if TYPE_CHECKING:
+    from tbon.helptext import HelpPage
 
 
 class _TbonWords:
@@ -35,6 +48,12 @@ class _TbonWords:
 
     def format_help(self, ctx: Context, formatter: Any) -> None:
         formatter.write(self.get_help(ctx) + "\n")
+
+    def get_help_option(self, ctx: Context) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            _convert_plainly(option)
+        return option
 
     def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         try:
@@ -49,21 +68,151 @@ class TbonCommand(_TbonWords, TyperCommand):
         for param in self.params:
             if _number_kind(param) is not None:
                 _check_numbers_of(param)
+            _convert_plainly(param)
 
     def get_help(self, ctx: Context) -> str:
+        from tbon.helptext import render  # help only: not paid by a command that runs
+
         return render(command_page(self, ctx)).rstrip("\n")
 
 
 class TbonGroup(_TbonWords, TyperGroup):
+    command_modules: dict[str, str] = {}
+    """Command name -> module whose `register(app)` adds that command, imported on demand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(self.commands, self.command_modules)
+        for param in self.params:
+            _convert_plainly(param)
+
     def get_help(self, ctx: Context) -> str:
+        from tbon.helptext import render
+
         return render(group_page(self, ctx)).rstrip("\n")
 
 
 class TbonApp(typer.Typer):
-    """A Typer app whose commands are all TbonCommands."""
+    """A Typer app whose commands are all TbonCommands, in a TbonGroup (or `group`, a
+    subclass of it that names the modules of its commands)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cls=TbonGroup, **kwargs)
+    def __init__(self, *, group: type[TbonGroup] = TbonGroup, **kwargs: Any) -> None:
+        super().__init__(cls=group, **kwargs)
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or TbonCommand, **kwargs)
+
+
+class LazyCommands(MutableMapping[str, Command]):
+    """A group's commands, by name: those registered on the app itself, then one per module of
+    `modules`, in that order. A module is imported, and its command built by Typer as the app
+    would have built it, the first time that command is looked up."""
+
+    def __init__(self, loaded: dict[str, Command], modules: dict[str, str]) -> None:
+        self._loaded = dict(loaded)
+        self._modules = dict(modules)
+
+    def __getitem__(self, name: str) -> Command:
+        if name not in self._loaded:
+            if name not in self._modules:
+                raise KeyError(name)
+            self._loaded[name] = load_command(self._modules[name])
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        found = name in self._loaded or name in self._modules
+        self._loaded.pop(name, None)
+        self._modules.pop(name, None)
+        if not found:
+            raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._loaded
+        yield from (name for name in self._modules if name not in self._loaded)
+
+    def __len__(self) -> int:
+        return len(self._loaded.keys() | self._modules.keys())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in self._modules
+
+
+def load_command(module: str) -> Command:
+    """The one command that `module`'s `register(app)` adds, built by Typer."""
+    app = TbonApp()
+    importlib.import_module(module).register(app)
+    (info,) = app.registered_commands
+    return typer.main.get_command_from_info(
+        info,
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode,
+    )
+
+
+# --- converting plain values ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlainValue(RuntimeParam):
+    """Typer's conversion of a `str`, `bool`, `int` or `list[...]` of them, for the values it
+    leaves as they are: a string for `str`, a bool for `bool`, an int or ASCII digits in range
+    for `int`. Any other value goes
+    to Typer's own conversion (built, and pydantic imported, only then), so that it is refused or
+    converted exactly as before."""
+
+    fallback: list[RuntimeParam]
+
+    def _coerce_value(self, value: Any, param: Any, ctx: Context) -> Any:
+        if _is_list(self.annotation):
+            leaf = self.annotation.__args__[0]
+            items = value if isinstance(value, list | tuple) else [value]
+            converted: Any = [self._plain(leaf, item) for item in items]
+            refused = _REFUSED in converted
+        else:
+            converted = self._plain(self.annotation, value)
+            refused = converted is _REFUSED
+        if not refused:
+            return converted
+        if not self.fallback:
+            self.fallback.append(build_runtime_param(param.type_descriptor))
+        return self.fallback[0]._coerce_value(value, param=param, ctx=ctx)
+
+    def _plain(self, leaf: Any, value: Any) -> Any:
+        if leaf is str or leaf is bool:
+            return value if type(value) is leaf else _REFUSED
+        if type(value) is str and _DIGITS.fullmatch(value) and len(value) <= 4000:
+            value = int(value)
+        if type(value) is not int:
+            return _REFUSED
+        low, high = self.parameter_info.min, self.parameter_info.max
+        if (low is not None and value < low) or (high is not None and value > high):
+            return _REFUSED
+        return value
+
+
+_REFUSED = object()
+_DIGITS = re.compile(r"[+-]?[0-9]+")
+
+
+def _is_list(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is list and len(annotation.__args__) == 1
+
+
+def _convert_plainly(param: Any) -> None:
+    """Have `param` convert its values with PlainValue if its type is a plain one."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None or descriptor.file_annotation is not None:
+        return
+    info = descriptor.parameter_info
+    if info.parser is not None or info.clamp:
+        return
+    annotation = descriptor.annotation
+    leaf = annotation.__args__[0] if _is_list(annotation) else annotation
+    if leaf in (str, int, bool):
+        param._runtime_param = PlainValue(info, annotation, [])
 
     def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
         return super().command(*args, cls=cls or TbonCommand, **kwargs)
@@ -73,6 +222,8 @@ class TbonApp(typer.Typer):
 
 
 def command_page(command: Any, ctx: Context) -> HelpPage:
+    from tbon.helptext import HelpPage, Section
+
     params = command.get_params(ctx)
     shown = [p for p in params if not getattr(p, "hidden", False)]
     arguments = [p for p in shown if p.param_type_name == "argument"]
@@ -87,6 +238,8 @@ def command_page(command: Any, ctx: Context) -> HelpPage:
 
 
 def group_page(group: Any, ctx: Context) -> HelpPage:
+    from tbon.helptext import Section, first_paragraph
+
     page = command_page(group, ctx)
     page.usage = f"{ctx.command_path} [OPTIONS] COMMAND [ARGS]..."
     rows = []
@@ -138,6 +291,8 @@ def option_text(param: Any) -> str:
         and default not in (None, "", [], ())
         and not callable(default)
     ):
+        from tbon.helptext import KEEP
+
         extra.append(f"default:{KEEP}{default}")
     if param.required:
         extra.append("required")

@@ -443,3 +443,90 @@ def test_a_killed_joiners_run_directory_goes(instance) -> None:
             if not process_gone(pid):
                 os.kill(pid, signal.SIGKILL)
     assert not os.path.exists(rank0_dir)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "local:///nonexistent/socket", "--json"],
+        ["exec", "local:///nonexistent/socket", "-r", "0", "true"],
+        ["ping", "local:///nonexistent/socket", "1", "--count", "2"],
+        ["--help"],
+    ],
+)
+def test_a_command_loads_its_own_module_and_no_pydantic_or_rich(args: list[str]) -> None:
+    """What keeps a command quick to start (issue 14): only the invoked command's module is
+    imported, and its plain values are converted without Typer's pydantic adapters."""
+    code = (
+        "import sys, json; from tbon.cli.main import main; main(sys.argv[1:]); "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+    )
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    tops = {name.split(".")[0] for name in loaded}
+    assert not tops & {"pydantic", "pydantic_core", "rich"}, sorted(tops)
+    commands = {name for name in loaded if re.fullmatch(r"tbon\.cli\.[a-z]+", name)}
+    commands -= {"tbon.cli.main", "tbon.cli.app", "tbon.cli.commands", "tbon.cli.common"}
+    if args[0] == "--help":  # the group's help lists every command: all are loaded
+        assert len(commands) == 13, sorted(commands)
+    else:
+        assert commands == {f"tbon.cli.{args[0]}"}, sorted(commands)
+
+
+PLAIN_VALUES = [
+    ("count", "3"),
+    ("count", "+3"),
+    ("count", "007"),
+    ("count", " 3"),
+    ("count", "3 "),
+    ("count", "1_000"),
+    ("count", "\u0663"),
+    ("count", "0"),
+    ("count", "-1"),
+    ("count", "9" * 30),
+    ("count", 4),
+    ("count", 2.0),
+    ("count", True),
+    ("interval", "10ms"),
+    ("interval", ""),
+    ("interval", b"bytes"),
+    ("interval", 5),
+    ("words", ("local:///x", "1")),
+    ("words", ["a"]),
+    ("words", "a"),
+    ("words", ()),
+    ("as_json", True),
+    ("as_json", "yes"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), PLAIN_VALUES)
+def test_plain_conversion_agrees_with_typers_own(name: str, value: object) -> None:
+    """tbon's cheap conversion of str, bool, int and list values (cli/commands.py PlainValue)
+    gives what Typer's pydantic conversion gives, or the same error."""
+    import typer
+    from typer._click import Context
+    from typer._click.exceptions import BadParameter
+    from typer._coercion import build_runtime_param
+
+    from tbon.cli.app import app
+    from tbon.cli.commands import PlainValue
+
+    group = typer.main.get_command(app)
+    command = group.commands["ping"]  # type: ignore[attr-defined]
+    param = next(p for p in command.params if p.name == name)
+    assert isinstance(param.get_runtime_param(), PlainValue)
+    ctx = Context(command)
+
+    def outcome(runtime: object) -> tuple[str, object]:
+        try:
+            return "value", runtime._coerce_value(value, param=param, ctx=ctx)  # type: ignore[attr-defined]
+        except BadParameter as error:
+            return "error", error.format_message()
+
+    ours = outcome(param.get_runtime_param())
+    typers = outcome(build_runtime_param(param.type_descriptor))
+    assert ours == typers
+    assert type(ours[1]) is type(typers[1])

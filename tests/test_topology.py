@@ -321,3 +321,29 @@ def test_postorder_of_a_parent_numbered_after_its_child() -> None:
     assert topology.postorder() == (2, 1, 3, 0)
     assert Topology("kary:2", 7).postorder() == (3, 4, 1, 5, 6, 2, 0)
     assert Topology("kary:1", 50_000).postorder()[:2] == (49_999, 49_998)  # no recursion limit
+
+
+# --- a broker asks only about its own neighbourhood: no whole-tree table for that -------------
+
+
+@given(SPECS, st.integers(1, 300))
+@FAST
+def test_arithmetic_children_match_the_same_tree_drawn_by_hand(spec: str, size: int) -> None:
+    topology = Topology(spec, size)
+    drawn = Topology(explicit_parents([brute_parent(spec, r) or 0 for r in range(1, size)]), size)
+    for rank in range(size):
+        assert topology.children(rank) == drawn.children(rank)
+
+
+@pytest.mark.parametrize("spec", ["kary:0", "kary:1", "kary:32", "binomial"])
+def test_a_brokers_own_queries_build_no_whole_tree_table(spec: str) -> None:
+    # What wire-up asks (parent, children, next hop) is O(children) or O(depth) per broker, so
+    # N brokers do not each build an N-rank table; only rank 0's roll-ups (postorder) build one.
+    topology = Topology(spec, 4096)
+    for rank in (0, 1, 77, 4095):
+        topology.parent(rank)
+        topology.children(rank)
+        topology.next_hop(rank, 4095 - rank)
+    assert "_children" not in vars(topology)
+    assert len(topology.postorder()) == 4096
+    assert "_children" in vars(topology)

@@ -267,10 +267,11 @@ class Broker:
         assert children is not None
         children.drain_monitor()
         for _ in range(BATCH):
-            if not children.socket.poll(0):
+            try:  # read until empty: no poll(0) per message, each a few system calls
+                inbound = children.read(now)
+            except zmq.Again:
                 self.report(children.settle(), now)
                 break
-            inbound = children.read(now)
             if inbound.reports:
                 self._due = 0.0  # a child came, went or changed: its timers change too
             self.report(inbound.reports, now)
@@ -290,9 +291,12 @@ class Broker:
         parent = self.parent
         assert parent is not None
         for _ in range(BATCH):
-            if not parent.socket.poll(0) or self.exit_code is not None:
+            if self.exit_code is not None:
                 break
-            inbound = parent.read(now)
+            try:
+                inbound = parent.read(now)
+            except zmq.Again:
+                break
             if inbound.welcomed:
                 log.info("welcomed by the parent")
                 self.incarnation = parent.incarnation
@@ -316,9 +320,10 @@ class Broker:
         """Requests from local clients, then the clients that went away (after what they sent,
         so that a client that asked for something and hung up at once is cleaned up after)."""
         for _ in range(BATCH):
-            if not self.local.socket.poll(0):
+            try:
+                received = self.local.read()
+            except zmq.Again:
                 break
-            received = self.local.read()
             if received is not None:
                 hop, message = received
                 self.router.route(message, hop, now)

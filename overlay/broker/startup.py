@@ -12,16 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from tbon import exitcodes
 from tbon.errors import TbonError
-from tbon.keys.cert import generate_keypair, load_certificate
-from tbon.overlay.boot.config_file import config_wireup, load_bootconfig
-from tbon.overlay.boot.flub import flub_wireup
-from tbon.overlay.boot.pmi import pmi_wireup
+from tbon.keys.cert import generate_keypair
 from tbon.overlay.boot.pmi_client import PmiClient
 from tbon.overlay.boot.singleton import singleton_wireup
 from tbon.overlay.boot.wireup import Wireup
@@ -30,6 +27,12 @@ from tbon.overlay.links.children import Children
 from tbon.overlay.links.local import LocalServer
 from tbon.overlay.links.parent import ParentLink
 from tbon.overlay.state.topology import Topology
+
+if TYPE_CHECKING:
+    from tbon.overlay.boot.config_file import BootConfig
+
+# Each bootstrap's module (config_file, flub with the client it joins through, pmi) is imported
+# by the broker that boots that way only: a broker's memory is mostly the modules it loaded.
 
 
 @dataclass
@@ -60,11 +63,12 @@ def boot(config: BrokerConfig, context: zmq.Context) -> Booted:
 
 
 def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
-    file = load_bootconfig(config.config_file) if config.config_file is not None else None
+    file = _bootconfig(config.config_file) if config.config_file is not None else None
     public, secret = keypair(config, file.curve_cert if file else config.cert)
     binder.secret = secret
     pmi = PmiClient.from_environment() if file is None else None
     if file is not None:
+        from tbon.overlay.boot.config_file import config_wireup
 
         def share() -> None:  # its config-booted children hold the instance's key
             assert binder.children is not None
@@ -76,6 +80,8 @@ def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
         if binder.children is not None:  # what its children dial, as the file says
             binder.endpoint = file.hosts[wireup.rank].connect
     elif config.boot_server is not None:
+        from tbon.overlay.boot.flub import flub_wireup
+
         wireup, attributes = flub_wireup(
             config.boot_server,
             config.requested_rank,
@@ -88,6 +94,8 @@ def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
         if binder.children is not None:
             binder.children.config = config
     elif pmi is not None:
+        from tbon.overlay.boot.pmi import pmi_wireup
+
         wireup = pmi_wireup(
             pmi, config.topo, config.size, config.hostname, public, binder.bind, binder.authorize
         )
@@ -122,12 +130,20 @@ class _Binder:
         self.children.authorize(rank, incarnation, public_key)
 
 
+def _bootconfig(path: str) -> BootConfig:
+    from tbon.overlay.boot.config_file import load_bootconfig
+
+    return load_bootconfig(path)
+
+
 def keypair(config: BrokerConfig, path: str | None) -> tuple[str, str]:
     """A fresh key pair, or the one in a certificate: broker.cert, or the instance's shared
     one (config bootstrap). A broker that keeps its key keeps its identity, so that once
     retired it is recognised and refused should it come back."""
     if path is None:
         return generate_keypair()
+    from tbon.keys.cert import load_certificate
+
     what = "curve_cert" if config.config_file else "broker.cert"
     try:
         cert = load_certificate(path)

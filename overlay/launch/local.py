@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import gc
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -81,8 +83,14 @@ class Launch:
     failed: bool = False  # a broker failed before that: the instance never came up
 
     def start(self) -> SocketPmiServer:
-        server = SocketPmiServer(self.size)
+        server = SocketPmiServer(self.size, fd_floor=_fd_floor(self.size))
         launcher = os.getpid()
+        # Every object the launcher holds now is shared with every broker, page for page, until
+        # one writes to it. A collection in a broker writes to each object it visits (its GC
+        # header), so it would copy every page of the launcher's heap into every broker: frozen
+        # objects are never visited again. (Reference counts still write: fewer, fairer copies.)
+        gc.collect()
+        gc.freeze()
         for rank in range(self.size):
             client_end = server.make_pair(rank)
             pid = os.fork()
@@ -100,8 +108,7 @@ class Launch:
             die_with_parent(launcher)
             # `tbon broker rank R/N`, as a broker started on its own shows (tbon/proctitle.py).
             name_broker(rank, instance_size(self.config.size, self.size), detail="")
-            for other in server.fileobjs():
-                other.close()
+            server.close_in_child(keep=pmi.fileno())
             os.environ.update(PMI_FD=str(pmi.fileno()), PMI_RANK=str(rank), PMI_SIZE=str(self.size))
             config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
             code = run_broker(config, self.command if rank == 0 else [])
@@ -167,6 +174,21 @@ class Launch:
     def root_status(self) -> int:
         root = next(b for b in self.brokers.values() if b.rank == 0)
         return root.status if root.status is not None else exitcodes.INTERNAL
+
+
+def _fd_floor(size: int) -> int | None:
+    """A descriptor number above every one this process has open, with room for `size` PMI
+    server ends above it (SocketPmiServer moves them there, so that a forked broker closes them
+    all with one call); None where /proc/self/fd cannot say, or RLIMIT_NOFILE leaves no room."""
+    try:
+        highest = max(int(name) for name in os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        return None
+    floor = highest + 16  # room for the few descriptors the launcher opens while forking
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and floor + size + 16 > soft:
+        return None
+    return floor
 
 
 def _exit_status(wait_status: int) -> int:

@@ -4,6 +4,8 @@ decides every reply, wired to one ``AF_UNIX`` socketpair per rank and the launch
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import selectors
 import socket
 from collections import deque
@@ -20,15 +22,26 @@ class SocketPmiServer:
     as ``PMI_FD`` (``subprocess`` needs it in ``pass_fds``: socketpair ends are not inheritable)
     and close it in the launcher afterwards, or EOF from an exited broker is never seen.
     Register with the selector, and call ``handle(key.fileobj)`` when ``key.data is server``.
-    A child made with a bare ``os.fork`` (no exec) inherits the server ends too and should close
-    them (``fileobjs()``), or the server's hang-up is hidden from the other ranks.
+    A child made with a bare ``os.fork`` (no exec) inherits the server ends too and must close
+    them (``close_in_child``), or the server's hang-up is hidden from the other ranks.
+
+    With ``fd_floor``, every server end is moved to a descriptor at or above it, where nothing
+    else lives (the caller picks a floor above every descriptor it has open): a forked child then
+    closes all the server ends it inherited with one ``close_range(2)``, whatever the size, rather
+    than one ``close`` per rank (O(N) per broker, O(N²) across an instance).
 
     Replies are written with a blocking ``sendall`` bounded by ``send_timeout``; a rank that
     stops reading for that long, that sends garbage, or that closes, is disconnected.
     """
 
     def __init__(
-        self, size: int, kvsname: str = "tbon", appnum: int = 0, *, send_timeout: float = 10.0
+        self,
+        size: int,
+        kvsname: str = "tbon",
+        appnum: int = 0,
+        *,
+        send_timeout: float = 10.0,
+        fd_floor: int | None = None,
     ) -> None:
         self.core = PmiServer(size, kvsname, appnum)
         self.send_timeout = send_timeout
@@ -37,6 +50,8 @@ class SocketPmiServer:
         self._by_sock: dict[socket.socket, int] = {}
         self._paired: set[int] = set()
         self._selectors: list[selectors.BaseSelector] = []
+        self._floor = fd_floor
+        self._highest = -1  # the highest descriptor a server end has had
 
     @property
     def size(self) -> int:
@@ -62,7 +77,17 @@ class SocketPmiServer:
         if rank in self._paired:
             raise ValueError(f"PMI rank {rank} already has a connection")
         server_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self._floor is not None:
+            try:
+                moved = fcntl.fcntl(server_end.fileno(), fcntl.F_DUPFD_CLOEXEC, self._floor)
+            except OSError:
+                server_end.close()
+                client_end.close()
+                raise
+            server_end.close()
+            server_end = socket.socket(fileno=moved)
         server_end.setblocking(False)
+        self._highest = max(self._highest, server_end.fileno())
         self._paired.add(rank)
         self._by_rank[rank] = server_end
         self._by_sock[server_end] = rank
@@ -73,6 +98,18 @@ class SocketPmiServer:
     def fileobjs(self) -> list[socket.socket]:
         """The open server ends, for callers that poll without a selector."""
         return list(self._by_rank.values())
+
+    def close_in_child(self, keep: int) -> None:
+        """In a child made with a bare ``os.fork``: close every server end it inherited, but not
+        descriptor ``keep`` (its own client end). With ``fd_floor`` the socket objects are left
+        untouched (their descriptors closed under them), so the child must never use or close
+        them afterwards: it has to leave by ``os._exit``, as a forked broker does."""
+        if self._floor is None:
+            for sock in self._by_rank.values():
+                sock.close()
+            return
+        os.closerange(self._floor, keep)
+        os.closerange(max(self._floor, keep + 1), self._highest + 1)
 
     def register(self, selector: selectors.BaseSelector) -> None:
         """Watch every server end (present and future) for reading, with ``data=self``."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 from tbon.errors import UsageError
 from tbon.overlay.parse.numbers import is_decimal
@@ -42,12 +43,16 @@ def spec_from_fanout(fanout: str) -> str:
 
 @dataclass(frozen=True)
 class Topology:
-    """The tree of `size` ranks for one spec; every query is O(depth) or O(children)."""
+    """The tree of `size` ranks for one spec; every query is O(depth) or O(children).
+
+    Building one costs O(1) for `kary:K` and `binomial`: a broker asks only about itself, its
+    parent and its children, which are arithmetic, so N brokers do not each build an N-rank
+    table (O(N²) across an instance). The whole children table is built, once, on the first
+    query that needs it: `postorder`, `descendants` (rank 0's roll-ups), or a `parents:` tree.
+    """
 
     spec: str
     size: int
-    _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
-    _postorder: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", parse_spec(self.spec))
@@ -55,18 +60,36 @@ class Topology:
             raise UsageError(f"invalid size {self.size}: an instance has at least one rank")
         if self.spec.startswith("parents:"):
             _check_parents(self.spec, self.size)
+
+    @cached_property
+    def _fanout(self) -> int | None:
+        """K of `kary:K`; None for the other shapes."""
+        return int(self.spec[len("kary:") :]) if self.spec.startswith("kary:") else None
+
+    @cached_property
+    def _parents(self) -> tuple[int, ...]:
+        """The parent of every rank of a `parents:` tree (rank 0's is 0), parsed once."""
+        text = self.spec[len("parents:") :]
+        return (0, *map(int, text.split(","))) if text else (0,)
+
+    @cached_property
+    def _children(self) -> tuple[tuple[int, ...], ...]:
+        """Every rank's children: O(size), built only when a query needs the whole tree."""
         children: list[list[int]] = [[] for _ in range(self.size)]
         for rank in range(1, self.size):
             children[self._parent_of(rank)].append(rank)
-        object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
-        object.__setattr__(self, "_postorder", self._walk_postorder())
+        return tuple(tuple(c) for c in children)
+
+    @cached_property
+    def _postorder(self) -> tuple[int, ...]:
+        return self._walk_postorder()
 
     def _parent_of(self, rank: int) -> int:
-        if self.spec.startswith("parents:"):
-            return int(self.spec[len("parents:") :].split(",")[rank - 1])
-        if self.spec == "binomial":
-            return rank & ~(1 << (rank.bit_length() - 1))
-        k = int(self.spec.split(":")[1])
+        k = self._fanout
+        if k is None:
+            if self.spec == "binomial":
+                return rank & ~(1 << (rank.bit_length() - 1))
+            return self._parents[rank]
         if k == 0:
             return 0
         if k == 1:
@@ -83,8 +106,23 @@ class Topology:
         return None if rank == 0 else self._parent_of(rank)
 
     def children(self, rank: int) -> tuple[int, ...]:
+        """`rank`'s children in ascending order: arithmetic, except for a `parents:` tree."""
         self._check(rank)
-        return self._children[rank]
+        k = self._fanout
+        if k is None:
+            if self.spec != "binomial":
+                return self._children[rank]
+            # rank | 2^j for every bit j above rank's highest set bit (rank 0: every power of 2).
+            bit = 1 << rank.bit_length()
+            found = []
+            while rank + bit < self.size:
+                found.append(rank + bit)
+                bit <<= 1
+            return tuple(found)
+        if k == 0:
+            return tuple(range(1, self.size)) if rank == 0 else ()
+        first = rank * k + 1
+        return tuple(range(first, min(first + k, self.size)))
 
     def ancestors(self, rank: int) -> Iterator[int]:
         """Parent, grandparent, ... up to and including rank 0."""
