@@ -267,11 +267,10 @@ class Broker:
         assert children is not None
         children.drain_monitor()
         for _ in range(BATCH):
-            try:  # read until empty: no poll(0) per message, each a few system calls
-                inbound = children.read(now)
-            except zmq.Again:
+            if not children.socket.poll(0):
                 self.report(children.settle(), now)
                 break
+            inbound = children.read(now)
             if inbound.reports:
                 self._due = 0.0  # a child came, went or changed: its timers change too
             self.report(inbound.reports, now)
@@ -291,12 +290,9 @@ class Broker:
         parent = self.parent
         assert parent is not None
         for _ in range(BATCH):
-            if self.exit_code is not None:
+            if not parent.socket.poll(0) or self.exit_code is not None:
                 break
-            try:
-                inbound = parent.read(now)
-            except zmq.Again:
-                break
+            inbound = parent.read(now)
             if inbound.welcomed:
                 log.info("welcomed by the parent")
                 self.incarnation = parent.incarnation
@@ -320,10 +316,9 @@ class Broker:
         """Requests from local clients, then the clients that went away (after what they sent,
         so that a client that asked for something and hung up at once is cleaned up after)."""
         for _ in range(BATCH):
-            try:
-                received = self.local.read()
-            except zmq.Again:
+            if not self.local.socket.poll(0):
                 break
+            received = self.local.read()
             if received is not None:
                 hop, message = received
                 self.router.route(message, hop, now)

@@ -39,7 +39,7 @@ from tbon.overlay.links.hello import (
 )
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
 from tbon.overlay.links.liveness import Liveness, Verdict
-from tbon.overlay.links.monitor import read_event, recv_now
+from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.flow import LINK_HWM
@@ -139,8 +139,8 @@ class Children:
     def drain_monitor(self) -> None:
         """Take in pending connection events. A disconnect is only noted here: it is applied by
         `settle`, after the messages that the connection delivered before it closed (a goodbye)."""
-        while (frames := recv_now(self.monitor)) is not None:
-            kind, fd = read_event(frames)
+        while self.monitor.poll(0):
+            kind, fd = read_event(self.monitor.recv_multipart())
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 for address, key in self.zap.refusals:
                     log.warning(
@@ -167,14 +167,14 @@ class Children:
         return reports
 
     def read(self, now: float) -> Inbound:
-        """Read one message from a child; zmq.Again if none is waiting.
+        """Read one message from a child.
 
         The monitor is drained first so that a hello is tied to the connection (fd and
         generation) it came on, and a child that said hello and died at once is seen to be gone.
         """
         self.drain_monitor()
         inbound = Inbound()
-        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)  # zmq.Again: none
+        frames = self.socket.recv_multipart(copy=False)
         if len(frames) < 2:
             return inbound
         routing_id = frames[0].bytes

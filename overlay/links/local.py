@@ -23,7 +23,7 @@ import os
 import zmq
 
 from tbon.overlay.links.connections import ConnectionLedger
-from tbon.overlay.links.monitor import read_event, recv_now
+from tbon.overlay.links.monitor import read_event
 from tbon.overlay.wire.message import Buffer, Kind, Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.local")
@@ -90,8 +90,8 @@ class LocalServer:
         return hops
 
     def _drain_monitor(self) -> None:
-        while (frames := recv_now(self.monitor)) is not None:
-            event, fd = read_event(frames)
+        while self.monitor.poll(0):
+            event, fd = read_event(self.monitor.recv_multipart())
             if event == zmq.EVENT_ACCEPTED:
                 self._ledger.accepted(fd)
             elif event == zmq.EVENT_DISCONNECTED:
@@ -101,13 +101,12 @@ class LocalServer:
                     self._dropped.discard(hop)
 
     def read(self) -> tuple[str, Message] | None:
-        """One request from a client as (client hop, message); None if it was malformed;
-        zmq.Again if none is waiting.
+        """One request from a client as (client hop, message); None if it was malformed.
 
         Connection events are taken first, so that the message is tied to the right connection
         (see connections.py); a client found to have hung up already is reported by gone()."""
         self._drain_monitor()
-        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)  # zmq.Again: none
+        frames = self.socket.recv_multipart(copy=False)
         if len(frames) < 2:
             return None
         hop = "l" + frames[0].bytes.hex()

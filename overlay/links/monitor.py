@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import struct
 
-import zmq
-
 _EVENT = struct.Struct("=HI")
 
 
@@ -21,13 +19,3 @@ def read_event(frames: list[bytes]) -> tuple[int, int]:
         raise ValueError("not a ZeroMQ monitor event")
     event, value = _EVENT.unpack(frames[0])
     return event, value
-
-
-def recv_now(socket: zmq.Socket) -> list[bytes] | None:
-    """The next message on `socket`, or None if none is waiting. Cheaper than poll(0) and then
-    recv: a message already queued costs no system call, and a non-blocking recv that finds
-    none first takes in ZeroMQ's pending commands, so it misses nothing a poll would see."""
-    try:
-        return socket.recv_multipart(zmq.NOBLOCK)
-    except zmq.Again:
-        return None

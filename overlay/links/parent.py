@@ -17,7 +17,7 @@ import zmq
 from tbon import exitcodes
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.links.liveness import Liveness, Verdict
-from tbon.overlay.links.monitor import read_event, recv_now
+from tbon.overlay.links.monitor import read_event
 from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     PROTOCOL_VERSION,
@@ -113,8 +113,8 @@ class ParentLink:
             )
 
     def drain_monitor(self) -> LinkEnded | None:
-        while (frames := recv_now(self.monitor)) is not None:
-            event, _fd = read_event(frames)
+        while self.monitor.poll(0):
+            event, _fd = read_event(self.monitor.recv_multipart())
             if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 return LinkEnded(
                     exitcodes.REFUSED, f"parent at {self.endpoint} refused this broker's key"
@@ -126,9 +126,8 @@ class ParentLink:
         return None
 
     def read(self, now: float) -> ParentInbound:
-        """What one message from the parent says; zmq.Again if none is waiting."""
         inbound = ParentInbound()
-        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        frames = self.socket.recv_multipart(copy=False)
         try:
             message = decode_frames(frames)
         except MessageError as error:
