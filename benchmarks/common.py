@@ -385,3 +385,18 @@ def begin(label: str, markdown: bool, *, bytecode_note: bool = False) -> Report:
     report = Report(markdown)
     report.comment(machine_line(bytecode_note=bytecode_note))
     return report
+
+
+def proc_kb(pid: int, names: Sequence[str]) -> dict[str, int]:
+    """VmHWM/VmRSS from /proc/PID/status and Pss from smaps_rollup, in kB (missing: absent)."""
+    found: dict[str, int] = {}
+    for path in (f"/proc/{pid}/status", f"/proc/{pid}/smaps_rollup"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key in names and key not in found:
+                found[key] = int(value.split()[0])
+    return found

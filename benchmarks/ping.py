@@ -44,6 +44,7 @@ from common import (
     median,
     parse_args,
     percentile,
+    proc_kb,
     progress,
     stop,
     tbon_start,
@@ -116,21 +117,6 @@ def bench_rtt(report: Report, count: int) -> None:
 
 
 # --- memory -------------------------------------------------------------------------------------
-
-
-def proc_kb(pid: int, names: Sequence[str]) -> dict[str, int]:
-    """VmHWM/VmRSS from /proc/PID/status and Pss from smaps_rollup, in kB (missing: absent)."""
-    found: dict[str, int] = {}
-    for path in (f"/proc/{pid}/status", f"/proc/{pid}/smaps_rollup"):
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key in names and key not in found:
-                found[key] = int(value.split()[0])
-    return found
 
 
 @contextlib.contextmanager

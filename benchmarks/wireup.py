@@ -49,6 +49,7 @@ from common import (
     median,
     parse_args,
     percentile,
+    proc_kb,
     progress,
     sizes_arg,
     spread,
@@ -220,7 +221,7 @@ def _peak_tree_pss_mb(argv: Sequence[str]) -> float:
     try:
         deadline = time.monotonic() + 120.0
         while process.poll() is None and time.monotonic() < deadline:
-            total = sum(_proc_kb(pid, ("Pss",)).get("Pss", 0) for pid in _tree(process.pid))
+            total = sum(proc_kb(pid, ("Pss",)).get("Pss", 0) for pid in _tree(process.pid))
             peak = max(peak, total)
             time.sleep(PSS_EVERY_S)
     finally:
@@ -233,21 +234,6 @@ def _peak_tree_pss_mb(argv: Sequence[str]) -> float:
 # --- 2. memory per broker -----------------------------------------------------------------------
 
 
-def _proc_kb(pid: int, names: Sequence[str]) -> dict[str, int]:
-    """VmHWM/VmRSS from /proc/PID/status and Pss from smaps_rollup, in kB (missing: absent)."""
-    found: dict[str, int] = {}
-    for path in (f"/proc/{pid}/status", f"/proc/{pid}/smaps_rollup"):
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key in names and key not in found:
-                found[key] = int(value.split()[0])
-    return found
-
-
 def bench_rss(report: Report, sizes: Sequence[int]) -> None:
     rows = []
     worst_mb = 0.0
@@ -258,7 +244,7 @@ def bench_rss(report: Report, sizes: Sequence[int]) -> None:
             pids = [r["pid"] for r in table["ranks"] if r["pid"]]
             if len(pids) != size:
                 raise RuntimeError(f"size {size}: status shows {len(pids)} broker pids")
-            samples = [_proc_kb(pid, ("VmHWM", "VmRSS", "Pss")) for pid in pids]
+            samples = [proc_kb(pid, ("VmHWM", "VmRSS", "Pss")) for pid in pids]
         hwm = [s["VmHWM"] / 1024 for s in samples]
         rss = [s["VmRSS"] / 1024 for s in samples]
         pss = [s["Pss"] / 1024 for s in samples if "Pss" in s]
