@@ -4,6 +4,7 @@ time on broker log lines, and the logs that `tbon expand` keeps."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -11,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -311,17 +313,30 @@ def test_unreachable_ranks_give_one_line_each_and_68(instance) -> None:
     assert {rank for rank, _, _ in lines(result.stdout)} == {2}
 
 
-def test_follow_shows_what_is_logged_after_it_started_and_ends_on_sigint(instance) -> None:
-    inst = instance(4, "tbon.fanout=2", "tbon.timeout=0")
+@contextlib.contextmanager
+def following(inst: Any, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Pipe, Pipe]]:
+    """`tbon dmesg URI -f ARGS...` in the background with its two pipes read as they fill;
+    killed (if need be) and reaped on the way out, pass or fail."""
     follower = subprocess.Popen(
-        [TBON, "dmesg", inst.uri, "-f", "-r", "1"],
+        [TBON, "dmesg", inst.uri, "-f", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=child_env(),
     )
     try:
-        out, err = Pipe(follower.stdout), Pipe(follower.stderr)
+        yield follower, Pipe(follower.stdout), Pipe(follower.stderr)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+        follower.stdout.close()
+        follower.stderr.close()
+
+
+def test_follow_shows_what_is_logged_after_it_started_and_ends_on_sigint(instance) -> None:
+    inst = instance(4, "tbon.fanout=2", "tbon.timeout=0")
+    with following(inst, "-r", "1") as (follower, out, err):
         # its backlog is written once rank 1 follows: from then on, what rank 1 logs is new
         out.wait(lambda got: any("welcomed by the parent" in line for line in got), "backlog")
         assert not any(LOST_LEAF in line for line in out.lines)
@@ -332,25 +347,11 @@ def test_follow_shows_what_is_logged_after_it_started_and_ends_on_sigint(instanc
         follower.send_signal(signal.SIGINT)
         assert follower.wait(timeout=DEADLINE) == 0
         assert err.rest() == []
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
-        follower.stdout.close()
-        follower.stderr.close()
 
 
 def test_follow_as_json_lines_and_a_lost_rank_gives_68(instance) -> None:
     inst = instance(4, "tbon.fanout=2", "tbon.timeout=0")
-    follower = subprocess.Popen(
-        [TBON, "dmesg", inst.uri, "-f", "--json"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=child_env(),
-    )
-    try:
-        out, err = Pipe(follower.stdout), Pipe(follower.stderr)
+    with following(inst, "--json") as (follower, out, err):
         out.wait(lambda got: any('"rank":3' in line for line in got), "rank 3's backlog")
         kill_leaf(inst)
         out.wait(lambda got: any(LOST_LEAF in line for line in got), "the warning")
@@ -359,12 +360,6 @@ def test_follow_as_json_lines_and_a_lost_rank_gives_68(instance) -> None:
         assert (record["rank"], record["level"]) == (1, "warning")
         follower.send_signal(signal.SIGTERM)
         assert follower.wait(timeout=DEADLINE) == 68
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
-        follower.stdout.close()
-        follower.stderr.close()
 
 
 def test_expand_keeps_its_brokers_logs_at_info(instance) -> None:
