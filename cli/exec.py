@@ -19,13 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from tbon.cli.common import print_json
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
+
+if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
+    from tbon.overlay.services.flow import Returns, StdinRoom
 
 RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
 SKIPPED_STATES = ("lost", "offline")
@@ -351,8 +354,8 @@ class Streams:
     label: bool
     as_json: bool
     outcome: Outcome
-    stdin: Any  # flow.StdinRoom
-    returns: dict[int, Any] = field(default_factory=dict)  # rank -> flow.Returns
+    stdin: StdinRoom
+    returns: dict[int, Returns] = field(default_factory=dict)  # each rank's credit owed back
     eof_sent: bool = False
 
     def answer(self, reply: Any) -> None:

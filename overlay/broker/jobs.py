@@ -90,6 +90,11 @@ class Job:
     def done(self) -> bool:
         return self.status is not None and not self.streams
 
+    @property
+    def may_read(self) -> bool:
+        """Whether its output may be read now: credit is left, or nobody will return any."""
+        return self.window.open or self.unmetered
+
 
 class JobRunner:
     """The processes of `tbon exec` on this broker: the I/O edge of the exec service."""
@@ -175,7 +180,7 @@ class JobRunner:
 
     def _readable(self, job: Job, fd: int) -> None:
         name = job.streams[fd]
-        if not job.window.open and not job.unmetered:
+        if not job.may_read:
             self._pause(job)
             return
         want = CHUNK if job.unmetered else min(CHUNK, job.window.credit)
@@ -192,7 +197,7 @@ class JobRunner:
             self._maybe_finish(job)
             return
         self._emit(job, name, job.partial[name] + data, final=False)
-        if not job.window.open and not job.unmetered:
+        if not job.may_read:
             self._pause(job)
 
     def _emit(self, job: Job, name: str, pending: bytes, final: bool) -> None:
@@ -209,10 +214,14 @@ class JobRunner:
         if job.guarded is not None and data:
             data = self._heard(job, name, data)
         if data:
-            message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
-            message.data = data
-            job.window.spend(len(data) + MESSAGE_COST)
-            self.send(message)
+            self._send_output(job, name, data)
+
+    def _send_output(self, job: Job, name: str, data: bytes) -> None:
+        """One data message of `name`, paid for from the job's window."""
+        message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
+        message.data = data
+        job.window.spend(len(data) + MESSAGE_COST)
+        self.send(message)
 
     def _heard(self, job: Job, name: str, data: bytes) -> bytes:
         """The job's first output: a first stderr line that is the guard's complaint is held
@@ -228,10 +237,8 @@ class JobRunner:
     def _release(self, job: Job) -> None:
         """Send a held stderr line after all: the command said it."""
         if job.held:
-            message = job.request.respond({"rank": self.rank, "stream": "stderr"}, streaming=True)
-            message.data, job.held = job.held, b""
-            job.window.spend(len(message.data) + MESSAGE_COST)
-            self.send(message)
+            held, job.held = job.held, b""
+            self._send_output(job, "stderr", held)
 
     def grant(self, job_id: str, amount: int) -> None:
         """Credit the client gave back: read again if the window had been spent."""

@@ -52,6 +52,7 @@ class Client:
             self._transport = SshTransport(self.uri)
         self._tags = itertools.count(1)
         self._watches: set[int] = set()  # tags of this client's status.watch streams
+        self._read = ReadCount()
 
     def send(
         self,
@@ -79,10 +80,11 @@ class Client:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._transport.poll(None if left is None else int(left * 1000)):
                 return None
-            try:
-                reply = self._transport.recv()
-            except MessageError:
-                continue  # not ours to answer: skip it
+            size, reply = self._transport.recv()
+            if (ack := self._read.read(size)) is not None:
+                self._transport.send(ack)
+            if reply is None:
+                continue  # malformed, not ours to answer: skip it (its bytes were read)
             if reply.topic == "client.dropped" and reply.kind is Kind.RESPONSE:
                 raise TbonError(reply.errstr or "the broker dropped this connection")
             if reply.tag in self._watches:
@@ -145,7 +147,10 @@ class Transport(Protocol):
     def send(self, frames: list[Buffer]) -> None: ...
     def poll(self, timeout_ms: int | None) -> bool: ...
     def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]: ...
-    def recv(self) -> Message: ...
+    def recv(self) -> tuple[int, Message | None]:
+        """The next message's size on the wire, and the message (None if malformed)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -157,9 +162,9 @@ class ReadCount:
         self.total = 0
         self._acked = 0
 
-    def read(self, frames: list[Any]) -> list[Buffer] | None:
-        """Count `frames`; the frames of a `client.ack` if one is due."""
-        self.total += sum(len(frame) for frame in frames)
+    def read(self, size: int) -> list[Buffer] | None:
+        """Count a message of `size` bytes; the frames of a `client.ack` if one is due."""
+        self.total += size
         if self.total - self._acked < ACK_EVERY:
             return None
         self._acked = self.total
@@ -173,7 +178,6 @@ class LocalTransport:
         self.socket.linger = 0
         self.socket.rcvhwm = 0
         self.socket.connect(f"ipc://{path}")
-        self._read = ReadCount()
 
     def send(self, frames: list[Buffer]) -> None:
         self.socket.send_multipart(frames, copy=False)
@@ -191,11 +195,13 @@ class LocalTransport:
         ready = dict(poller.poll(timeout_ms))
         return self.socket in ready, [fd for fd in fds if fd in ready]
 
-    def recv(self) -> Message:
+    def recv(self) -> tuple[int, Message | None]:
         frames = self.socket.recv_multipart(copy=False)
-        if (ack := self._read.read([frame.buffer for frame in frames])) is not None:
-            self.send(ack)
-        return decode_frames(frames)
+        size = sum(len(frame.buffer) for frame in frames)
+        try:
+            return size, decode_frames(frames)
+        except MessageError:
+            return size, None
 
     def close(self) -> None:
         self.socket.close(linger=0)

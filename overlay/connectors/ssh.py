@@ -22,7 +22,7 @@ from pathlib import Path
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri
 from tbon.overlay.wire.frames import FrameError, FrameReader, encode_frames
-from tbon.overlay.wire.message import Buffer, Message, decode
+from tbon.overlay.wire.message import Buffer, Message, MessageError, decode
 
 
 def ssh_command() -> list[str]:
@@ -79,9 +79,6 @@ class SshTransport:
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
         self._reader = FrameReader()
         self._ready: collections.deque[list[bytes]] = collections.deque()
-        from tbon.overlay.connectors.client import ReadCount
-
-        self._read = ReadCount()
 
     def send(self, frames: list[Buffer]) -> None:
         stdin = self.process.stdin
@@ -125,11 +122,13 @@ class SshTransport:
             }
         return (pipe in ready and self.poll(0)), [fd for fd in fds if fd in ready]
 
-    def recv(self) -> Message:
+    def recv(self) -> tuple[int, Message | None]:
         frames = self._ready.popleft()
-        if (ack := self._read.read(frames)) is not None:
-            self.send(ack)
-        return decode(frames)
+        size = sum(len(frame) for frame in frames)
+        try:
+            return size, decode(frames)
+        except MessageError:
+            return size, None
 
     def close(self) -> None:
         self._selector.close()
