@@ -24,6 +24,7 @@ import zmq
 
 from tbon.overlay.links.connections import ConnectionLedger
 from tbon.overlay.links.monitor import read_event
+from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.message import Buffer, Kind, Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.local")
@@ -49,7 +50,7 @@ class Backlog:
     def ack(self, total: object) -> None:
         """The client has read `total` bytes in all: never more than was sent, never less than
         it said before (a replayed ack changes nothing)."""
-        if isinstance(total, int) and not isinstance(total, bool):
+        if is_int(total):
             self.acked = max(self.acked, min(total, self.sent))
 
     def unread_with(self, size: int) -> int:
