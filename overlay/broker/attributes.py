@@ -31,6 +31,7 @@ KNOWN = frozenset(
         "broker.boot-server",
         "broker.rank",
         "broker.cert",
+        "broker.reattach-timeout",
     }
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -54,6 +55,7 @@ class BrokerConfig:
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
     config_file: str | None = None  # tbon broker -c FILE: config-file bootstrap
+    reattach_timeout: float | None = None  # how long an orphan seeks a live ancestor (None: timeout)
     attributes: dict[str, str] = field(default_factory=dict)
 
 
@@ -105,6 +107,11 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
     join_timeout = _duration(values, "broker.join-timeout")
     if join_timeout <= 0:
         raise UsageError("broker.join-timeout must be greater than zero")
+    reattach_timeout = None
+    if "broker.reattach-timeout" in values:
+        reattach_timeout = _duration(values, "broker.reattach-timeout")
+        if reattach_timeout <= 0:
+            raise UsageError("broker.reattach-timeout must be greater than zero")
     backlog = _client_backlog(values["broker.client-backlog"])
     heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
@@ -126,6 +133,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         requested_rank=requested_rank,
         cert=values.get("broker.cert") or None,
         config_file=config_file,
+        reattach_timeout=reattach_timeout,
         attributes=dict(attributes),
     )
 

@@ -59,6 +59,11 @@ ATTRIBUTES = [
     ("broker.rank", "With broker.boot-server: ask for this rank."),
     ("broker.join-timeout", "How long a FLUB reservation lasts (default 30s; rank 0's counts)."),
     (
+        "broker.reattach-timeout",
+        "How long a broker that lost its parent seeks a live ancestor before it exits 75 "
+        "(default: tbon.timeout).",
+    ),
+    (
         "broker.client-backlog",
         "Bytes a local client may leave unread before it is dropped (default 64M).",
     ),
