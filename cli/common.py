@@ -1,15 +1,22 @@
-"""What several commands share: the URI argument, durations, and where progress goes."""
+"""What several commands share: the URI argument, durations, where progress goes, and the one
+retry of a request that a healing tree could not route."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from tbon.limits import check_duration
 from tbon.overlay.parse.duration import parse_duration
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 URI_HELP = "The instance to talk to (local://PATH or ssh://...); default: $TBON_URI."
 
@@ -25,3 +32,68 @@ def print_json(value: Any) -> None:
 def interactive() -> bool:
     """Progress and colour only for a person at a terminal, never in a pipe or a batch log."""
     return sys.stderr.isatty()
+
+
+HEAL_WAIT = 10.0
+"""Seconds a command that got EHOSTUNREACH waits for the tree to heal, when it has no
+--timeout of its own: a fostered subtree is reachable again well within a second."""
+HEAL_GRACE = 1.0  # seconds past a heal.wait's own timeout before the client gives up on it
+
+T = TypeVar("T")
+
+
+def once_healed(
+    client: Any,
+    attempt: Callable[[], T],
+    limit: float | None = None,
+    spinner: Status | None = None,
+) -> T:
+    """`attempt()`, and once more if it failed EHOSTUNREACH: a broker on the way was lost, and
+    the ranks below it are reattaching to a live ancestor. Only requests that are safe to repeat
+    (status, ping) are retried, and only once, after wait_healed: a second failure is real."""
+    import errno
+
+    from tbon.overlay.connectors.client import RequestError
+
+    try:
+        return attempt()
+    except RequestError as error:
+        if error.errnum != errno.EHOSTUNREACH:
+            raise
+    wait_healed(client, HEAL_WAIT if limit is None else limit, spinner)
+    return attempt()
+
+
+def wait_healed(client: Any, limit: float, spinner: Status | None = None) -> None:
+    """Wait at most `limit` seconds until the broker this client talks to is attached to the
+    tree again, then until rank 0 sees no rank reattaching (`heal.wait`). Any error ends the
+    wait early: ENOSYS from a broker that predates healing, ETIMEDOUT, or a rank 0 that cannot
+    be reached; the caller retries either way. A person at a terminal is told why it pauses
+    (on the command's own `spinner`, if it shows one)."""
+    from tbon.errors import TbonError
+    from tbon.overlay.wire.message import ANY_RANK
+
+    note = "waiting for the tree to heal"
+    deadline = time.monotonic() + limit
+    shown: Any = nullcontext()
+    if spinner is not None:
+        before = spinner.status
+        spinner.update(note)
+    elif interactive():
+        from rich.console import Console
+
+        shown = Console(stderr=True).status(note)
+    try:
+        with shown:
+            for nodeid in (ANY_RANK, 0):  # the broker we talk to, then rank 0
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                payload = {"timeout": round(left, 3)}
+                try:  # the broker answers ETIMEDOUT first; our own limit is a backstop
+                    client.rpc("heal.wait", payload, nodeid=nodeid, timeout=left + HEAL_GRACE)
+                except TbonError:
+                    return
+    finally:
+        if spinner is not None:
+            spinner.update(before)

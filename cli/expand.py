@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,15 @@ from tbon.cli.common import URI_HELP, duration, interactive, print_json
 from tbon.errors import TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
+
+BOOT_SERVERS = 4
+"""How many of the instance's URIs a new broker is given as broker.boot-server, tried in order
+(boot/flub.py): a stand-in or three for a boot server that goes away during the join, while a
+silent one costs the joiner at most a broker.join-timeout each."""
+
+BOOT_INFO_TIMEOUT = 2.0
+"""How long expand waits for a broker to say where its socket is (seconds): a broker too busy to
+say is skipped, it would make a poor boot server anyway."""
 
 
 @dataclass
@@ -117,10 +127,11 @@ def register(app: typer.Typer) -> None:
             if not wanted:
                 _report([], as_json, "no available ranks: nothing to fill")
                 return
+            boot = _boot_servers(client, status, info, remote=bool(remote_hosts))
             if remote_hosts:
-                joiners = _launch_remote(client, status, info, wanted, remote_hosts, setattr_)
+                joiners = _launch_remote(boot, status, wanted, remote_hosts, setattr_)
             else:
-                joiners = _launch(str(client.uri), info, wanted, setattr_)
+                joiners = _launch(boot, info, wanted, setattr_)
             try:
                 _follow(client, joiners, limit)
             finally:
@@ -168,14 +179,56 @@ def _tbon_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "tbon.cli"]
 
 
+def _boot_servers(
+    client: Any, status: dict[str, Any], info: dict[str, Any], remote: bool
+) -> list[str]:
+    """Every URI by which a new broker may reach the instance, best first: the one this command
+    was given, rank 0's, then up to two other online brokers' (this host's first, lowest ranks
+    first), BOOT_SERVERS in all. A broker on this host is named by its local:// URI, one on
+    another by the ssh:// form; joiners on other hosts (`remote`) get ssh:// forms only."""
+    from tbon.overlay.connectors.uri import Uri, to_remote
+
+    given = client.uri
+    first = str(to_remote(given) if remote else given)
+    if "," in first:
+        raise UsageError(f"{first}: broker.boot-server cannot carry a URI with a comma in it")
+    here = socket.gethostname()
+    found = [first]
+
+    def add(about: dict[str, Any]) -> None:
+        path, host = about["uri"][len("local://") :], about["hostname"]
+        if remote or host != here:
+            same = given.scheme == "ssh" and given.host == host  # the user and port it took
+            uri = Uri("ssh", path, host, given.user if same else "", given.port if same else None)
+        else:
+            uri = Uri("local", path)
+        if "," not in str(uri) and str(uri) not in found:
+            found.append(str(uri))
+
+    add(info)
+    others = sorted(
+        (r for r in status["ranks"] if r["rank"] and r["state"] == "online" and not r["torpid"]),
+        key=lambda r: (r["host"] != here, r["rank"]),
+    )
+    for entry in others[:BOOT_SERVERS]:  # one of them may be the broker of `given`
+        if len(found) >= BOOT_SERVERS:
+            break
+        try:
+            add(client.rpc("broker.info", nodeid=entry["rank"], timeout=BOOT_INFO_TIMEOUT))
+        except TbonError:
+            continue  # gone or busy since the snapshot: one stand-in fewer
+    return found
+
+
 def _launch(
-    boot: str, info: dict[str, Any], wanted: list[int | None], extra: list[str]
+    boot: list[str], info: dict[str, Any], wanted: list[int | None], extra: list[str]
 ) -> list[Joiner]:
     # Logs live in the boot broker's run directory (it is on this host), and go with it.
-    rundir = os.path.dirname(boot[len("local://") :]) if boot.startswith("local://") else None
+    given = boot[0]
+    rundir = os.path.dirname(given[len("local://") :]) if given.startswith("local://") else None
     logs = Path(rundir or os.environ.get("TMPDIR", "/tmp")) / "expand"
     logs.mkdir(mode=0o700, exist_ok=True)
-    attributes = [f"broker.boot-server={boot}", *_log_level(extra), *extra]
+    attributes = [f"broker.boot-server={','.join(boot)}", *_log_level(extra), *extra]
     if info.get("endpoint", "").startswith("tcp://127.") and not any(
         a.startswith("tbon.endpoint=") for a in extra
     ):
@@ -215,19 +268,17 @@ def _remote_hosts(hosts: str | None) -> list[str]:
 
 
 def _launch_remote(
-    client: Any,
+    boot: list[str],
     status: dict[str, Any],
-    info: dict[str, Any],
     wanted: list[int | None],
     hosts: list[str],
     extra: list[str],
 ) -> list[Joiner]:
-    """Joiners on other hosts, each started over ssh and booting through an ssh:// URI. Each
+    """Joiners on other hosts, each started over ssh and booting through ssh:// URIs. Each
     asks for a rank of its own (the lowest available first), so that it can be told apart
     once online; rank 0 still decides, and turns away any that lost a race (exit 69)."""
 
     from tbon.overlay.connectors.ssh import endpoint_on, remote_tbon, ssh_argv
-    from tbon.overlay.connectors.uri import to_remote
 
     available = [
         e["rank"]
@@ -239,14 +290,14 @@ def _launch_remote(
         for rank in wanted
         if available or rank is not None
     ]
-    boot = str(to_remote(client.uri))
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"tbon-expand-{os.getuid()}"
     logs.mkdir(mode=0o700, exist_ok=True)
     tbon = remote_tbon()
     joiners = []
     for index, rank in enumerate(ranks):
         host = hosts[index % len(hosts)]
-        attributes = [f"broker.boot-server={boot}", f"broker.rank={rank}", *_log_level(extra)]
+        attributes = [f"broker.boot-server={','.join(boot)}", f"broker.rank={rank}"]
+        attributes += _log_level(extra)
         attributes += extra
         attributes += endpoint_on(host, extra)
         remote = ["env", f"TBON_SSH={os.environ.get('TBON_SSH', 'ssh')}", tbon, "broker"]

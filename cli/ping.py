@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import typer
 
-from tbon.cli.common import URI_HELP, duration, print_json
+from tbon.cli.common import URI_HELP, duration, once_healed, print_json
 from tbon.errors import UsageError
 from tbon.overlay.parse.numbers import is_decimal
 
@@ -30,7 +31,11 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     ) -> None:
-        """Send a request to RANK and report how long the answer took, and how many hops."""
+        """Send a request to RANK and report how long the answer took, and how many hops.
+
+        A ping that finds no route (EHOSTUNREACH: a broker on the way was lost) is sent once
+        more after the tree heals; once per command, and only for that error.
+        """
         from tbon.overlay.connectors.client import connect
 
         if len(words) > 2:
@@ -43,13 +48,24 @@ def register(app: typer.Typer) -> None:
         limit = duration(timeout, "--timeout")
         times: list[float] = []
         reply: dict = {}
+        sent = 0
         with connect(uri) as client:
+
+            def one(seq: int) -> dict:
+                """One ping, timed from its own start (a retry's, not the failed try's)."""
+                nonlocal sent
+                sent += 1
+                started = time.perf_counter()
+                answer = client.rpc("broker.ping", {"seq": seq}, nodeid=rank, timeout=limit)
+                times.append(time.perf_counter() - started)
+                return answer
+
             for seq in range(count):
                 if seq and pause:
                     time.sleep(pause)  # the user asked for this pace
-                started = time.perf_counter()
-                reply = client.rpc("broker.ping", {"seq": seq}, nodeid=rank, timeout=limit)
-                times.append(time.perf_counter() - started)
+                ask = partial(one, seq)
+                spent = sent > seq  # the one retry went to an earlier ping
+                reply = ask() if spent else once_healed(client, ask, limit)
                 if not as_json:
                     typer.echo(
                         f"rank {rank} ({reply['hostname']}): seq={seq} "

@@ -4,6 +4,12 @@ the list of ranks that are not online (`--errors`, `--down`).
 Pure functions of the status object (docs/design.md §12) and of `age`, the seconds since rank 0
 made it, so that a `--watch` view can keep its clocks running between tables. Fields a newer
 rank 0 adds are used when present and never required, so this draws an older one's table too.
+
+The tree is drawn as messages travel now, not as the topology says: a rank whose parent was lost
+is *fostered* by a live ancestor (`attached_to` differs from `parent`) and is drawn, with its
+subtree, under that foster parent; `--rank`, `--summary`, `--errors` and `--down` follow the same
+tree. Where `attached_to` is absent or null (an older rank 0, a rank not connected, a rank still
+reattaching), the topology's `parent` stands in.
 """
 
 from __future__ import annotations
@@ -71,8 +77,9 @@ def line(
     age: float = 0.0,
     path: list[int] | None = None,
 ) -> Text:
-    """`RANK HOST: STATE`, with what `verbose` adds (time in state, incarnation, rtt and, for a
-    rank not online, why and its last pid) and, for `--down`, its path to the root."""
+    """`RANK HOST: STATE`, its marks (a joiner's lease, retired, fostered, reattaching, torpid),
+    what `verbose` adds (time in state, incarnation, rtt and, for a rank not online, why and its
+    last pid) and, for `--down`, its path to the root."""
     state = shown_state(entry)
     text = Text(f"{entry['rank']} {entry['host']}: ")
     text.append(state, style=STYLE.get(state, ""))
@@ -81,6 +88,10 @@ def line(
         text.append(f" (joiner {entry['joiner']}, {left} left)", style="bright_black")
     if entry.get("retired"):
         text.append(" (retired)", style="bright_black")
+    if (home := fostered_from(entry)) is not None:
+        text.append(f" (fostered, home is rank {home})", style="yellow")
+    if entry.get("reattaching"):
+        text.append(" (reattaching)", style="dark_orange")
     if entry["torpid"]:
         text.append(" (torpid)", style="bold red")
     if verbose:
@@ -106,6 +117,52 @@ def _append_why(text: Text, entry: dict[str, Any], last_pid: bool, age: float) -
         text.append(f" (last pid {entry['last_pid']})", style="bright_black")
 
 
+def fostered_from(entry: dict[str, Any]) -> int | None:
+    """The topology parent of a rank attached elsewhere for now (its home), else None."""
+    attached, parent = entry.get("attached_to"), entry["parent"]
+    if attached is None or parent is None or attached == parent:
+        return None
+    return int(parent)
+
+
+def attachments(status: dict[str, Any]) -> list[int | None]:
+    """Each rank's parent in the tree as drawn: `attached_to` when it names another rank, else
+    the topology's `parent`. A table caught mid-move could name attachments that loop (or a rank
+    out of range); those ranks are drawn under their topology parent, so every rank is drawn
+    once and every walk up ends at rank 0."""
+    ranks = status["ranks"]
+    size = len(ranks)
+    up: list[int | None] = []
+    for rank, entry in enumerate(ranks):
+        attached = entry.get("attached_to")
+        usable = type(attached) is int and 0 <= attached < size and attached != rank
+        up.append(attached if usable else entry["parent"])
+    rooted: set[int] = set()  # ranks whose walk up is known to end at the root
+    for start in range(size):
+        path: list[int] = []
+        rank: int | None = start
+        while rank is not None and rank not in rooted:
+            if rank in path:  # a loop: put the ranks on it back where the topology has them
+                for looped in path[path.index(rank) :]:
+                    up[looped] = ranks[looped]["parent"]
+                path, rank = [], start
+                continue
+            path.append(rank)
+            rank = up[rank]
+        rooted.update(path)
+    return up
+
+
+def drawn_children(status: dict[str, Any]) -> list[list[int]]:
+    """Each rank's children in the tree as drawn, in rank order: its topology children still
+    attached to it, and the ranks it fosters."""
+    children: list[list[int]] = [[] for _ in status["ranks"]]
+    for rank, parent in enumerate(attachments(status)):
+        if parent is not None:
+            children[parent].append(rank)
+    return children
+
+
 def tree(
     status: dict[str, Any],
     root: int = 0,
@@ -116,6 +173,7 @@ def tree(
 ) -> list[Text]:
     """Lines for the subtree under `root`, with box-drawing connectors when `pretty`."""
     ranks = status["ranks"]
+    below_of = drawn_children(status)
     rtts = rtts or {}
     lines: list[Text] = []
     stack: list[tuple[int, str, str]] = [(root, "", "")]  # rank, own prefix, children's prefix
@@ -124,7 +182,7 @@ def tree(
         text = Text(prefix)
         text.append_text(line(ranks[rank], verbose, rtts.get(rank), age))
         lines.append(text)
-        children = ranks[rank]["children"]
+        children = below_of[rank]
         for index in range(len(children) - 1, -1, -1):
             last = index == len(children) - 1
             if pretty:
@@ -137,22 +195,27 @@ def tree(
 
 
 def subtree(status: dict[str, Any], root: int) -> list[int]:
-    """`root` and every rank below it."""
+    """`root` and every rank below it in the tree as drawn."""
+    below_of = drawn_children(status)
     found, stack = [], [root]
     while stack:
         rank = stack.pop()
         found.append(rank)
-        stack.extend(status["ranks"][rank]["children"])
+        stack.extend(below_of[rank])
     return sorted(found)
 
 
-def path_to_root(status: dict[str, Any], rank: int) -> list[int]:
-    """The ranks a message from `rank` passes on its way up: its parent, ..., 0."""
+def path_to_root(
+    status: dict[str, Any], rank: int, up: list[int | None] | None = None
+) -> list[int]:
+    """The ranks a message from `rank` passes on its way up, as the tree is drawn: ..., 0.
+    `up` is attachments(status), for a caller that asks for many paths."""
+    up = attachments(status) if up is None else up
     path: list[int] = []
-    parent = status["ranks"][rank]["parent"]
+    parent = up[rank]
     while parent is not None:
         path.append(parent)
-        parent = status["ranks"][parent]["parent"]
+        parent = up[parent]
     return path
 
 
@@ -180,6 +243,7 @@ def not_online(
     not online, with why; spares never held, vacant by design, share one last line."""
     lines: list[Text] = []
     spares: list[int] = []
+    up = attachments(status) if paths else None
     for rank in subtree(status, root):
         entry = status["ranks"][rank]
         if entry["state"] == "online":
@@ -187,7 +251,7 @@ def not_online(
         if never_held(entry) and "reason" not in entry:
             spares.append(rank)
         elif paths:
-            lines.append(line(entry, verbose, None, age, path_to_root(status, rank)))
+            lines.append(line(entry, verbose, None, age, path_to_root(status, rank, up)))
         else:
             lines.append(error_line(entry, age))
     if spares:

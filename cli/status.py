@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tbon.cli.common import URI_HELP, duration, interactive, print_json
+from tbon.cli.common import URI_HELP, duration, interactive, once_healed, print_json
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.connectors.client import RequestError
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.status import Status
 
 SUBTREE_STATES = ("full", "partial", "degraded", "lost", "offline")
 UP = "up"
@@ -130,7 +131,10 @@ def register(app: typer.Typer) -> None:
                 console = make_console(color)
                 watch_live(client, rank, kind, not no_pretty, verbose, as_json, console)
                 return
-            table = client.rpc("status.get", nodeid=0, timeout=30.0 if limit is None else limit)
+            answer_in = 30.0 if limit is None else limit
+            table = once_healed(
+                client, lambda: client.rpc("status.get", nodeid=0, timeout=answer_in), limit
+            )
             check_rank(table, rank)
             if as_json:
                 print_json(table)
@@ -215,10 +219,9 @@ def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[st
 
     console = Console(stderr=True)
     now_state = "unknown"
-    with (
-        console.status(f"waiting for rank {rank} to be {state}") if interactive() else nullcontext()
-    ):
-        for table in _stream_until(client, deadline):
+    spinner = console.status(f"waiting for rank {rank} to be {state}") if interactive() else None
+    with spinner if spinner is not None else nullcontext():
+        for table in _stream_until(client, deadline, retry=True, spinner=spinner):
             check_rank(table, rank)
             now_state = table["ranks"][rank]["subtree"]
             if state == UP:
@@ -239,10 +242,26 @@ def _listed(table: dict[str, Any], ranks: list[int], most: int = 8) -> str:
     return ", ".join(shown) + more
 
 
-def _stream_until(client: Any, deadline: float | None) -> Any:
-    """Status updates as rank 0 pushes them, until `deadline`."""
+def _stream_until(
+    client: Any, deadline: float | None, retry: bool = False, spinner: Status | None = None
+) -> Any:
+    """Status updates as rank 0 pushes them, until `deadline`. With `retry`, a first request
+    that a healing tree could not route is sent once more (once_healed); a stream that ends
+    after a table came is not."""
+
+    def first() -> tuple[Iterator[dict[str, Any]], dict[str, Any] | None]:
+        stream = client.watch_status(deadline)
+        return stream, next(stream, None)
+
     try:
-        yield from client.watch_status(deadline)
+        if not retry:
+            yield from client.watch_status(deadline)
+            return
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        stream, table = once_healed(client, first, left, spinner)
+        if table is not None:
+            yield table
+            yield from stream
     except RequestError as error:
         raise TbonError(f"status stream ended: {error}") from None
 

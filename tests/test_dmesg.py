@@ -123,7 +123,7 @@ def test_records_read_as_words_in_a_log() -> None:
 
 
 def request(topic: str, payload: dict[str, Any] | None = None, route: list[str] | None = None):
-    return Message(Kind.REQUEST, topic, payload or {}, nodeid=3, tag=9, route=route or ["l0a", "p"])
+    return Message(Kind.REQUEST, topic, payload or {}, nodeid=3, tag=9, route=route or ["l0a", "p0"])
 
 
 def sent(actions: list[Any]) -> list[Message]:
@@ -152,7 +152,7 @@ def test_a_follower_gets_the_backlog_then_one_batch_at_a_time() -> None:
     assert sent(service.ack(ack(second), NOW)) == []  # nothing new
     ring.append(NOW, logging.ERROR, "and another")
     [third] = sent(service.pushes(NOW))  # nothing in flight: it goes with the next turn
-    assert messages(third) == ["and another"] and third.route == ["l0a", "p"]
+    assert messages(third) == ["and another"] and third.route == ["l0a", "p0"]
 
 
 def test_a_follower_that_does_not_read_is_told_how_many_records_it_lost() -> None:
@@ -175,7 +175,7 @@ def test_an_old_or_foreign_ack_releases_nothing() -> None:
     ring.append(NOW, logging.INFO, "second")
     stale = request("dmesg.ack", {"follow": 9, "next": first.payload["next"] - 1})
     assert service.ack(stale, NOW) == []
-    assert service.ack(ack(first, route=["l0b", "p"]), NOW) == []  # another client's
+    assert service.ack(ack(first, route=["l0b", "p0"]), NOW) == []  # another client's
     assert service.ack(request("dmesg.ack", {"follow": 9, "next": "x"}), NOW) == []
     assert messages(sent(service.ack(ack(first), NOW))[0]) == ["second"]
 
@@ -193,7 +193,7 @@ def test_a_silent_followers_client_is_probed_then_forgotten_when_gone() -> None:
     )
     assert service.pushes(NOW + PROBE * 2.5) == []  # one probe per PROBE seconds
     assert service.ack(ack(probe), NOW) != []  # a probe's answer releases the batch
-    gone = request("client.disconnect", route=["l0a", "p"])
+    gone = request("client.disconnect", route=["l0a", "p0"])
     assert service.disconnect(gone, NOW) == [] and service.followers == []
 
 

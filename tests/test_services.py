@@ -93,12 +93,15 @@ def reply_to(
 
 def test_only_rank0s_own_requests_pass_as_from_rank0() -> None:
     topology = Topology("kary:2", 7)  # rank 3 is at level 2: 0 -> 1 -> 3
-    assert from_rank0(request("x", route=["s", "p", "p"]), topology, 3)
-    assert from_rank0(request("x", route=["l00", "c2", "s", "p", "p"]), topology, 3)
-    assert not from_rank0(request("x", route=["l00", "p", "p"]), topology, 3)
-    assert not from_rank0(request("x", route=["s", "p"]), topology, 3)
-    assert from_rank0(request("x", route=["s"]), topology, 0)
-    assert not from_rank0(request("x", route=["l00"]), topology, 0)
+    assert from_rank0(request("x", route=["s", "p0", "p1"]))
+    assert from_rank0(request("x", route=["s", "p0"]))  # a fostered broker: fewer hops
+    assert not from_rank0(request("x", route=["l00", "c2", "s", "p0", "p1"]))
+    assert not from_rank0(request("x", route=["l00", "p0", "p1"]))
+    assert not from_rank0(request("x", route=["s", "p1"]))  # rank 1's own request
+    assert not from_rank0(request("x", route=["s", "c2", "p0"]))  # rank 2's, through rank 0
+    assert not from_rank0(request("x", route=["s", "p0", "l3"]))
+    assert from_rank0(request("x", route=["s"]))
+    assert not from_rank0(request("x", route=["l00"]))
 
 
 def test_only_the_parent_itself_passes_as_the_parent_of_a_rank() -> None:
@@ -117,9 +120,9 @@ def test_a_request_names_the_connection_it_came_by_whatever_its_sender_wrote() -
         (["l01"], ("l01",)),
         (["l0a", "c1"], ("l0a", "c1")),
         (["c7", "l0a", "c1"], ("l0a", "c1")),  # padded: still that client of rank 1
-        (["l0b", "p", "l0a", "c1"], ("l0a", "c1")),
+        (["l0b", "p0", "l0a", "c1"], ("l0a", "c1")),
         (["s", "c3", "c1"], ("s", "c3", "c1")),  # rank 3's own request
-        (["l0a", "c1", "p"], ("l0a", "c1", "p")),  # a notice on its way down to a stream
+        (["l0a", "c1", "p0"], ("l0a", "c1", "p0")),  # a notice on its way down to a stream
         ([], ()),
     ]
     for route, connection in cases:
@@ -140,7 +143,7 @@ def ping_service() -> PingService:
 
 def test_ping_echoes_its_payload_with_who_answered_and_the_hops() -> None:
     reply = only_response(
-        ping_service().ping(request("broker.ping", {"seq": 3}, route=["l0a", "p"]), NOW)
+        ping_service().ping(request("broker.ping", {"seq": 3}, route=["l0a", "p0"]), NOW)
     )
     assert reply.payload == {"seq": 3, "rank": 1, "hostname": "node1", "pid": 4242, "hops": 1}
     assert reply.route == ["l0a", "p"]
@@ -559,7 +562,7 @@ def test_a_parent_admits_a_key_on_rank0s_order_and_answers_its_card() -> None:
     order = request(
         "flub.authorize",
         {"rank": 3, "incarnation": 2, "public_key": key},
-        route=["s", "p"],
+        route=["s", "p0"],
         nodeid=1,
     )
     actions = flub_at(1).authorize(order, NOW)
@@ -593,7 +596,7 @@ def test_a_stopping_parent_admits_no_one() -> None:
     order = request(
         "flub.authorize",
         {"rank": 3, "incarnation": 2, "public_key": generate_keypair()[0]},
-        route=["s", "p"],
+        route=["s", "p0"],
     )
     answer = only_response(flub_at(1, Lifecycle(stopping=True)).authorize(order, NOW))
     assert answer.errnum == errno.ESHUTDOWN
@@ -601,11 +604,11 @@ def test_a_stopping_parent_admits_no_one() -> None:
 
 def test_revoke_is_obeyed_from_rank0_only_and_answers_nothing() -> None:
     notice = {"rank": 3, "incarnation": 2, "reason": "the reservation expired"}
-    obeyed = flub_at(1).revoke(request("flub.revoke", notice, route=["s", "p"]), NOW)
+    obeyed = flub_at(1).revoke(request("flub.revoke", notice, route=["s", "p0"]), NOW)
     assert obeyed == [Revoke(3, 2, "the reservation expired")]
-    forged = flub_at(1).revoke(request("flub.revoke", notice, route=["l00", "p"]), NOW)
+    forged = flub_at(1).revoke(request("flub.revoke", notice, route=["l00", "p0"]), NOW)
     assert of_type(forged, Revoke) == [] and only_response(forged).errnum == errno.EPERM
-    assert flub_at(1).revoke(request("flub.revoke", {"rank": "x"}, route=["s", "p"]), NOW) == []
+    assert flub_at(1).revoke(request("flub.revoke", {"rank": "x"}, route=["s", "p0"]), NOW) == []
 
 
 def test_a_config_child_at_the_door_waits_until_its_parent_is_welcomed() -> None:
@@ -683,11 +686,11 @@ def test_waiting_retirements_fail_when_the_instance_ends() -> None:
 def test_a_parent_passes_rank0s_retire_order_to_its_links_and_refuses_forgeries() -> None:
     service = RetireService(1, Topology("kary:2", 7), None)
     order = request(
-        "retire.order", {"rank": 3, "incarnation": 1, "force": True, "timeout": 5}, route=["s", "p"]
+        "retire.order", {"rank": 3, "incarnation": 1, "force": True, "timeout": 5}, route=["s", "p0"]
     )
     [action] = service.order(order, NOW)
     assert action == RetireChild(order, 3, 1, {"force": True, "timeout": 5})
-    forged = request("retire.order", {"rank": 3, "incarnation": 1}, route=["l01", "p"])
+    forged = request("retire.order", {"rank": 3, "incarnation": 1}, route=["l01", "p0"])
     assert only_response(service.order(forged, NOW)).errnum == errno.EPERM
 
 

@@ -337,3 +337,149 @@ def test_a_view_taller_than_the_screen_says_what_is_cut() -> None:
     assert fit(["a", "b"], 2) == ["a", "b"]
     cut = fit(["a", "b", "c", "d"], 3)
     assert cut[:2] == ["a", "b"] and str(cut[2]).startswith("... 2 more lines")
+
+
+# --- fostered ranks (issue 12), from status objects alone -------------------------------------
+
+
+def healing(**fields: Any) -> dict[str, Any]:
+    """A kary:2 table of 10 ranks, 0 - {1 - {3 - {7, 8}, 4 - {9}}, 2 - {5, 6}}, each online and
+    attached to its parent, as a rank 0 that fosters reports it; `rN=` changes rank N."""
+    ranks = []
+    for rank in range(10):
+        parent = None if rank == 0 else (rank - 1) // 2
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "state": "online",
+            "host": f"n{rank}",
+            "pid": 100 + rank,
+            "incarnation": 1,
+            "parent": parent,
+            "children": [c for c in (2 * rank + 1, 2 * rank + 2) if c < 10],
+            "subtree": "full",
+            "torpid": False,
+            "since": 10.0,
+            "attached_to": parent,
+        }
+        entry.update(fields.get(f"r{rank}", {}))
+        ranks.append(entry)
+    return {"size": 10, "topo": "kary:2", "ranks": ranks}
+
+
+LOST_ONE = {"state": "lost", "pid": None, "attached_to": None, "reason": "connection dropped"}
+
+
+def rank_1_lost(**fields: Any) -> dict[str, Any]:
+    """Rank 1 lost; rank 3 fostered by rank 0, rank 4 still reattaching."""
+    table = healing(
+        r0={"subtree": "degraded"},
+        r1={**LOST_ONE, "subtree": "lost"},
+        r3={"attached_to": 0},
+        r4={"attached_to": None, "reattaching": True},
+        **fields,
+    )
+    del table["ranks"][1]["attached_to"]  # a rank not connected has none
+    return table
+
+
+def drawn(table: dict[str, Any], root: int = 0, kind: str = "tree", pretty: bool = True) -> list:
+    from tbon.cli.render import view
+
+    return [str(text) for text in view(table, root, kind, pretty)]
+
+
+def test_a_fostered_rank_is_drawn_under_its_foster_parent_with_its_subtree() -> None:
+    assert drawn(rank_1_lost()) == [
+        "0 n0: degraded",
+        "├─ 1 n1: lost",
+        "│  └─ 4 n4: full (reattaching)",
+        "│     └─ 9 n9: full",
+        "├─ 2 n2: full",
+        "│  ├─ 5 n5: full",
+        "│  └─ 6 n6: full",
+        "└─ 3 n3: full (fostered, home is rank 1)",
+        "   ├─ 7 n7: full",
+        "   └─ 8 n8: full",
+    ]
+    assert drawn(rank_1_lost(), pretty=False)[-3:] == [
+        "  3 n3: full (fostered, home is rank 1)",
+        "    7 n7: full",
+        "    8 n8: full",
+    ]
+
+
+def test_fostered_and_reattaching_marks_are_coloured_and_stay_before_verbose_words() -> None:
+    from tbon.cli.render import line
+
+    ranks = rank_1_lost()["ranks"]
+    fostered, reattaching = line(ranks[3], True), line(ranks[4], True)
+    assert str(fostered) == "3 n3: full (fostered, home is rank 1) for 10s incarnation 1"
+    assert str(reattaching) == "4 n4: full (reattaching) for 10s incarnation 1"
+    assert any(span.style == "yellow" for span in fostered.spans)
+    assert any(span.style == "dark_orange" for span in reattaching.spans)
+    # attached to its own parent, or rank 0 with no parent: no mark
+    assert [str(line(ranks[r], False)) for r in (0, 2)] == ["0 n0: degraded", "2 n2: full"]
+
+
+def test_rank_subtrees_and_summaries_follow_the_tree_as_drawn() -> None:
+    from tbon.cli.render import subtree
+
+    table = rank_1_lost()
+    assert subtree(table, 0) == list(range(10))
+    assert subtree(table, 1) == [1, 4, 9]  # rank 3 moved away, with 7 and 8
+    assert drawn(table, 3) == [
+        "3 n3: full (fostered, home is rank 1)",
+        "├─ 7 n7: full",
+        "└─ 8 n8: full",
+    ]
+    assert drawn(table, 1, "summary") == ["1 n1: lost (3 ranks: 1 lost, 2 online)"]
+    assert drawn(table, 3, "summary") == [
+        "3 n3: full (fostered, home is rank 1) (3 ranks: 3 online)"
+    ]
+
+
+def test_down_paths_and_errors_follow_the_attachment() -> None:
+    table = rank_1_lost(r8={**LOST_ONE, "last_pid": 42}, r9={**LOST_ONE})
+    assert drawn(table, 0, "down") == [
+        "1 n1: lost (via 0): connection dropped",
+        "8 n8: lost (via 3, 0): connection dropped",  # through its fostered parent
+        "9 n9: lost (via 4, 1, 0): connection dropped",  # a reattaching rank stays put
+    ]
+    assert drawn(table, 3, "errors") == ["8 n8: lost for 10s: connection dropped (last pid 42)"]
+    assert drawn(table, 1, "errors") == [
+        "1 n1: lost for 10s: connection dropped",
+        "9 n9: lost for 10s: connection dropped",
+    ]
+
+
+def test_without_attached_to_the_tree_is_the_topology() -> None:
+    """An older rank 0 sends no `attached_to`: the table is drawn as it always was."""
+    table = rank_1_lost()
+    for entry in table["ranks"]:
+        entry.pop("attached_to", None)
+        entry.pop("reattaching", None)
+    assert drawn(table, 1) == [
+        "1 n1: lost",
+        "├─ 3 n3: full",
+        "│  ├─ 7 n7: full",
+        "│  └─ 8 n8: full",
+        "└─ 4 n4: full",
+        "   └─ 9 n9: full",
+    ]
+    table["ranks"][8].update(LOST_ONE)
+    assert drawn(table, 0, "down") == [
+        "1 n1: lost (via 0): connection dropped",
+        "8 n8: lost (via 3, 1, 0): connection dropped",
+    ]
+
+
+def test_attachments_that_loop_or_point_nowhere_still_draw_every_rank_once() -> None:
+    """A table caught mid-move must not hang the view nor lose ranks."""
+    from tbon.cli.render import attachments
+
+    table = healing(r1={"attached_to": 3}, r3={"attached_to": 7}, r5={"attached_to": 99})
+    up = attachments(table)
+    assert up[1] == 0 and up[3] == 1 and up[7] == 3 and up[5] == 2  # back to the topology
+    lines = drawn(table)
+    assert len(lines) == 10
+    assert sorted(int(text.lstrip(" │├└─").split()[0]) for text in lines) == list(range(10))

@@ -10,6 +10,11 @@
 3. Connect to the parent and say hello like any other broker.
 A joiner that fails between its grant and step 3 gives the reservation back (`flub.release`),
 so that the rank is free at once instead of when its lease runs out.
+
+broker.boot-server may list several URIs. A boot server that cannot be reached, whose
+connection ends, or that leaves a request unanswered for broker.join-timeout is left for the
+next one, where the join starts again with the same key; a reservation already granted is named
+again by rank 0 while its lease lasts. When the list is used up, the joiner exits 75.
 docs/flub.md has the whole protocol and its security argument.
 """
 
@@ -18,13 +23,14 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tbon import exitcodes
 from tbon.errors import TbonError
 from tbon.overlay.boot.wireup import BusinessCard, Wireup
 from tbon.overlay.connectors.client import Client, RequestError
+from tbon.overlay.connectors.uri import split_uris
 from tbon.overlay.state.topology import Topology
 
 log = logging.getLogger("tbon.flub")
@@ -36,6 +42,14 @@ INSTANCE_ATTRIBUTES = ("tbon.heartbeat", "tbon.torpid", "tbon.timeout", "broker.
 """Attributes a joiner takes from the instance, so that both ends of a link agree."""
 
 
+class BootServerLost(TbonError):
+    """A boot server that cannot see the join through: unreachable, its connection ended, or
+    silent for a whole request's timeout. The join moves on to the next URI of the list."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exitcodes.LOST)
+
+
 def flub_wireup(
     boot_server: str,
     requested_rank: int | None,
@@ -44,40 +58,199 @@ def flub_wireup(
     timeout: float,
     bind: Callable[[Topology, int], str],
 ) -> tuple[Wireup, dict[str, Any]]:
-    """Join through `boot_server`; returns the wire-up and the instance's attributes."""
-    try:
-        client = Client(boot_server)
-    except TbonError as error:
-        # Unreachable: perhaps for now (exit 75: retry); a URI we cannot use: never (exit 2).
-        code = exitcodes.USAGE if error.exit_code == exitcodes.USAGE else exitcodes.LOST
-        raise TbonError(f"FLUB: {error}", code) from None
-    try:
-        with client:
-            grant = _allocate(client, requested_rank, hostname, public_key, timeout)
-            rank, incarnation = grant["rank"], grant["incarnation"]
-            log.info("FLUB: reserved rank %d incarnation %d", rank, incarnation)
-            try:
-                topology = Topology(grant["topo"], grant["size"])
-                if topology.children(rank):
-                    bind(topology, rank)
-                parent = topology.parent(rank)
-                assert parent is not None  # rank 0 is never allocatable
-                card = _card(grant.get("parent_card"))
-                if card is None:
-                    _wait_online(client, rank, parent, grant["lease"])
-                    card = _key_exchange(client, rank, incarnation, parent, public_key, timeout)
-            except BaseException:
-                _release(client, rank, incarnation, public_key, timeout)
-                raise
-    except RequestError as error:
-        raise TbonError(f"FLUB: {error}", exitcodes.INTERNAL) from None
-    except TbonError as error:
-        if error.exit_code != exitcodes.INTERNAL:
+    """Join through the boot servers of `boot_server` (comma-separated URIs), one after
+    another until one sees the join through; returns the wire-up and the instance's
+    attributes. When every one has failed, exit 75 naming what was tried."""
+    join = _Join(requested_rank, hostname, public_key, timeout, bind)
+    uris = split_uris(boot_server)
+    if len(uris) > 1:
+        log.info("FLUB: boot servers, in order: %s", " ".join(uris))
+    reasons: list[str] = []
+    for place, uri in enumerate(uris):
+        try:
+            return join.through(uri)
+        except BootServerLost as lost:
+            reasons.append(str(lost))
+            if place + 1 < len(uris):
+                log.warning("FLUB: %s%s; trying %s", lost, join.holding(), uris[place + 1])
+    raise join.given_up(reasons)
+
+
+class _Join:
+    """One join, carried from boot server to boot server: what the earlier ones left it.
+
+    A reservation is used (`flub.kex`, `flub.release`) only on the connection it was granted
+    on (docs/flub.md §5), and a connection that ended took that right with it. So a joiner
+    that has asked through one boot server already asks `flub.allocate` again through the
+    next: rank 0 names the same reservation while it lasts (or makes a new one if it lapsed),
+    and once the parent is online that repeat is what has rank 0 order the parent to admit
+    this key and hand over its card (`_claim`)."""
+
+    def __init__(
+        self,
+        requested_rank: int | None,
+        hostname: str,
+        public_key: str,
+        timeout: float,
+        bind: Callable[[Topology, int], str],
+    ) -> None:
+        self.requested_rank = requested_rank
+        self.hostname = hostname
+        self.public_key = public_key
+        self.timeout = timeout
+        self.bind = bind
+        self.asked = False  # a flub.allocate left through an earlier boot server
+        self.held: tuple[int, int] | None = None  # the (rank, incarnation) last granted
+        self.elsewhere = False  # `held` was granted on an earlier connection, not this one
+        self.bound: int | None = None  # the rank whose children's socket is bound
+
+    def through(self, uri: str) -> tuple[Wireup, dict[str, Any]]:
+        """The whole join through one boot server. BootServerLost: try the next one."""
+        try:
+            client = Client(uri)
+        except TbonError as error:
+            if error.exit_code == exitcodes.USAGE:  # a URI we cannot use: never (exit 2)
+                raise TbonError(f"FLUB: {error}", exitcodes.USAGE) from None
+            raise BootServerLost(str(error)) from None  # unreachable: perhaps for now
+        try:
+            with client:
+                return self._join(client)
+        except BootServerLost:
             raise
-        # The boot server could not be reached (an ssh:// one, say): perhaps for now.
-        raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
-    wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
-    return wireup, grant["attributes"]
+        except RequestError as error:  # an answer we have no exit code for
+            raise TbonError(_flub(str(error)), exitcodes.INTERNAL) from None
+        except TbonError as error:
+            if error.exit_code != exitcodes.INTERNAL:
+                raise
+            # Something we could not go on from (a socket to bind, a card without a key): a
+            # supervisor may try again with a new process.
+            raise TbonError(_flub(str(error)), exitcodes.LOST) from None
+
+    def _join(self, client: Client) -> tuple[Wireup, dict[str, Any]]:
+        first = not self.asked  # no other connection asked: what this one gets is its own
+        self.asked = True
+        grant = _allocate(client, self._ask(), self.hostname, self.public_key, self.timeout)
+        rank, incarnation = grant["rank"], grant["incarnation"]
+        repeat = self.held == (rank, incarnation)
+        own = first or (self.held is not None and not repeat)  # fresh, so granted right here
+        self.held, self.elsewhere = (rank, incarnation), repeat
+        if repeat:
+            log.info("FLUB: rank 0 still holds rank %d incarnation %d for us", rank, incarnation)
+        else:
+            log.info("FLUB: reserved rank %d incarnation %d", rank, incarnation)
+        try:
+            topology = Topology(grant["topo"], grant["size"])
+            if self.bound is not None and self.bound != rank:
+                raise TbonError(f"FLUB: given rank {rank}, but set up for rank {self.bound}")
+            if self.bound is None and topology.children(rank):
+                self.bind(topology, rank)
+                self.bound = rank
+            parent = topology.parent(rank)
+            assert parent is not None  # rank 0 is never allocatable
+            card = _card(grant.get("parent_card"))
+            if card is None:
+                _wait_online(client, rank, parent, grant["lease"])
+                if own:
+                    card = _key_exchange(
+                        client, rank, incarnation, parent, self.public_key, self.timeout
+                    )
+                else:
+                    grant, card = self._claim(client, rank, parent)
+                    incarnation = grant["incarnation"]
+        except BootServerLost:
+            raise  # nobody to give the reservation back to: rank 0 lets its lease lapse
+        except BaseException:
+            assert self.held is not None
+            rank, incarnation = self.held
+            if self.elsewhere:  # this connection may not give it back (docs/flub.md §5)
+                log.warning(
+                    "FLUB: left rank %d incarnation %d to lapse: it was reserved through a boot "
+                    "server that is gone",
+                    rank,
+                    incarnation,
+                )
+            else:
+                _release(client, rank, incarnation, self.public_key, self.timeout)
+            raise
+        wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
+        return wireup, grant["attributes"]
+
+    def _ask(self) -> int | None:
+        """The rank to ask for: the one asked for, or, once this broker has bound its
+        children's socket for a rank, that rank (the socket serves no other)."""
+        return self.bound if self.bound is not None else self.requested_rank
+
+    def _claim(self, client: Client, rank: int, parent: int) -> tuple[dict[str, Any], BusinessCard]:
+        """The parent's card for a reservation this connection may not use by `flub.kex`: ask
+        `flub.allocate` again, now that the parent is online, and rank 0 orders the parent to
+        admit this key and answers with its card (for a new reservation too, if the old one
+        lapsed meanwhile)."""
+        grant = _allocate(client, rank, self.hostname, self.public_key, self.timeout)
+        again = (grant["rank"], grant["incarnation"])
+        self.held, self.elsewhere = again, self.elsewhere and again == self.held
+        card = _card(grant.get("parent_card"))
+        if grant["rank"] != rank or card is None:
+            raise TbonError(
+                f"FLUB: rank {parent} did not give its card for rank {rank} (asked again after "
+                "a boot server was lost)",
+                exitcodes.LOST,
+            )
+        return grant, card
+
+    def holding(self) -> str:
+        """What a log line about a failover adds: the reservation held, if any."""
+        if self.held is None:
+            return ""
+        return f"; still holding rank {self.held[0]} incarnation {self.held[1]}"
+
+    def given_up(self, reasons: list[str]) -> TbonError:
+        """Every boot server failed: one line naming each, and what becomes of the
+        reservation (rank 0 lets it lapse with its lease)."""
+        said = (
+            reasons[0] if len(reasons) == 1 else "every boot server failed: " + "; ".join(reasons)
+        )
+        if self.held is not None:
+            said += (
+                f"; the reservation of rank {self.held[0]} incarnation {self.held[1]} lapses "
+                "with its lease"
+            )
+        return TbonError(_flub(said), exitcodes.LOST)
+
+
+def _flub(text: str) -> str:
+    """A FLUB message, said to be one once."""
+    return text if text.startswith("FLUB: ") else f"FLUB: {text}"
+
+
+def _rpc(client: Client, topic: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """A request to rank 0 through the boot server; a server that is gone or silent, rather
+    than an answer, is BootServerLost."""
+    try:
+        return client.rpc(topic, payload, nodeid=0, timeout=timeout)
+    except RequestError as error:
+        if error.errnum == errno.EHOSTUNREACH and topic == "flub.allocate":
+            raise BootServerLost(f"{client.uri}: {error}") from None  # it cannot reach rank 0
+        raise
+    except TbonError as error:
+        raise BootServerLost(_naming(client, error)) from None
+
+
+def _watch(client: Client, deadline: float) -> Iterator[dict[str, Any]]:
+    """Rank 0's status tables until `deadline`, as Client.watch_status gives them; a stream
+    cut by a boot server that is gone (or that cannot reach rank 0) is BootServerLost."""
+    try:
+        yield from client.watch_status(deadline)
+    except RequestError as error:
+        if error.errnum == errno.EHOSTUNREACH:
+            raise BootServerLost(f"{client.uri}: {error}") from None
+        raise
+    except TbonError as error:
+        raise BootServerLost(_naming(client, error)) from None
+
+
+def _naming(client: Client, error: TbonError) -> str:
+    """The error, with the boot server's URI in it."""
+    return str(error) if str(client.uri) in str(error) else f"{client.uri}: {error}"
 
 
 def _allocate(
@@ -90,7 +263,7 @@ def _allocate(
 ) -> dict[str, Any]:
     request = {"public_key": public_key, "hostname": hostname, "rank": rank}
     try:
-        return client.rpc("flub.allocate", request, nodeid=0, timeout=timeout)
+        return _rpc(client, "flub.allocate", request, timeout)
     except RequestError as error:
         if (
             retry
@@ -126,7 +299,7 @@ def _wait_release(client: Client, rank: int, timeout: float) -> bool:
     never held by two. True if the rank became available."""
     told = False
     try:
-        for status in client.watch_status(time.monotonic() + timeout):
+        for status in _watch(client, time.monotonic() + timeout):
             if not 0 <= rank < len(status["ranks"]):
                 return False
             entry = status["ranks"][rank]
@@ -151,7 +324,7 @@ def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:
     """Wait for the parent rank to be online, at most as long as the reservation lasts."""
     told = False
     try:
-        for status in client.watch_status(time.monotonic() + lease):
+        for status in _watch(client, time.monotonic() + lease):
             state = status["ranks"][parent]["state"]
             if state == "online":
                 return
@@ -175,11 +348,11 @@ def _key_exchange(
     client: Client, rank: int, incarnation: int, parent: int, public_key: str, timeout: float
 ) -> BusinessCard:
     try:
-        reply = client.rpc(
+        reply = _rpc(
+            client,
             "flub.kex",
             {"rank": rank, "incarnation": incarnation, "public_key": public_key},
-            nodeid=0,
-            timeout=timeout,
+            timeout,
         )
     except RequestError as error:
         codes = {

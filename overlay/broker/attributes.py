@@ -95,15 +95,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
             raise UsageError("broker.rank only makes sense with broker.boot-server")
     boot_server = values.get("broker.boot-server")
     if boot_server is not None:
-        from tbon.overlay.connectors.uri import parse_uri
-
-        try:
-            parse_uri(boot_server)
-        except UsageError:
-            raise UsageError(
-                f"invalid broker.boot-server {boot_server!r}: use local://PATH or "
-                "ssh://[user@]host[:port]/PATH"
-            ) from None
+        _check_boot_servers(boot_server)
     join_timeout = _duration(values, "broker.join-timeout")
     if join_timeout <= 0:
         raise UsageError("broker.join-timeout must be greater than zero")
@@ -136,6 +128,27 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         reattach_timeout=reattach_timeout,
         attributes=dict(attributes),
     )
+
+
+def _check_boot_servers(text: str) -> None:
+    """broker.boot-server is a comma-separated list of URIs, tried in order by the joiner
+    (boot/flub.py): each must parse, and a bad one is named, with its place in a longer list."""
+    from tbon.overlay.connectors.uri import MAX_URIS, parse_uri, split_uris
+
+    uris = split_uris(text)
+    if len(uris) > MAX_URIS:
+        raise UsageError(
+            f"invalid broker.boot-server: {len(uris)} URIs, at most {MAX_URIS} may be given"
+        )
+    for place, uri in enumerate(uris, 1):
+        try:
+            parse_uri(uri)
+        except UsageError:
+            where = f" (URI {place} of {len(uris)})" if len(uris) > 1 else ""
+            raise UsageError(
+                f"invalid broker.boot-server {uri!r}{where}: use local://PATH or "
+                "ssh://[user@]host[:port]/PATH, several separated by commas"
+            ) from None
 
 
 def _client_backlog(text: str) -> int:

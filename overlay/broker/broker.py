@@ -30,10 +30,12 @@ from tbon.overlay.broker.program import InitialProgram
 from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
-from tbon.overlay.links.parent import LinkEnded
+from tbon.overlay.links.parent import LinkEnded, ParentLink
+from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
 from tbon.overlay.services.actions import Action
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
+from tbon.overlay.services.heal import adrift
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.ranktable import Event, Online, Outcome, RankTable
 from tbon.overlay.state.reports import encode_event
@@ -57,22 +59,38 @@ class Broker:
         self.incarnation = wireup.incarnation
         self.public = booted.public
         self.links = links
-        self.children, self.parent, self.local = links.children, links.parent, links.local
+        self.children, self.local = links.children, links.local
         self.signals = signals
         self.uri = self.local.uri
+        self._poller = zmq.Poller()
+        self._handlers: dict[Any, Callable[[float], None]] = {}
+        self.reattach_timeout = config.reattach_timeout or config.timeout or 60.0
+        self.parent: Uplink | None = None
+        if isinstance(links.parent, ParentLink):
+            self.parent = links.parent = Uplink(
+                links.parent,
+                self._open_link,
+                self.reattach_timeout,
+                self._watch_link,
+                self._unwatch_link,
+            )
         now = time.monotonic()
         self.table: RankTable | None = None
         if self.rank == 0:
-            self.table = RankTable(self.topology, wireup.hosts, now, fixed=booted.by_config)
+            grace = (config.timeout or 60.0) + self.reattach_timeout
+            self.table = RankTable(
+                self.topology, wireup.hosts, now, fixed=booted.by_config, reattach_grace=grace
+            )
             self._apply(Online(0, 1, config.hostname, os.getpid()), now)
+        if self.children is not None:
+            self.children.lineage = [self._card()] if self.rank == 0 else []
         self.exit_code: int | None = None
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None
         self._cut = False
+        self._attached_once = False
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self._seen_generation = -1
-        self._poller = zmq.Poller()
-        self._handlers: dict[Any, Callable[[float], None]] = {}
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
         self.jobs = JobRunner(self.rank, self.uri, self._watch, self._unwatch, self._respond)
         self.draining: Draining | None = None
@@ -106,8 +124,56 @@ class Broker:
             self._local_request,
             call_timeout=self.config.join_timeout,
         )
+        self.router.handlers["heal.wait"] = lambda request, now: self.services.heal.wait(
+            request, now, self._whole()
+        )
+        self.services.exec.toward = self.router.hop_down
         status = self.services.status
         self.performer = Performer(self.rank, self, self.router, self.children, self.jobs, status)
+
+    def _card(self) -> list[Any]:
+        """This broker as its children's lineage names it: rank, endpoint, public key."""
+        return [self.rank, self.booted.endpoint, self.public]
+
+    def _whole(self) -> bool:
+        """What heal.wait waits for: rank 0, no rank adrift; any other, attached to a parent."""
+        if self.table is not None:
+            return not adrift(self.table)
+        return self.parent is not None and self.parent.welcomed
+
+    # --- the links up -----------------------------------------------------------------------
+
+    def _open_link(self, card: Card, incarnation: int) -> ParentLink:
+        """A link to an ancestor (seeking a parent, or going home), saying hello on it."""
+        rank, endpoint, key = card
+        return ParentLink(
+            self.local.socket.context,
+            self.rank,
+            incarnation,
+            self.config,
+            (self.public, self.booted.secret),
+            (endpoint, key),
+            time.monotonic(),
+            peer=rank,
+            shared_key=self.booted.by_config,
+        )
+
+    def _watch_link(self, link: ParentLink) -> None:
+        self._handlers[link.socket] = lambda now: self._read_parent(link, now)
+        self._handlers[link.monitor] = lambda now: self._read_parent_monitor(link, now)
+        self._poller.register(link.socket, zmq.POLLIN)
+        self._poller.register(link.monitor, zmq.POLLIN)
+        self._due = 0.0
+
+    def _unwatch_link(self, link: ParentLink) -> None:
+        for sock in (link.socket, link.monitor):
+            if self._handlers.pop(sock, None) is not None:
+                self._poller.unregister(sock)
+
+    def go_home(self, card: tuple[int, str, str]) -> str:
+        if self.parent is None:
+            return "rank 0 has no parent"
+        return self.parent.move_home(card)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -138,9 +204,6 @@ class Broker:
             handlers[self.children.zap.socket] = self._read_zap
             handlers[self.children.monitor] = self._read_children
             handlers[self.children.socket] = self._read_children
-        if self.parent is not None:
-            handlers[self.parent.monitor] = self._read_parent_monitor
-            handlers[self.parent.socket] = self._read_parent
         for sock in handlers:
             poller.register(sock, zmq.POLLIN)
         self._handle_signals(time.monotonic())
@@ -171,6 +234,7 @@ class Broker:
                 self.children.next_deadline() if self.children else None,
                 self.parent.next_deadline() if self.parent else None,
                 self.table.next_expiry() if self.table else None,
+                self.services.heal.next_deadline(),
                 self.draining.next_deadline() if self.draining else None,
                 self.router.next_deadline(),
                 self.stop_deadline,
@@ -193,16 +257,20 @@ class Broker:
                 self._read_children(now)
             self.report(self.children.tick(now), now)
         parent = self.parent
-        if parent is not None and parent.verdict_due(now) and parent.socket.poll(VERDICT_GRACE_MS):
-            self._read_parent(now)
+        if parent is not None and parent.verdict_due(now):
+            link = parent.link
+            if link is not None and link.socket.poll(VERDICT_GRACE_MS):
+                self._read_parent(link, now)
+                if self.exit_code is not None:
+                    return
+        if parent is not None:
+            self._uplink_news(parent.tick(now), now)
             if self.exit_code is not None:
                 return
-        if parent is not None and (ended := parent.tick(now)) is not None:
-            self._cut_off(ended)
-            return
         self.router.expire(now)
         if self.table is not None:
             self.perform(self.services.flub.expire(now))
+            self.report(self.table.adrift(now), now)
 
     def _tick(self, now: float) -> None:
         """After every batch of input: push status changes and log records, start the program,
@@ -210,8 +278,11 @@ class Broker:
         if self.exit_code is not None:
             return
         if self.parent is not None and self.parent.overflow is not None:
-            self._cut_off(self.parent.overflow)
-            return
+            self._uplink_news(self.parent.overflowed(now), now)
+            if self.exit_code is not None:
+                return
+        if self.services.heal.waiting:
+            self.perform(self.services.heal.settle(now, self._whole()))
         status = self.services.status
         if self.table is not None and status is not None:
             if self.table.generation != self._seen_generation:
@@ -281,36 +352,51 @@ class Broker:
                 self.router.route(message, f"c{child}", now)
         self._maybe_finish(now)
 
-    def _read_parent_monitor(self, now: float) -> None:
+    def _read_parent_monitor(self, link: ParentLink, now: float) -> None:
         assert self.parent is not None
-        if (ended := self.parent.drain_monitor()) is not None:
-            self._cut_off(ended)
+        self._uplink_news(self.parent.monitor(link, now), now)
 
-    def _read_parent(self, now: float) -> None:
+    def _read_parent(self, link: ParentLink, now: float) -> None:
         parent = self.parent
         assert parent is not None
         for _ in range(BATCH):
-            if not parent.socket.poll(0) or self.exit_code is not None:
+            if self.exit_code is not None or link not in parent.links():
                 break
-            inbound = parent.read(now)
-            if inbound.welcomed:
+            if not link.socket.poll(0):
+                break
+            self._uplink_news(parent.read(link, now), now)
+
+    def _uplink_news(self, news: UplinkNews, now: float) -> None:
+        """Act on what the links up brought: a welcome, a loss, orders, messages."""
+        parent = self.parent
+        assert parent is not None
+        if news.attached:
+            first = not self._attached_once
+            self._attached_once = True
+            self.incarnation = parent.incarnation
+            if first:
                 log.info("welcomed by the parent")
-                self.incarnation = parent.incarnation
                 self.perform(self.services.flub.welcomed())
                 self._finalize_pmi()
-                self._due = 0.0  # heartbeats to the parent start now
-            if inbound.ended is not None:
-                self._cut_off(inbound.ended)
-                return
-            if inbound.shutdown:
-                self.begin_shutdown(now)
-            if inbound.retire is not None and self.draining is None:
-                self.lifecycle.retiring = True
-                self.draining = Draining(self.rank, self.incarnation, inbound.retire, now)
-                self.perform(self.draining.begin(len(self.jobs.jobs)))
-                self._due = 0.0
-            for message in inbound.messages:
-                self.router.route(message, "p", now)
+            self._due = 0.0  # heartbeats to the parent start now
+        if news.lineage and self.children is not None:
+            self.children.lineage = [*map(list, parent.lineage), self._card()]
+            self.children.send_lineage()
+        if news.detached:
+            self._due = 0.0
+        if news.ended is not None:
+            self._cut_off(news.ended)
+            return
+        if news.shutdown:
+            self.begin_shutdown(now)
+        if news.retire is not None and self.draining is None:
+            self.lifecycle.retiring = True
+            self.draining = Draining(self.rank, self.incarnation, news.retire, now)
+            self.perform(self.draining.begin(len(self.jobs.jobs)))
+            self._due = 0.0
+        came_from = f"p{news.peer}"
+        for message in news.messages:
+            self.router.route(message, came_from, now)
 
     def _read_local(self, now: float) -> None:
         """Requests from local clients, then the clients that went away (after what they sent,
@@ -373,6 +459,7 @@ class Broker:
             if isinstance(event, Online) and not outcome.applied:
                 reason = outcome.reason
                 self.perform(self.services.flub.void(event.rank, event.incarnation, reason, now))
+            self.perform(self.services.heal.after(event, outcome, now))
 
     def _apply(self, event: Event, now: float) -> Outcome:
         assert self.table is not None
@@ -388,6 +475,8 @@ class Broker:
         if self.lifecycle.stopping:
             return
         self.lifecycle.stopping = True
+        if self.parent is not None:
+            self.parent.stopping = True  # a parent lost now is not sought again
         self.stop_deadline = now + self.config.shutdown_timeout
         self._due = 0.0
         self.jobs.kill_all(signal.SIGTERM)

@@ -16,6 +16,7 @@ from tbon.overlay.services.actions import Action, ForgetWatches, warning
 from tbon.overlay.services.dmesg import DmesgService
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
+from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
@@ -38,6 +39,7 @@ class Services:
     flub: FlubService
     retire: RetireService
     dmesg: DmesgService
+    heal: HealService
     status: StatusService | None  # rank 0 only
 
     @staticmethod
@@ -54,12 +56,14 @@ class Services:
         attributes = flub_attributes(
             config.heartbeat, config.torpid, config.timeout, config.join_timeout
         )
+        heal = HealService(rank, topology, table, card)
         return Services(
             ping=PingService(me, topology),
             exec=ExecService(rank, topology, lifecycle),
-            flub=FlubService(rank, topology, table, lifecycle, card, attributes),
+            flub=FlubService(rank, topology, table, lifecycle, card, attributes, heal),
             retire=RetireService(rank, topology, table),
             dmesg=DmesgService(rank, recent()),
+            heal=heal,
             status=StatusService(table, lifecycle) if table is not None else None,
         )
 
@@ -91,6 +95,9 @@ class Services:
             "dmesg.get": self.dmesg.get,
             "dmesg.follow": self.dmesg.follow,
             "dmesg.ack": self.dmesg.ack,
+            "heal.foster": self.heal.foster,
+            "heal.adopt": self.heal.adopt,
+            "heal.home": self.heal.home,
         }
         if self.status is not None:  # rank 0: these need the rank table
             table |= {

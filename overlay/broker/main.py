@@ -55,7 +55,11 @@ ATTRIBUTES = [
         "Run directory for the local socket; %r is the rank (default: a new 0700 directory).",
     ),
     ("broker.shutdown-timeout", "How long to wait for children at shutdown (default 10s)."),
-    ("broker.boot-server", "Join a running instance by FLUB through this URI."),
+    (
+        "broker.boot-server",
+        "Join a running instance by FLUB through this URI, or the first of a comma-separated "
+        "list that sees the join through (tried in order).",
+    ),
     ("broker.rank", "With broker.boot-server: ask for this rank."),
     ("broker.join-timeout", "How long a FLUB reservation lasts (default 30s; rank 0's counts)."),
     (

@@ -18,6 +18,8 @@ from tbon.overlay.services.actions import (
     Call,
     ForgetWatches,
     Forward,
+    Foster,
+    GoHome,
     GrantCredit,
     KillAllJobs,
     KillJobsFrom,
@@ -47,6 +49,7 @@ class Loop(Protocol):
     def shut_down(self, end_program: bool, now: float) -> None: ...
     def leave(self, exit_code: int) -> None: ...
     def wake(self) -> None: ...
+    def go_home(self, card: tuple[int, str, str]) -> str: ...
 
 
 class Performer:
@@ -89,6 +92,14 @@ class Performer:
                 self.loop.report([event], now)
             case Authorize(rank, incarnation, key) if children is not None:
                 children.authorize(rank, incarnation, key)
+            case Foster(admissions, until) if children is not None:
+                for rank, incarnation, key in admissions:
+                    children.authorize(rank, incarnation, key, foster_until=until)
+                self.loop.wake()  # a foster child that never comes is forgotten on time
+            case GoHome(request, card):
+                why = self.loop.go_home(card)
+                reply = request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})
+                self.router.respond(reply)
             case Revoke(rank, incarnation, reason) if children is not None:
                 children.revoke(rank, incarnation, reason)
             case RetireChild(request, rank, incarnation, order) if children is not None:

@@ -2,10 +2,12 @@
 
 A request names its destination rank (`nodeid`). One addressed to this broker is handed to the
 service its topic maps to in one table; an unknown topic is answered ENOSYS. Any other request
-goes one hop on: to the parent, or to the child whose subtree holds the target. On the way, each
-broker pushes onto the request's route the hop it came from ("p" the parent, "c<rank>" a child,
+goes one hop on: to the parent, or down to the deepest broker on the way to the target that is
+attached here (its child, or a foster child: docs/protocol.md §9). On the way, each broker
+pushes onto the request's route the hop it came from ("p<rank>" the parent, "c<rank>" a child,
 "l<id>" a local client, "s" this broker itself), and a response retraces the route, popping one
-hop per broker. A request this broker makes itself with a continuation (a Call) gets a tag, and
+hop per broker. A response whose way back runs through a broker that has gone since skips it:
+the hops that broker pushed are taken off, up (uplink.py) or down (`_down_past`). A request this broker makes itself with a continuation (a Call) gets a tag, and
 its response is handed to that continuation instead of being sent anywhere.
 
 Such a response is believed only if it comes back by the link its request went out on, and only
@@ -25,10 +27,11 @@ from dataclasses import dataclass
 
 from tbon.overlay.links.children import Children
 from tbon.overlay.links.local import LocalServer
-from tbon.overlay.links.parent import ParentLink
+from tbon.overlay.links.uplink import Uplink
 from tbon.overlay.parse.numbers import is_decimal
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import unreachable
+from tbon.overlay.services.trust import child_hop, parent_hop
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
@@ -57,7 +60,7 @@ class Router:
         rank: int,
         topology: Topology,
         table: RankTable | None,
-        links: tuple[ParentLink | None, Children | None, LocalServer],
+        links: tuple[Uplink | None, Children | None, LocalServer],
         handlers: dict[str, Handler],
         root_topics: frozenset[str],
         perform: Callable[[list[Action]], None],
@@ -108,12 +111,44 @@ class Router:
             if state not in CONNECTED:
                 self.respond(message.fail(errno.EHOSTUNREACH, f"rank {target} is {state}"))
                 return
+            if not self.table.reachable(target):
+                why = f"rank {target} is reattaching to the tree"
+                self.respond(message.fail(errno.EHOSTUNREACH, why))
+                return
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
-            assert self.parent is not None
-            self.parent.send(message)
-        elif not self.send_down(hop, message):
-            self.respond(message.fail(errno.EHOSTUNREACH, unreachable(target, hop)))
+            self._send_up(message)
+            return
+        below = self.hop_down(target)
+        if self.send_down(below, message):
+            return
+        if self.parent is not None and parent_hop(message.route[-1]) is None:
+            self._send_up(message)  # attached above us (fostered past a broker that went)
+            return
+        self.respond(message.fail(errno.EHOSTUNREACH, unreachable(target, hop)))
+
+    def _send_up(self, message: Message) -> None:
+        parent = self.parent
+        assert parent is not None
+        if not parent.welcomed:
+            why = f"rank {self.rank} is reattaching to the tree: its parent was lost"
+            self.respond(message.fail(errno.EHOSTUNREACH, why))
+            return
+        parent.send(message)
+
+    def hop_down(self, target: int) -> int:
+        """The broker attached here that a message for `target` (in this broker's subtree) goes
+        to: the deepest on the way that is attached here, else the child the topology names."""
+        children = self.children
+        hop = self.topology.next_hop(self.rank, target)
+        if children is None:
+            return hop
+        current: int | None = target
+        while current is not None and current != self.rank:
+            if children.attached(current):
+                return current
+            current = self.topology.parent(current)
+        return hop
 
     def _serve(self, request: Message, now: float) -> list[Action]:
         handler = self.handlers.get(request.topic)
@@ -143,7 +178,21 @@ class Router:
         if target == self.rank or not 0 <= target < self.topology.size:
             return HERE
         hop = self.topology.next_hop(self.rank, target)
-        return "p" if hop == self.topology.parent(self.rank) else f"c{hop}"
+        return "p" if hop == self.topology.parent(self.rank) else f"c{self.hop_down(target)}"
+
+    def _came_back_by(self, link: str, came_from: str) -> bool:
+        """Whether a response that came by `came_from` came back by the link its request left
+        by: the parent link (whichever parent it is attached to now), or that child's subtree
+        (a foster child, attached here after the child that went)."""
+        if came_from in (link, HERE) or (link == "p" and parent_hop(came_from) is not None):
+            return True
+        sent_to, child = child_hop(link), child_hop(came_from)
+        return (
+            sent_to is not None
+            and child is not None
+            and 0 <= child < self.topology.size
+            and self.topology.is_ancestor(sent_to, child)
+        )
 
     def next_deadline(self) -> float | None:
         return min((p.deadline for p in self._pending.values()), default=None)
@@ -170,7 +219,7 @@ class Router:
             pending = self._pending.get(reply.tag)
             if pending is None:
                 return False
-            if came_from not in (pending.link, HERE):
+            if not self._came_back_by(pending.link, came_from):
                 log.warning(
                     "dropped an answer to %s from %s: it went out to %s",
                     pending.topic,
@@ -181,16 +230,34 @@ class Router:
             del self._pending[reply.tag]
             self.perform(pending.then(reply, time.monotonic()))
             return True
-        if hop == "p" and self.parent is not None:
-            self.parent.send(reply)
-            return True
-        if hop.startswith("c") and is_decimal(hop[1:]):
-            return self.send_down(int(hop[1:]), reply)
+        if (parent := parent_hop(hop)) is not None:
+            return self.parent is not None and self.parent.send_response(reply, parent)
+        if (child := child_hop(hop)) is not None:
+            return self.send_down(child, reply) or self._down_past(child, reply)
         if hop.startswith("l"):
             if self.local.send(hop, reply):
                 return True
             if reply.streaming:
                 self.client_gone(hop, reply.nodeid)
+        return False
+
+    def _down_past(self, gone: int, reply: Message) -> bool:
+        """A response for child `gone`, which is not attached here: if the child its broker got
+        the request from is (a foster child now), take off the hop `gone` pushed and send it
+        there. Each "c<rank>" under the top names the child before it."""
+        children = self.children
+        for _ in range(len(reply.route)):
+            if children is None or not reply.route:
+                return False
+            below = child_hop(reply.route[-1])
+            if below is None or not (
+                0 <= below < self.topology.size and self.topology.is_ancestor(gone, below)
+            ):
+                return False
+            reply.route.pop()
+            if children.attached(below):
+                return self.send_down(below, reply)
+            gone = below
         return False
 
     def client_gone(self, hop: str, origin: int) -> None:

@@ -242,6 +242,8 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
                 (booted.public, booted.secret),
                 (wireup.parent.endpoint, wireup.parent.public_key),
                 now,
+                peer=wireup.topology.parent(wireup.rank),
+                shared_key=booted.by_config,
             )
     except BaseException:
         if local is not None:

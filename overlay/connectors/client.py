@@ -17,6 +17,7 @@ import zmq
 
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
+from tbon.overlay.links.monitor import read_event
 from tbon.overlay.services.flow import ACK_EVERY
 from tbon.overlay.wire.message import (
     ANY_RANK,
@@ -172,28 +173,56 @@ class ReadCount:
 
 
 class LocalTransport:
+    """A DEALER on the broker's Unix socket. ZeroMQ hides a broker that dies (it just tries to
+    reconnect), so a socket monitor watches the connection: once it has ended, whatever the
+    broker sent before is still read, and then waiting for more raises at once instead of
+    lasting until the caller's timeout."""
+
     def __init__(self, path: str) -> None:
+        self.path = path
         self._context = zmq.Context()
         self.socket = self._context.socket(zmq.DEALER)
         self.socket.linger = 0
         self.socket.rcvhwm = 0
+        self._monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+        )
+        self._gone = ""  # why the connection ended, once it has
         self.socket.connect(f"ipc://{path}")
 
     def send(self, frames: list[Buffer]) -> None:
         self.socket.send_multipart(frames, copy=False)
 
     def poll(self, timeout_ms: int | None) -> bool:
-        return bool(self.socket.poll(timeout_ms))
+        return self.wait([], timeout_ms)[0]
 
     def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]:
-        if not fds:
-            return self.poll(timeout_ms), []
+        if not fds and self.socket.get(zmq.EVENTS) & zmq.POLLIN:
+            return True, []  # the common case while reading a stream: no poller needed
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         poller = zmq.Poller()  # poll(2): regular files too, which epoll refuses
         poller.register(self.socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         for fd in fds:
             poller.register(fd, zmq.POLLIN)
-        ready = dict(poller.poll(timeout_ms))
-        return self.socket in ready, [fd for fd in fds if fd in ready]
+        while True:
+            if self._gone and not self.socket.poll(0):
+                raise TbonError(f"lost the connection to local://{self.path}: {self._gone}")
+            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(poller.poll(left))
+            if self._monitor in ready:
+                self._read_monitor()
+                if len(ready) == 1:
+                    continue  # only news of the connection: wait on (or raise, above)
+            return self.socket in ready, [fd for fd in fds if fd in ready]
+
+    def _read_monitor(self) -> None:
+        while self._monitor.poll(0):
+            event, _ = read_event(self._monitor.recv_multipart())
+            if event == zmq.EVENT_DISCONNECTED:
+                self._gone = "the broker ended it (it exited, or dropped this client)"
+            elif event == zmq.EVENT_CONNECT_RETRIED and not self._gone and _refused(self.path):
+                self._gone = "the broker no longer listens there"
 
     def recv(self) -> tuple[int, Message | None]:
         frames = self.socket.recv_multipart(copy=False)
@@ -204,6 +233,8 @@ class LocalTransport:
             return size, None
 
     def close(self) -> None:
+        self.socket.disable_monitor()
+        self._monitor.close(linger=0)
         self.socket.close(linger=0)
         self._context.term()
 
@@ -233,6 +264,22 @@ def _probe(path: str, uri: str) -> None:
         raise TbonError(f"cannot connect to {uri}: {error.strerror}") from None
     finally:
         probe.close()
+
+
+def _refused(path: str) -> bool:
+    """Whether nobody listens at `path` any more (no socket, or connection refused). Asked
+    without blocking: a listener whose queue of connections is full is still there."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return True
+    except OSError:
+        return False  # busy (EAGAIN), or not ours to judge: ZeroMQ keeps trying
+    finally:
+        probe.close()
+    return False
 
 
 def connect(uri: str | None) -> Client:

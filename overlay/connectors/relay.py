@@ -38,26 +38,38 @@ def main(argv: list[str]) -> int:
     dealer = context.socket(zmq.DEALER)
     dealer.linger = 0
     dealer.rcvhwm = dealer.sndhwm = 0
+    # The broker's end of the connection, watched: a relay that outlived its broker would
+    # leave the client waiting for answers that never come (the session itself stays up).
+    monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     dealer.connect(f"ipc://{path}")
     try:
-        return _pump(dealer, sys.stdin.fileno(), sys.stdout.fileno())
+        return _pump(dealer, monitor, sys.stdin.fileno(), sys.stdout.fileno(), path)
     except BrokenPipeError:
         return 0  # the client went away while we answered
     finally:
+        dealer.disable_monitor()
+        monitor.close(linger=0)
         dealer.close(linger=0)
         context.term()
 
 
-def _pump(dealer: zmq.Socket, stdin: int, stdout: int) -> int:
+def _pump(dealer: zmq.Socket, monitor: zmq.Socket, stdin: int, stdout: int, path: str) -> int:
     poller = zmq.Poller()
     poller.register(dealer, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
     poller.register(stdin, zmq.POLLIN)
     reader = FrameReader()
     while True:
         for ready, _ in poller.poll():
-            if ready is dealer:
+            if ready is dealer or ready is monitor:
                 while dealer.poll(0):
                     write_all(stdout, encode_frames(dealer.recv_multipart()))
+                if ready is monitor:  # what the broker sent first is passed on (above)
+                    print(
+                        f"tbon relay: lost the connection to local://{path}: the broker ended it",
+                        file=sys.stderr,
+                    )
+                    return 1
                 continue
             data = os.read(stdin, 65536)
             if not data:

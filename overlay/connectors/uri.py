@@ -53,6 +53,17 @@ def parse_uri(text: str) -> Uri:
     raise UsageError(f"invalid URI {text!r}: use local://PATH or ssh://[user@]host[:port]/PATH")
 
 
+MAX_URIS = 16
+"""The most URIs a list (broker.boot-server) may hold. A joiner gives each one at most a
+broker.join-timeout, so a longer list would only stretch how long a hopeless join lasts."""
+
+
+def split_uris(text: str) -> list[str]:
+    """The URIs of a comma-separated list, in order, unchecked (parse each with parse_uri).
+    Nothing is trimmed, so a path that holds a comma cannot be named in such a list."""
+    return text.split(",")
+
+
 def _port(digits: str, text: str) -> int:
     """A TCP port, 1 to 65535 (checked on the digits first: int() refuses very long ones)."""
     if len(digits) > 5 or not 1 <= int(digits) <= 65535:

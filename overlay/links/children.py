@@ -43,7 +43,7 @@ from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.flow import LINK_HWM
-from tbon.overlay.state.ranktable import Event, Lost, Online, Torpid
+from tbon.overlay.state.ranktable import Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
@@ -113,23 +113,52 @@ class Children:
         self._gone: list[ChildSession] = []  # off a closed connection; judged by `settle`
         self.shutting_down = False
         self._next_heartbeat = 0.0
+        # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
+        # first: what a child needs to seek a live ancestor should this broker go
+        self.lineage: list[list[Any]] = []
 
     def bind(self, endpoint: str) -> str:
         """Bind to `endpoint` (a port of `*` picks a free one); returns the address bound."""
         self.socket.bind(endpoint)
         return self.socket.last_endpoint.decode()
 
-    def authorize(self, rank: int, incarnation: int, public_z85: str) -> None:
-        """Admit `public_z85` as (rank, incarnation). Asking again for the same incarnation
-        changes nothing: a repeated key exchange must not orphan a broker already connected."""
+    def authorize(
+        self,
+        rank: int,
+        incarnation: int,
+        public_z85: str,
+        foster_until: float | None = None,
+    ) -> None:
+        """Admit `public_z85` as (rank, incarnation) ("": a config-booted broker holding the
+        instance's shared key, which must claim exactly that incarnation). Asking again for the
+        same incarnation changes nothing: a repeated key exchange must not orphan a broker
+        already connected. With `foster_until`, the rank is a foster child (docs/protocol.md
+        §9): expected until then, and forgotten if it has not come."""
         identity = Identity(rank, incarnation)
         old = self.sessions.get(rank)
-        if old is not None and old.identity == identity and not old.ended:
+        if old is not None and old.identity == identity and old.connected:
             return
-        self.keyring.authorize(public_z85, identity)
+        if public_z85:
+            self.keyring.authorize(public_z85, identity)
+        else:
+            self.keyring.revoke_rank(rank)
         if old is not None and old.routing_id is not None:
             self._by_routing.pop(old.routing_id, None)
-        self.sessions[rank] = ChildSession(identity)
+        foster = self.topology.parent(rank) != self.rank
+        self.sessions[rank] = ChildSession(
+            identity,
+            parent=self.rank,
+            key=public_z85,
+            shared=not public_z85,
+            foster=foster,
+            expected=foster or not public_z85 or foster_until is not None,
+            expected_until=foster_until if foster else None,
+        )
+
+    def attached(self, rank: int) -> bool:
+        """Whether `rank`'s broker is connected here (as a child or a foster child)."""
+        session = self.sessions.get(rank)
+        return session is not None and session.connected
 
     def connected(self) -> list[int]:
         return [rank for rank, session in self.sessions.items() if session.connected]
@@ -204,6 +233,10 @@ class Children:
             inbound.messages.append((sender.rank, message))
         elif message.topic == "goodbye":
             inbound.reports.append(self._end(session, "departed", "said goodbye"))
+        elif message.topic == "moved":
+            to = message.payload.get("to")
+            if is_int(to):
+                inbound.reports.append(self._moved(session, int(to)))  # type: ignore[arg-type]
         elif message.topic == "report":
             self._report(sender, message, inbound)
         elif message.topic != "heartbeat":
@@ -269,7 +302,7 @@ class Children:
         if incarnation is None:
             self._refuse_hello(rejoin.routing_id, rejoin.hello, Refusal(why, exitcodes.REFUSED))
             return inbound
-        session = ChildSession(Identity(rejoin.rank, incarnation), shared=True)
+        session = ChildSession(Identity(rejoin.rank, incarnation), shared=True, parent=self.rank)
         self.sessions[rejoin.rank] = session
         connection = (
             self._ledger.connection(rejoin.fd)
@@ -303,10 +336,14 @@ class Children:
             rank=identity.rank,
             size=self.topology.size,
             incarnation=identity.incarnation,
+            lineage=self.lineage,
         )
         self._send_raw(routing_id, welcome)
         session.broker = host, pid = hello_broker(hello.payload)
-        inbound.reports.append(Online(identity.rank, identity.incarnation, host, pid))
+        session.ended, session.returnable = "", False  # a lost one back, if it was
+        session.expected_until = None
+        online = Online(identity.rank, identity.incarnation, host, pid, self.rank, session.key)
+        inbound.reports.append(online)
         if not self._ledger.tie(session, connection):
             inbound.reports.append(self._end(session, "lost", "connection dropped"))
 
@@ -320,6 +357,13 @@ class Children:
             sender.rank, event.rank
         ):
             log.warning("rank %d reported on rank %d, outside its subtree", sender.rank, event.rank)
+            return
+        seen_by = event.parent
+        if seen_by is None or not (
+            seen_by == sender.rank
+            or (0 <= seen_by < self.topology.size and self.topology.is_ancestor(sender.rank, seen_by))
+        ):
+            log.warning("rank %d reported an event seen by rank %s", sender.rank, seen_by)
             return
         inbound.reports.append(event)
 
@@ -342,12 +386,35 @@ class Children:
         return event
 
     def _release(self, session: ChildSession) -> None:
-        """Its incarnation has ended: revoke its key, forget its connection, and remember it if
-        it retired, to tell it so should it speak again."""
+        """Its incarnation has ended: forget its connection, revoke its key unless it was lost
+        (its own broker may come back when a partition heals, and rank 0 decides then whether
+        that incarnation is still current; a new incarnation's key replaces it), and remember
+        it if it retired, to tell it so should it speak again."""
         if session.retiring:
             self._retired.add(session.identity)
+        if not session.returnable:
+            self.keyring.revoke(session.identity)
+        self._ledger.forget(session)
+
+    def _moved(self, session: ChildSession, to: int) -> Event:
+        """The child went home to its own parent (or on to another ancestor, `to`): this link
+        ends without ending its incarnation."""
+        identity = session.identity
+        log.info("rank %d moved to rank %d", identity.rank, to)
+        session.ended, session.end_code = "has moved to another parent", exitcodes.LOST
         self.keyring.revoke(session.identity)
         self._ledger.forget(session)
+        if session.routing_id is not None:
+            self._by_routing.pop(session.routing_id, None)
+        if session.foster:
+            self.sessions.pop(session.identity.rank, None)
+        return Moved(identity.rank, identity.incarnation, self.rank, to)
+
+    def send_lineage(self) -> None:
+        """This broker's ancestors changed (it was welcomed again, by a foster parent or a new
+        one): tell every child, so that each can seek a live ancestor should this one go."""
+        for rank in self.connected():
+            self.send(rank, _control("lineage", lineage=self.lineage))
 
     def revoke(self, rank: int, incarnation: int, reason: str) -> None:
         """Rank 0 voided this incarnation (say, its reservation expired): drop its key, and cut
@@ -413,13 +480,22 @@ class Children:
             self._next_heartbeat = now + self.config.heartbeat
             for rank in self.connected():
                 self.send(rank, _control("heartbeat"))
-        for session in self.sessions.values():
+        for session in list(self.sessions.values()):
             event = session.judge_silence(now)
             if event is not None:
                 reports.append(event)
             if isinstance(event, Lost):
                 self._release(session)
+            until = session.expected_until
+            if until is not None and now >= until and not session.connected:
+                self._forget_foster(session)
         return reports
+
+    def _forget_foster(self, session: ChildSession) -> None:
+        """A foster child rank 0 said to expect never came: its parent was alive after all."""
+        self.keyring.revoke(session.identity)
+        if self.sessions.get(session.identity.rank) is session:
+            del self.sessions[session.identity.rank]
 
     def verdict_due(self, now: float) -> bool:
         """Whether some child's silence is about to be judged (torpid or lost) at `now`."""
@@ -430,6 +506,7 @@ class Children:
 
     def next_deadline(self) -> float:
         deadlines = [session.deadline() for session in self.sessions.values()]
+        deadlines += [s.expected_until for s in self.sessions.values() if not s.connected]
         return min([self._next_heartbeat, *(d for d in deadlines if d is not None)])
 
     def close(self) -> None:

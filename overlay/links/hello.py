@@ -10,11 +10,12 @@ A parent hears hellos from holders of two kinds of key:
 
 The checks, in order; the first that fails gives the refusal:
 
-1. (bound key) the incarnation has not ended: a retired one exits 0, one lost, departed or revoked
-   gets the exit code it ended with;
+1. (bound key) the incarnation has not ended: a retired one exits 0, one departed or revoked gets
+   the exit code it ended with. One that was lost may return, as the same broker (host and pid)
+   only: a healed partition (rank 0 then decides whether its incarnation is still current);
 2. the protocol version is this broker's;
 3. (bound key) the hello claims the key's identity;
-4. the rank claimed is a child of this parent;
+4. the rank claimed is a child of this parent, or a foster child rank 0 told it to expect;
 5. (bound key) the rank has a current incarnation here, and it is the key's (else superseded);
 6. (bound key) no other broker was welcomed as that incarnation: two processes may hold one key
    (`broker.cert`), and the first to say hello keeps the rank while the second is refused;
@@ -22,8 +23,10 @@ The checks, in order; the first that fails gives the refusal:
 7. the instance is not shutting down (exit 0);
 8. (shared key) the rank is not held by a broker that joined by FLUB.
 
-Then a bound key is welcomed, and a shared key goes to rank 0; if the rank's broker is connected,
-it is the old broker of that host, and the new one replaces it.
+Then a bound key is welcomed. A shared key that claims the incarnation rank 0 told this parent
+to expect (a foster child, or a child coming home) is welcomed too; any other shared key goes to
+rank 0; if the rank's broker is connected, it is the old broker of that host, and the new one
+replaces it.
 
 A message other than hello from a peer with no live session is judged here too (`judge_stale`),
 by the same rules for an ended or superseded incarnation.
@@ -91,6 +94,10 @@ class Standing:
     connected: bool = False
     shared: bool = False  # its broker holds the instance's shared key (config bootstrap)
     broker: Broker | None = None  # the broker welcomed as this incarnation, while connected
+    foster: bool = False  # not a child in the topology: rank 0 told this parent to foster it
+    expected: bool = False  # rank 0 told this parent to expect it (fostered, or coming home)
+    returnable: bool = False  # it was lost, and its own broker may say hello again
+    last_broker: Broker | None = None  # the broker last welcomed as this incarnation
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +111,17 @@ class Parent:
     shutting_down: bool = False
 
     def is_parent_of(self, rank: int) -> bool:
-        return rank < self.topology.size and self.topology.parent(rank) == self.rank
+        if rank < self.topology.size and self.topology.parent(rank) == self.rank:
+            return True
+        standing = self.children.get(rank)
+        return standing is not None and standing.foster
 
 
 def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> Judgement:
     """Judge `hello`, whose sender's key is bound to `key` (None: the instance's shared key)."""
-    if key is not None and (ended := _ended(key, parent)) is not None:
-        return ended
+    if key is not None and not _returns(key, hello, parent):
+        if (ended := _ended(key, parent)) is not None:
+            return ended
     version = hello.get("version")
     if version != PROTOCOL_VERSION:
         # a shared-key broker has always been told without the parent's own version
@@ -129,7 +140,7 @@ def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> 
         return Refusal(f"rank {shown} is not a child of rank {parent.rank}", exitcodes.REFUSED)
     standing = parent.children.get(rank)
     if key is not None:
-        if standing is None or standing.ended:
+        if standing is None or (standing.ended and not _returns(key, hello, parent)):
             return Refusal(f"rank {rank} has no incarnation expecting a broker", exitcodes.REFUSED)
         if standing.incarnation != key.incarnation:
             return _superseded(rank, standing.incarnation)
@@ -144,6 +155,20 @@ def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> 
         return Refusal("the instance is shutting down", exitcodes.SHUTDOWN)
     if key is not None:
         return Welcome(key)
+    if (
+        standing is not None
+        and standing.expected
+        and standing.shared
+        and not standing.ended
+        and claimed[1] == standing.incarnation
+    ):
+        return Welcome(Identity(rank, standing.incarnation))  # fostered, or home, as rank 0 said
+    if standing is not None and standing.foster:
+        return Refusal(
+            f"rank {rank} is fostered here as incarnation {standing.incarnation}, "
+            f"not {claimed[1]}",
+            exitcodes.REFUSED,
+        )
     if standing is not None and standing.connected and not standing.shared:
         return Refusal(f"rank {rank} is held by a broker that joined by FLUB", exitcodes.REFUSED)
     ended = standing.incarnation if standing is not None else 0
@@ -175,6 +200,17 @@ def _ended(identity: Identity, parent: Parent) -> Refusal | None:
         reason = f"rank {identity.rank} incarnation {identity.incarnation} {standing.ended}"
         return Refusal(reason, standing.end_code)
     return None
+
+
+def _returns(key: Identity, hello: dict[str, Any], parent: Parent) -> bool:
+    """Whether this hello is a lost incarnation's own broker coming back (a healed partition)."""
+    standing = parent.children.get(key.rank)
+    return (
+        standing is not None
+        and standing.returnable
+        and standing.incarnation == key.incarnation
+        and standing.last_broker == hello_broker(hello)
+    )
 
 
 def _superseded(rank: int, current: int) -> Refusal:

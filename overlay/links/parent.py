@@ -1,8 +1,9 @@
-"""A child's side of its link: the DEALER that connects to its parent's ROUTER.
+"""A child's side of one link: the DEALER that connects to a parent's ROUTER.
 
 The link is CURVE-encrypted with the parent's public key as the server key. After the handshake the
-child says hello and waits to be welcomed or refused; from then on both ends send heartbeats and the
-child treats a dropped connection or a silent parent as the loss of the instance (exit 75).
+child says hello and waits to be welcomed or refused; from then on both ends send heartbeats, and a
+dropped connection or a silent parent ends the link (`LinkEnded`). What the broker does then (seek
+a live ancestor, or exit) is decided in uplink.py, which may hold several of these at once.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class LinkEnded:
 @dataclass(slots=True)
 class ParentInbound:
     welcomed: bool = False
+    lineage: list[Any] | None = None  # the ancestors' cards, from a welcome or a `lineage`
     shutdown: bool = False
     retire: dict[str, Any] | None = None  # the parent's order to retire: force, timeout
     ended: LinkEnded | None = None
@@ -65,10 +67,14 @@ class ParentLink:
         keypair: tuple[str, str],
         parent: tuple[str, str],
         now: float,
+        peer: int | None = None,
+        shared_key: bool = False,
     ) -> None:
-        """Connect to the parent at `parent` (endpoint, public key) and say hello; the hello is
-        queued until the CURVE handshake completes."""
+        """Connect to the parent at `parent` (endpoint, public key), rank `peer`, and say hello;
+        the hello is queued until the CURVE handshake completes."""
         self.rank = rank
+        self.peer = peer
+        self.shared_key = shared_key  # config bootstrap: the instance's key, not this broker's
         self.incarnation = incarnation
         self.config = config
         self.overflow: LinkEnded | None = None  # set by send() on a full link
@@ -138,11 +144,16 @@ class ParentLink:
         if message.kind is not Kind.CONTROL:
             inbound.messages.append(message)
         elif message.topic == "welcome":
+            if self.welcomed:
+                return inbound  # a repeat changes nothing
             self.welcomed = inbound.welcomed = True
             incarnation = message.payload.get("incarnation")
             if isinstance(incarnation, int) and incarnation > 0:
                 self.incarnation = incarnation  # config bootstrap: the parent knows it
+            inbound.lineage = _lineage(message.payload.get("lineage"))
             self._liveness = Liveness(0, self.config.timeout, now, 3 * self.config.heartbeat)
+        elif message.topic == "lineage":
+            inbound.lineage = _lineage(message.payload.get("lineage"))
         elif message.topic == "refuse":
             code = message.payload.get("exit_code", exitcodes.REFUSED)
             code = code if code in (exitcodes.SHUTDOWN, exitcodes.LOST) else exitcodes.REFUSED
@@ -197,3 +208,28 @@ class ParentLink:
 
 def _control(topic: str, **payload: Any) -> Message:
     return Message(Kind.CONTROL, topic, payload)
+
+
+MAX_LINEAGE = 64
+"""Cards kept from a parent: a tree deeper than this is not one tbon builds (kary:2 at 2^64)."""
+
+
+def _lineage(value: Any) -> list[Any] | None:
+    """The ancestors' cards a parent sent, each [rank, endpoint, public key], or None if they
+    are not shaped so (a malformed lineage is ignored, never half-used)."""
+    from tbon.overlay.parse.numbers import is_int
+
+    if not isinstance(value, list) or len(value) > MAX_LINEAGE:
+        return None
+    for card in value:
+        if not (
+            isinstance(card, list)
+            and len(card) == 3
+            and is_int(card[0])
+            and isinstance(card[1], str)
+            and card[1].startswith("tcp://")
+            and isinstance(card[2], str)
+            and len(card[2]) == 40
+        ):
+            return None
+    return value

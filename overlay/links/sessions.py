@@ -31,6 +31,12 @@ class ChildSession:
     retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
     shared: bool = False  # a config-booted rank, whose broker holds the instance's shared key
     broker: Broker | None = None  # the broker last welcomed as this incarnation (host, pid)
+    parent: int | None = None  # this parent's rank, named in every event it reports
+    key: str = ""  # its public key (Z85) as authorized here; "" for the instance's shared key
+    foster: bool = False  # not a child in the topology: fostered at rank 0's word
+    expected: bool = False  # rank 0 said to expect it (fostered, or coming home)
+    expected_until: float | None = None  # a foster child that has not come by then is forgotten
+    returnable: bool = False  # lost, and its own broker may say hello again (its key is kept)
 
     @property
     def connected(self) -> bool:
@@ -40,20 +46,32 @@ class ChildSession:
         """What the hello judge needs of this session."""
         incarnation, connected = self.identity.incarnation, self.connected
         broker = self.broker if connected else None
-        return Standing(incarnation, self.ended, self.end_code, connected, self.shared, broker)
+        return Standing(
+            incarnation,
+            self.ended,
+            self.end_code,
+            connected,
+            self.shared,
+            broker,
+            foster=self.foster,
+            expected=self.expected,
+            returnable=self.returnable,
+            last_broker=self.broker,
+        )
 
     def end(self, how: str, why: str) -> Event:
         """End this incarnation ("lost" or "departed") and say so. One that was retiring is
         retired whichever way it went: should it speak again, it is told so and exits 0."""
         identity = self.identity
         self.ended = f"was {how}: {why}" if how == "lost" else f"has {how}"
+        self.returnable = how == "lost" and not self.retiring and not self.shared
         if self.retiring:
             self.ended, self.end_code = "has retired", exitcodes.SHUTDOWN
         if how == "lost":
             log.warning("rank %d lost: %s", identity.rank, why)
-            return Lost(identity.rank, identity.incarnation, why)
+            return Lost(identity.rank, identity.incarnation, why, self.parent)
         log.info("rank %d %s", identity.rank, "retired" if self.retiring else "departed")
-        return Departed(identity.rank, identity.incarnation)
+        return Departed(identity.rank, identity.incarnation, self.parent)
 
     def judge_silence(self, now: float) -> Event | None:
         """What its silence at `now` makes it: torpid, lost (and so ended), or nothing new."""
@@ -62,7 +80,7 @@ class ChildSession:
         verdict = self.liveness.check(now)
         if verdict is Verdict.TORPID:
             log.warning("rank %d is torpid", self.identity.rank)
-            return Torpid(self.identity.rank, self.identity.incarnation, True)
+            return Torpid(self.identity.rank, self.identity.incarnation, True, self.parent)
         if verdict is Verdict.LOST:
             return self.end("lost", f"silent for {now - self.liveness.last_heard:.1f}s")
         return None

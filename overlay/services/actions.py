@@ -87,6 +87,27 @@ class Authorize(Record):
         self.public_key = public_key
 
 
+class Foster(Record):
+    """Admit each (rank, incarnation, key) as a foster child until `until` (docs/protocol.md §9)."""
+
+    __slots__ = __match_args__ = ("admissions", "until")
+
+    def __init__(self, admissions: tuple[tuple[int, int, str], ...], until: float) -> None:
+        self.admissions = admissions
+        self.until = until
+
+
+class GoHome(Record):
+    """Open a link to this broker's own parent at `card` (rank, endpoint, key), and answer
+    `request` with whether that could start."""
+
+    __slots__ = __match_args__ = ("request", "card")
+
+    def __init__(self, request: Message, card: tuple[int, str, str]) -> None:
+        self.request = request
+        self.card = card
+
+
 class Revoke(Record):
     """Drop a child incarnation's key, and cut its broker off if it is connected."""
 
@@ -213,6 +234,8 @@ Action = (
     | Log
     | Report
     | Authorize
+    | Foster
+    | GoHome
     | Revoke
     | RetireChild
     | Readmit

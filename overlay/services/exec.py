@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from tbon.limits import ENV_LIMIT, environment_size
@@ -91,6 +92,8 @@ class ExecService:
         self.topology = topology
         self.lifecycle = lifecycle
         self._client_jobs: dict[str, list[dict[str, Any]]] = {}  # exec jobs by local client
+        # the broker attached here that a target is reached through (the router's, once built)
+        self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
 
     def handle(self, request: Message, now: float) -> list[Action]:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
@@ -102,7 +105,7 @@ class ExecService:
         below: dict[int, list[int]] = {}
         for target in targets:
             if 0 <= target < self.topology.size and self.topology.is_ancestor(self.rank, target):
-                below.setdefault(self.topology.next_hop(self.rank, target), []).append(target)
+                below.setdefault(self.toward(target), []).append(target)
         actions: list[Action] = [
             self._copy_down(request, child, ranks) for child, ranks in below.items()
         ]

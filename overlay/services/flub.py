@@ -36,6 +36,7 @@ from tbon.overlay.services.actions import (
     info,
     warning,
 )
+from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.trust import Connection, connection_of, from_parent_of, from_rank0
 from tbon.overlay.state.ranktable import (
@@ -68,6 +69,7 @@ class FlubService:
         lifecycle: Lifecycle,
         card: Card,
         attributes: dict[str, float],
+        heal: HealService | None = None,
     ) -> None:
         """`table` is rank 0's (None elsewhere); `card` is this broker's own, for joiners that
         become its children; `attributes` are the liveness settings every joiner adopts."""
@@ -77,6 +79,7 @@ class FlubService:
         self.lifecycle = lifecycle
         self.card = card
         self.attributes = attributes
+        self.heal = heal or HealService(rank, topology, table, card)  # what a Void calls for
         self.waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
         # rank 0: the reservations each client connection (trust.connection_of) was granted first
         self.held: dict[Connection, set[tuple[int, int]]] = {}
@@ -300,10 +303,23 @@ class FlubService:
             return []
         actions: list[Action] = []
         voided = Void(rank, incarnation, reason)
-        if self.table is not None and self.table.apply(voided, now).applied:
-            actions.append(warning(f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"))
+        holders = {parent}  # and the foster parent it is attached to, if it is
+        if self.table is not None:
+            attached = self.table.entry(rank).attached_to
+            if attached is not None:
+                holders.add(attached)
+            outcome = self.table.apply(voided, now)
+            if outcome.applied:
+                said = f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"
+                actions += [warning(said), *self.heal.after(voided, outcome, now)]
         notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
-        return [*actions, Send(Message(Kind.REQUEST, "flub.revoke", notice, nodeid=parent))]
+        return [
+            *actions,
+            *(
+                Send(Message(Kind.REQUEST, "flub.revoke", notice, nodeid=holder))
+                for holder in sorted(holders)
+            ),
+        ]
 
     def rejoin(self, request: Message, now: float) -> list[Action]:
         """A parent asks for the incarnation of its config-booted child, back at its door."""
@@ -349,7 +365,7 @@ class FlubService:
         return [Revoke(rank, incarnation, str(payload.get("reason", "revoked")))]
 
     def _unless_from_rank0(self, request: Message) -> list[Action] | None:
-        if from_rank0(request, self.topology, self.rank):
+        if from_rank0(request):
             return None
         rank = request.payload.get("rank")
         return [

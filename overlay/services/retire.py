@@ -175,7 +175,7 @@ class RetireService:
         """Rank 0's order to retire one of this broker's children: record, then tell it."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if not from_rank0(request, self.topology, self.rank):
+        if not from_rank0(request):
             return [
                 warning(f"refused retire.order for rank {rank}: not from rank 0"),
                 Respond(request.fail(errno.EPERM, "retire.order comes from rank 0 only")),

@@ -2,10 +2,11 @@
 and the client connection a request came by.
 
 Every broker that receives a request pushes on its route the hop it came from (docs/protocol.md
-§3.2): "p" from its parent, "c<rank>" from a child, "l<id>" from a local client, and "s" for a
-request of its own. A broker trusts only the hops pushed by itself and by its ancestors, so the
-tail of the route that they pushed tells who started the request. A client may send a route of
-its own, but whatever it writes comes before the hop of the broker it is a client of.
+§3.2): "p<rank>" from the parent it is attached to (rank), "c<rank>" from a child, "l<id>" from
+a local client, and "s" for a request of its own. Each link hop names the authenticated peer the
+request came from, so a route says which brokers it passed even when one of them was a foster
+parent (docs/protocol.md §9). A client may send a route of its own, but whatever it writes comes
+before the hop of the broker it is a client of, and that broker's hop is never a link hop.
 """
 
 from __future__ import annotations
@@ -18,21 +19,32 @@ Connection = tuple[str, ...]
 """A client connection (or a broker's own requests) as the brokers on the way wrote it."""
 
 
-def from_rank0(request: Message, topology: Topology, rank: int) -> bool:
-    """Whether rank 0 itself sent `request` to `rank`: rank 0's own "s", then one "p" pushed by
-    each broker on the way down. Only the last level+1 hops were pushed by brokers we trust."""
-    level = topology.level(rank)
-    return request.route[-(level + 1) :] == ["s"] + ["p"] * level
+def from_rank0(request: Message) -> bool:
+    """Whether rank 0 itself sent `request`: rank 0's own "s", then "p0" pushed by the broker
+    attached to it, then only "p<rank>" hops pushed by each broker on the way down. A route that
+    starts with "s" was started by a broker's own request; only rank 0's is followed by "p0"
+    (a client's route always holds its broker's "l<id>"; another broker's request going up holds
+    "c" hops). Counting hops would not do: a fostered broker is fewer hops from rank 0 than its
+    level in the topology."""
+    route = request.route
+    if not route or route[0] != "s":
+        return False
+    if len(route) == 1:
+        return True  # rank 0's request to itself
+    return route[1] == "p0" and all(parent_hop(hop) is not None for hop in route[2:])
 
 
 def from_parent_of(request: Message, topology: Topology, rank: int) -> bool:
-    """Whether the parent broker of `rank` itself sent `request` to rank 0: its own "s", then one
-    "c<child>" pushed by each broker on the way up."""
-    hops, current = [], topology.parent(rank)
-    while current:
-        hops.append(f"c{current}")
-        current = topology.parent(current)
-    return request.route == ["s", *hops]
+    """Whether the parent broker of `rank` itself sent `request` up to rank 0: its own "s", then
+    "c<parent>" pushed by the broker it is attached to, then only "c" hops on the way up (however
+    many: the parent may be fostered)."""
+    parent = topology.parent(rank)
+    route = request.route
+    if parent == 0:
+        return route == ["s"]  # rank 0's own request, to itself
+    if parent is None or len(route) < 2 or route[:2] != ["s", f"c{parent}"]:
+        return False
+    return all(hop.startswith("c") and is_decimal(hop[1:]) for hop in route[2:])
 
 
 def connection_of(request: Message) -> Connection:
@@ -55,6 +67,16 @@ def client_notice(request: Message) -> bool:
     return bool(route) and route[0].startswith("l") and connection_of(request) == tuple(route)
 
 
+def parent_hop(hop: str) -> int | None:
+    """The parent's rank that a "p<rank>" hop names, or None for any other hop."""
+    return int(hop[1:]) if hop.startswith("p") and is_decimal(hop[1:]) else None
+
+
+def child_hop(hop: str) -> int | None:
+    """The child's rank that a "c<rank>" hop names, or None for any other hop."""
+    return int(hop[1:]) if hop.startswith("c") and is_decimal(hop[1:]) else None
+
+
 def _link(hop: str) -> bool:
     """A hop that a broker pushed for a request from another broker."""
-    return hop == "p" or (hop.startswith("c") and is_decimal(hop[1:]))
+    return parent_hop(hop) is not None or child_hop(hop) is not None

@@ -14,47 +14,82 @@ from tbon.record import Record
 
 
 class Online(Record):
-    """A parent welcomed this rank's broker (its hello was accepted)."""
+    """A parent welcomed this rank's broker (its hello was accepted). `parent` is the broker that
+    welcomed it, which its link goes to from now on: its topology parent, or a foster parent
+    (None: its topology parent). `key` is the broker's public key (Z85), which a foster parent
+    is told to admit should its parent go; "" for the instance's shared key (config bootstrap)."""
 
-    __slots__ = __match_args__ = ("rank", "incarnation", "host", "pid")
+    __slots__ = __match_args__ = ("rank", "incarnation", "host", "pid", "parent", "key")
 
-    def __init__(self, rank: int, incarnation: int, host: str, pid: int) -> None:
+    def __init__(
+        self,
+        rank: int,
+        incarnation: int,
+        host: str,
+        pid: int,
+        parent: int | None = None,
+        key: str = "",
+    ) -> None:
         self.rank = rank
         self.incarnation = incarnation
         self.host = host
         self.pid = pid
+        self.parent = parent
+        self.key = key
 
 
 class Lost(Record):
-    """A parent saw this rank's broker go: its connection dropped or it fell silent."""
+    """A parent saw this rank's broker go: its connection dropped or it fell silent. Rank 0
+    decides it itself of a broker that lost its parent and did not reattach in time."""
 
-    __slots__ = __match_args__ = ("rank", "incarnation", "reason")
+    __slots__ = __match_args__ = ("rank", "incarnation", "reason", "parent")
 
-    def __init__(self, rank: int, incarnation: int, reason: str) -> None:
+    def __init__(
+        self, rank: int, incarnation: int, reason: str, parent: int | None = None
+    ) -> None:
         self.rank = rank
         self.incarnation = incarnation
         self.reason = reason
+        self.parent = parent  # the broker that saw it go (None: rank 0 decided it)
 
 
 class Departed(Record):
     """This rank's broker said goodbye: a clean exit."""
 
-    __slots__ = __match_args__ = ("rank", "incarnation")
+    __slots__ = __match_args__ = ("rank", "incarnation", "parent")
 
-    def __init__(self, rank: int, incarnation: int) -> None:
+    def __init__(self, rank: int, incarnation: int, parent: int | None = None) -> None:
         self.rank = rank
         self.incarnation = incarnation
+        self.parent = parent  # the broker it said goodbye to
 
 
 class Torpid(Record):
     """This rank's broker is connected but has been silent past tbon.torpid (or spoke again)."""
 
-    __slots__ = __match_args__ = ("rank", "incarnation", "torpid")
+    __slots__ = __match_args__ = ("rank", "incarnation", "torpid", "parent")
 
-    def __init__(self, rank: int, incarnation: int, torpid: bool) -> None:
+    def __init__(
+        self, rank: int, incarnation: int, torpid: bool, parent: int | None = None
+    ) -> None:
         self.rank = rank
         self.incarnation = incarnation
         self.torpid = torpid
+        self.parent = parent  # the broker that judged it
+
+
+class Moved(Record):
+    """This rank's broker left the link to `parent` for the one to `to` (it went home, or two
+    ancestors welcomed it while it sought one and it kept the other). Its new parent reports an
+    Online of its own; this says the old link is over, in whatever order the two arrive."""
+
+    __slots__ = __match_args__ = ("rank", "incarnation", "parent", "to")
+
+    def __init__(self, rank: int, incarnation: int, parent: int | None, to: int) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.parent = parent
+        self.to = to
 
 
 class Retire(Record):
@@ -111,7 +146,7 @@ class Reboot(Record):
         self.incarnation = incarnation
 
 
-Event = Online | Lost | Departed | Torpid | Expire | Release | Retire | Reboot | Void
+Event = Online | Lost | Departed | Torpid | Moved | Expire | Release | Retire | Reboot | Void
 """What brokers report about a rank (they travel up the tree to rank 0), and what rank 0 decides
 itself (Expire, Release, Retire, Reboot, Void)."""
 

@@ -118,6 +118,8 @@ class RankEntry:
     lease: Lease | None = None  # while reserved, and only then
     reason: str = ""  # why it entered its phase, worded by the table's row; "" if nothing to say
     last_pid: int | None = None  # the last broker welcomed as this rank: kept once it has gone
+    attached_to: int | None = None  # while connected: the broker its link goes to (None: adrift)
+    adrift_until: float | None = None  # lost its link: when rank 0 gives up on its reattaching
 
     @property
     def state(self) -> RankState:

@@ -27,10 +27,20 @@ they were: a repeat, or the torpid flag.
   retiring broker that says goodbye is RETIRED, which no host or key gets back; one that fails
   is lost (CONFIG_LOST for a config rank: no Reboot, but FLUB may refill it). Either way its
   key is barred for good. Rank 0 never ends.
-- Special case: the ranks below one that ended are cut off, because a broker exits when it loses
-  its parent. Each of them gets the internal event Orphaned, through the same table: a connected
-  or offline open rank becomes lost, a config rank offline; reserved, lost and vacant ranks are
-  not in those rows and stay as they are.
+- Special case: the ranks below one that ended. A connected broker whose link went to the rank
+  that ended does not exit: it seeks a live ancestor (docs/protocol.md §9). It stays connected in
+  the table, *adrift* (`attached_to` None), until an Online from a foster parent or its own
+  parent attaches it again, or until the table's reattach grace runs out: then rank 0 itself
+  declares it Lost ("did not reattach in time"), and its own attachees go adrift in turn. A
+  rank that never came online and whose parent is not connected either can never be welcomed
+  now (its broker waits for a hello answer that will not come): it gets the internal event
+  Orphaned, through the same table: an open rank becomes lost, a config rank stays offline.
+- Link events name the broker that saw them (`parent`): a Lost, Departed or Torpid is believed
+  only from the broker the rank is attached to now, so a late report from a link the rank left
+  (its old parent, woken from a stop) changes nothing. An Online attaches the rank to the
+  broker that welcomed it; the same broker saying hello to a foster parent or back home is a
+  repeat that moves it. A lost rank whose same broker (same pid) says hello again, its
+  incarnation never replaced, is online again: a healed partition.
 - Torpid sets or clears a flag on a connected rank: it is not a state, and `since` stays.
 - Retire: an online rank other than rank 0, whose children are none of them online, reserved or
   retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
@@ -83,6 +93,7 @@ from tbon.overlay.state.rankevents import (
     Event,
     Expire,
     Lost,
+    Moved,
     Online,
     Outcome,
     Reboot,
@@ -117,6 +128,7 @@ __all__ = [
     "Expire",
     "Lease",
     "Lost",
+    "Moved",
     "Online",
     "Outcome",
     "Phase",
@@ -168,9 +180,13 @@ comes from a child broker."""
 
 
 def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
-    """A broker is welcomed under a parent that is there; rank 0 has none to wait for."""
-    parent = table.topology.parent(entry.rank)
-    if parent is None or table.entries[parent].state in CONNECTED:
+    """A broker is welcomed by a parent that is there, one of its ancestors; rank 0 has none."""
+    parent = reporter(table, entry, event)
+    if parent is None:
+        return None
+    if not table.topology.is_ancestor(parent, entry.rank):
+        return f"rank {parent} is not an ancestor of rank {entry.rank}"
+    if table.entries[parent].state in CONNECTED:
         return None
     return f"rank {entry.rank}'s parent is not online"
 
@@ -180,6 +196,30 @@ def same_broker(table: RankTable, entry: RankEntry, event: Online, now: float) -
     if event.pid == entry.pid:
         return None
     return f"rank {entry.rank} is {entry.state}, it cannot come online"
+
+
+def returning(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
+    """A lost rank comes back only as the broker that was lost (a partition healed)."""
+    if event.pid == entry.last_pid and event.host == entry.host:
+        return None
+    return f"rank {entry.rank} is lost: only its last broker (pid {entry.last_pid}) may return"
+
+
+def reporter(table: RankTable, entry: RankEntry, event: Any) -> int | None:
+    """The broker an event about `entry` comes from: the one it names, else the topology parent."""
+    parent = getattr(event, "parent", None)
+    return table.topology.parent(entry.rank) if parent is None else parent
+
+
+def on_its_link(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> str | None:
+    """A link event is believed only from the broker the rank is attached to now; rank 0's own
+    word (no `parent`) always is."""
+    parent = getattr(event, "parent", None)
+    if parent is None or parent == entry.attached_to:
+        return None
+    if entry.attached_to is None:
+        return f"rank {entry.rank} is reattaching: rank {parent}'s word on it is stale"
+    return f"rank {entry.rank} is attached to rank {entry.attached_to}, not to rank {parent}"
 
 
 def root_stays(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> str | None:
@@ -233,10 +273,33 @@ def parent_not_retiring(
 
 
 def seat(table: RankTable, entry: RankEntry, event: Online, now: float) -> tuple[int, ...]:
-    """Record the welcomed broker."""
+    """Record the welcomed broker, and the link it is attached by."""
     entry.host, entry.pid, entry.torpid = event.host, event.pid, False
     entry.last_pid = event.pid
+    if event.key:
+        entry.key = event.key
+    attach(table, entry, event, now)
     return ()
+
+
+def attach(table: RankTable, entry: RankEntry, event: Online, now: float) -> tuple[int, ...]:
+    """The rank's link goes to the broker that welcomed it: home, or a foster parent."""
+    parent = reporter(table, entry, event)
+    if entry.attached_to == parent and entry.adrift_until is None:
+        return ()
+    entry.attached_to, entry.adrift_until = parent, None
+    return (entry.rank,)
+
+
+def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[int, ...]:
+    """The broker left the link to `parent` for one to `to`, an ancestor that is there."""
+    to = event.to
+    if not 0 <= to < table.size or not table.topology.is_ancestor(to, entry.rank):
+        return ()
+    if table.entries[to].state not in CONNECTED or entry.attached_to == to:
+        return ()
+    entry.attached_to, entry.adrift_until = to, None
+    return (entry.rank,)
 
 
 def flag(table: RankTable, entry: RankEntry, event: Torpid, now: float) -> tuple[int, ...]:
@@ -276,7 +339,9 @@ def bar_key(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> 
 
 
 def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> tuple[int, ...]:
-    """Every rank below gets Orphaned; those the table has no row for stay as they are."""
+    """The ranks below one that ended: those attached to it go adrift, to seek a live ancestor;
+    those that never came online under a parent that is gone get Orphaned (a rank the table has
+    no row for stays as it is)."""
     if isinstance(event, Lost):
         how = "was lost"
     elif isinstance(event, Void):
@@ -284,12 +349,22 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
     else:
         how = "retired" if entry.state is RankState.RETIRING else "left"
     cause = f"rank {entry.rank} above it {how}"
-    changed = []
-    for rank in table.topology.descendants(entry.rank):
+    changed: list[int] = []
+    # (rank, whether its parent is connected): the walk covers the whole subtree, since a
+    # foster child attached to the rank that ended may sit anywhere below it
+    stack = [(child, False) for child in table.topology.children(entry.rank)]
+    while stack:
+        rank, parent_there = stack.pop()
         below = table.entries[rank]
-        rule = TRANSITIONS.get((below.phase, Orphaned))
-        if rule is not None:
-            changed += table._fire(below, rule, Orphaned(rank, below.incarnation, cause), now)
+        connected = below.state in CONNECTED
+        if connected and below.attached_to == entry.rank:
+            below.attached_to, below.adrift_until = None, now + table.reattach_grace
+            changed.append(rank)
+        elif not connected and not parent_there:
+            rule = TRANSITIONS.get((below.phase, Orphaned))
+            if rule is not None:
+                changed += table._fire(below, rule, Orphaned(rank, below.incarnation, cause), now)
+        stack.extend((child, connected) for child in table.topology.children(rank))
     return tuple(changed)
 
 
@@ -329,9 +404,9 @@ class Rule:
 
 
 def _ends(target: Phase, why: str | Why, *, retired: bool = False) -> Rule:
-    """Lost, Departed or Void: the rank goes to `target` and the ranks below it are cut off."""
+    """Lost, Departed or Void: the rank goes to `target`, the ranks attached to it go adrift."""
     effects = (bar_key, cut_below) if retired else (cut_below,)
-    return Rule(target, (root_stays,), effects, why=why)
+    return Rule(target, (root_stays, on_its_link), effects, why=why)
 
 
 TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
@@ -340,8 +415,11 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.RESERVED, Online): Rule(Phase.ONLINE, (parent_connected,), (seat,)),
     (Phase.CONFIG_BOOTING, Online): Rule(Phase.CONFIG_ONLINE, (parent_connected,), (seat,)),
     (Phase.CONFIG_DOWN, Online): Rule(Phase.CONFIG_ONLINE, (parent_connected,), (seat,)),
-    (Phase.ONLINE, Online): Rule(None, (same_broker,)),
-    (Phase.CONFIG_ONLINE, Online): Rule(None, (same_broker,)),
+    (Phase.ONLINE, Online): Rule(None, (same_broker, parent_connected), (attach,)),
+    (Phase.RETIRING, Online): Rule(None, (same_broker, parent_connected), (attach,)),
+    (Phase.CONFIG_ONLINE, Online): Rule(None, (same_broker, parent_connected), (attach,)),
+    (Phase.CONFIG_RETIRING, Online): Rule(None, (same_broker, parent_connected), (attach,)),
+    (Phase.LOST, Online): Rule(Phase.ONLINE, (returning, parent_connected), (seat,)),
     # Lost: the broker failed
     (Phase.LAUNCHED, Lost): _ends(Phase.LOST, told),
     (Phase.ONLINE, Lost): _ends(Phase.LOST, told),
@@ -360,17 +438,18 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.CONFIG_RETIRING, Departed): _ends(Phase.RETIRED, RETIRED, retired=True),
     # Orphaned (internal): the broker above ended, so this one exits
     (Phase.LAUNCHED, Orphaned): Rule(Phase.LOST, why=cut_off),
-    (Phase.ONLINE, Orphaned): Rule(Phase.LOST, why=cut_off),
-    (Phase.RETIRING, Orphaned): Rule(Phase.LOST, why=cut_off),
     (Phase.CONFIG_BOOTING, Orphaned): Rule(Phase.CONFIG_BOOTING, why=cut_off),
     (Phase.CONFIG_DOWN, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
-    (Phase.CONFIG_ONLINE, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
-    (Phase.CONFIG_RETIRING, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
     # Torpid: a flag on a connected rank
-    (Phase.ONLINE, Torpid): Rule(None, effects=(flag,)),
-    (Phase.RETIRING, Torpid): Rule(None, effects=(flag,)),
-    (Phase.CONFIG_ONLINE, Torpid): Rule(None, effects=(flag,)),
-    (Phase.CONFIG_RETIRING, Torpid): Rule(None, effects=(flag,)),
+    (Phase.ONLINE, Torpid): Rule(None, (on_its_link,), (flag,)),
+    (Phase.RETIRING, Torpid): Rule(None, (on_its_link,), (flag,)),
+    (Phase.CONFIG_ONLINE, Torpid): Rule(None, (on_its_link,), (flag,)),
+    (Phase.CONFIG_RETIRING, Torpid): Rule(None, (on_its_link,), (flag,)),
+    # Moved: the broker's link to this parent is over; it went to another
+    (Phase.ONLINE, Moved): Rule(None, (on_its_link,), (move,)),
+    (Phase.RETIRING, Moved): Rule(None, (on_its_link,), (move,)),
+    (Phase.CONFIG_ONLINE, Moved): Rule(None, (on_its_link,), (move,)),
+    (Phase.CONFIG_RETIRING, Moved): Rule(None, (on_its_link,), (move,)),
     # Retire: `tbon retire`
     (Phase.ONLINE, Retire): Rule(Phase.RETIRING, (root_not_retired, children_idle)),
     (Phase.CONFIG_ONLINE, Retire): Rule(Phase.CONFIG_RETIRING, (root_not_retired, children_idle)),
@@ -417,6 +496,7 @@ REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     Lost: lambda e: f"rank {e.rank} is already {e.state}",
     Departed: lambda e: f"rank {e.rank} is already {e.state}",
     Torpid: lambda e: f"rank {e.rank} is {e.state}",
+    Moved: lambda e: f"rank {e.rank} is {e.state}",
     Retire: lambda e: (
         "rank 0 cannot retire: shut the instance down instead"
         if e.rank == 0
@@ -438,11 +518,18 @@ class RankTable:
     """The state of every rank of one instance."""
 
     def __init__(
-        self, topology: Topology, hosts: list[str], now: float, fixed: bool = False
+        self,
+        topology: Topology,
+        hosts: list[str],
+        now: float,
+        fixed: bool = False,
+        reattach_grace: float = 120.0,
     ) -> None:
         """Ranks below len(hosts) were launched by bootstrap (incarnation 1); the rest are spare.
         `fixed` (config bootstrap): those ranks belong to their hosts; when their broker goes
-        they are offline, expected back, and never handed to FLUB."""
+        they are offline, expected back, and never handed to FLUB. A rank adrift longer than
+        `reattach_grace` (its broker's silence limit and reattach timeout) is lost."""
+        self.reattach_grace = reattach_grace
         if not 1 <= len(hosts) <= topology.size:
             raise ValueError("between 1 and size ranks are launched")
         self.topology = topology
@@ -514,6 +601,7 @@ class RankTable:
             self.rollup.set(entry.rank, entry.state, now)
             if entry.state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
+                entry.attached_to = entry.adrift_until = None
             if rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
@@ -583,8 +671,28 @@ class RankTable:
         ]
 
     def next_expiry(self) -> float | None:
-        leases = [e.lease.until for e in self.entries if e.lease is not None]
-        return min(leases) if leases else None
+        """The next lease or reattach grace to run out."""
+        ends = [e.lease.until for e in self.entries if e.lease is not None]
+        ends += [e.adrift_until for e in self.entries if e.adrift_until is not None]
+        return min(ends) if ends else None
+
+    def adrift(self, now: float) -> list[Lost]:
+        """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
+        return [
+            Lost(e.rank, e.incarnation, "did not reattach in time")
+            for e in self.entries
+            if e.adrift_until is not None and now >= e.adrift_until and e.state in CONNECTED
+        ]
+
+    def reachable(self, rank: int) -> bool:
+        """Whether `rank`'s broker is connected and its chain of links reaches rank 0 now."""
+        seen = 0
+        while rank != 0:
+            entry = self.entries[rank]
+            if entry.state not in CONNECTED or entry.attached_to is None or seen > self.size:
+                return False
+            rank, seen = entry.attached_to, seen + 1
+        return True
 
     # --- views -----------------------------------------------------------------------------
 

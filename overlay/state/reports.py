@@ -9,27 +9,29 @@ from __future__ import annotations
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.ranktable import Departed, Event, Lost, Online, Torpid
+from tbon.overlay.state.ranktable import Departed, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.wire.message import MessageError
 
 
 def encode_event(event: Event) -> dict[str, Any]:
+    shown: dict[str, Any]
     match event:
-        case Online(rank, incarnation, host, pid):
-            return {
-                "event": "online",
-                "rank": rank,
-                "incarnation": incarnation,
-                "host": host,
-                "pid": pid,
-            }
-        case Lost(rank, incarnation, reason):
-            return {"event": "lost", "rank": rank, "incarnation": incarnation, "reason": reason}
-        case Departed(rank, incarnation):
-            return {"event": "departed", "rank": rank, "incarnation": incarnation}
-        case Torpid(rank, incarnation, torpid):
-            return {"event": "torpid", "rank": rank, "incarnation": incarnation, "torpid": torpid}
-    raise TypeError(f"not a rank table event: {event!r}")
+        case Online(host=host, pid=pid, key=key):
+            shown = {"event": "online", "host": host, "pid": pid, "key": key}
+        case Lost(reason=reason):
+            shown = {"event": "lost", "reason": reason}
+        case Departed():
+            shown = {"event": "departed"}
+        case Torpid(torpid=torpid):
+            shown = {"event": "torpid", "torpid": torpid}
+        case Moved(to=to):
+            shown = {"event": "moved", "to": to}
+        case _:
+            raise TypeError(f"not a rank table event: {event!r}")
+    shown |= {"rank": event.rank, "incarnation": event.incarnation}
+    if event.parent is not None:
+        shown["parent"] = event.parent
+    return shown
 
 
 def decode_event(payload: dict[str, Any]) -> Event:
@@ -37,20 +39,27 @@ def decode_event(payload: dict[str, Any]) -> Event:
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]
         _require(is_int(rank) and is_int(incarnation), "rank and incarnation")
+        parent = payload.get("parent")
+        _require(parent is None or is_int(parent), "parent")
         if kind == "online":
-            host, pid = payload["host"], payload["pid"]
+            host, pid, key = payload["host"], payload["pid"], payload.get("key", "")
             _require(isinstance(host, str) and is_int(pid), "host and pid")
-            return Online(rank, incarnation, host, pid)
+            _require(isinstance(key, str) and len(key) in (0, 40), "key")
+            return Online(rank, incarnation, host, pid, parent, key)
         if kind == "lost":
             reason = payload["reason"]
             _require(isinstance(reason, str), "reason")
-            return Lost(rank, incarnation, reason)
+            return Lost(rank, incarnation, reason, parent)
         if kind == "departed":
-            return Departed(rank, incarnation)
+            return Departed(rank, incarnation, parent)
+        if kind == "moved":
+            to = payload["to"]
+            _require(is_int(to), "to")
+            return Moved(rank, incarnation, parent, to)
         if kind == "torpid":
             torpid = payload["torpid"]
             _require(isinstance(torpid, bool), "torpid")
-            return Torpid(rank, incarnation, torpid)
+            return Torpid(rank, incarnation, torpid, parent)
     except KeyError as missing:
         raise MessageError(f"report without {missing}") from None
     raise MessageError(f"unknown report {kind!r}")

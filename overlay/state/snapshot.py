@@ -4,7 +4,9 @@ Pure functions of the table, kept apart from its rules so that the state machine
 this module only words and shapes. Public keys are never shown: a reserved rank carries its
 joiner's key fingerprint. Fields are only ever added (docs/design.md §12), and only where they
 say something: `reason` and `last_pid` for a rank that is lost, offline or vacant, once known;
-`subtree_since` for a connected rank, the one whose subtree status `tbon status` shows.
+`subtree_since` for a connected rank, the one whose subtree status `tbon status` shows, and
+`attached_to`, the broker its link goes to now (a foster parent if not `parent`; null while it
+is `reattaching`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def snapshot(table: RankTable, now: float) -> dict[str, Any]:
         }
         if entry.state in CONNECTED:
             shown["subtree_since"] = round(max(0.0, now - table.subtree_since(entry.rank)), 3)
+            shown["attached_to"] = entry.attached_to
+            if entry.adrift_until is not None:
+                shown["reattaching"] = True
         elif entry.state is not RankState.RESERVED:  # gone, or never held: why, and who was it
             if entry.reason:
                 shown["reason"] = entry.reason

@@ -19,7 +19,7 @@ from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ANY_RANK = -1
 
