@@ -29,5 +29,6 @@ class Record:
         """As a log line shows it to people: `lost (rank 3, incarnation 1, reason: gone)`."""
         name = "".join(f" {c}" if c.isupper() else c for c in type(self).__name__).strip()
         values = [(field, getattr(self, field)) for field in self.__slots__]
+        values = [(f, v) for f, v in values if v is not None and v != ""]  # unset: not news
         words = [f"{f}: {v}" if isinstance(v, str) else f"{f} {v}" for f, v in values]
         return f"{name.lower()} ({', '.join(words)})"

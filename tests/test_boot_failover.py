@@ -222,6 +222,29 @@ def test_a_joiner_fails_over_when_its_boot_server_dies_mid_join(instance, tmp_pa
     assert f"lost the connection to {boot}" in said and "holding rank 5 incarnation 1" in said
 
 
+def test_a_joiner_moves_on_from_a_boot_server_that_does_not_answer(
+    instance, tmp_path: Path
+) -> None:
+    """A stopped broker keeps its socket, and its connections open: only the request's timeout
+    (the joiner's broker.join-timeout) tells the joiner to go on through the next URI."""
+    inst = instance(2, "size=3", "tbon.fanout=2", "tbon.timeout=0")
+    silent, pid = uri_of(inst, 1), inst.pid(1)
+    log = tmp_path / "joiner.log"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        joiner = join_through(inst, [silent, inst.uri], log, "broker.join-timeout=1s")
+        status = inst.wait_status(
+            lambda s: s["ranks"][2]["state"] == "online" or joiner.poll() is not None,
+            "rank 2 online, or its joiner gone",
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    said = log.read_text()
+    assert status["ranks"][2]["state"] == "online", said
+    assert status["ranks"][2]["pid"] == joiner.pid
+    assert f"FLUB: {silent}: no answer from rank 0 within 1s; trying {inst.uri}" in said, said
+
+
 def exits_75_at_once(
     inst: Instance, boot: str, rank: int, parent: int, kill: int, log: Path
 ) -> str:

@@ -141,8 +141,8 @@ def test_missing_version_is_refused() -> None:
 
 def test_version_is_judged_first() -> None:
     """A peer of another version learns that, whatever else is wrong with its hello."""
-    refusal = judge({"version": 2}, sender=Identity(6, 9), current={}, shutting_down=True)
-    assert refusal is not None and "incompatible protocol version 2" in refusal.reason
+    refusal = judge({"version": 1}, sender=Identity(6, 9), current={}, shutting_down=True)
+    assert refusal is not None and "incompatible protocol version 1" in refusal.reason
 
 
 @pytest.mark.parametrize(
@@ -258,8 +258,8 @@ def test_shared_key_leaves_retired_and_ended_ranks_to_rank_zero() -> None:
 
 
 def test_shared_key_with_another_version_is_refused() -> None:
-    assert shared(hello(3, 0, version=2)) == Refusal(
-        "incompatible protocol version 2", exitcodes.REFUSED
+    assert shared(hello(3, 0, version=1)) == Refusal(
+        "incompatible protocol version 1", exitcodes.REFUSED
     )
 
 
@@ -438,13 +438,13 @@ def hello_message(identity: Identity) -> Message:
 
 def test_hello_is_welcomed_through_children() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(Identity(3, 1))
+    children.sessions[3] = ChildSession(Identity(3, 1), parent=1)
     inbound = Inbound()
     children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
     assert [(m.topic, m.payload) for m in sent] == [
-        ("welcome", {"rank": 3, "size": 7, "incarnation": 1})
+        ("welcome", {"rank": 3, "size": 7, "incarnation": 1, "lineage": []})
     ]
-    assert inbound.reports == [Online(3, 1, "node3", 4242)]
+    assert inbound.reports == [Online(3, 1, "node3", 4242, 1)]
 
 
 def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
@@ -460,10 +460,10 @@ def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
 
 def test_a_retiring_child_that_leaves_is_retired_for_good() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
-    session = ChildSession(Identity(3, 1), retiring=True)
+    session = ChildSession(Identity(3, 1), retiring=True, parent=1)
     children.sessions[3] = session
-    assert children._end(session, "departed", "said goodbye") == Departed(3, 1)
-    children.sessions[3] = ChildSession(Identity(3, 2))  # the rank is filled again afresh
+    assert children._end(session, "departed", "said goodbye") == Departed(3, 1, 1)
+    children.sessions[3] = ChildSession(Identity(3, 2), parent=1)  # the rank is filled again afresh
     inbound = Inbound()
     children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
     assert inbound.reports == []
@@ -473,7 +473,7 @@ def test_a_retiring_child_that_leaves_is_retired_for_good() -> None:
 
 def test_a_retiring_child_lost_is_retired_too() -> None:
     children, _ = bare_children(TOPOLOGY, 1)
-    session = ChildSession(Identity(3, 1), retiring=True)
+    session = ChildSession(Identity(3, 1), retiring=True, parent=1)
     children.sessions[3] = session
     assert isinstance(children._end(session, "lost", "silent for 61.0s"), Lost)
     assert (session.ended, session.end_code) == ("has retired", exitcodes.SHUTDOWN)
@@ -491,63 +491,71 @@ def test_a_child_saying_hello_again_on_a_new_connection_moves_there() -> None:
     """Its old, half-dead connection closing later is stale: it must not end the live session.
     The new connection closing is what ends it."""
     children, sent = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(CHILD)
+    children.sessions[3] = ChildSession(CHILD, parent=1)
     welcomed_on(children, b"old", 11)
     again = welcomed_on(children, b"new", 12, now=5.0)
-    assert again.reports == [Online(3, 1, "node3", 4242)]
+    assert again.reports == [Online(3, 1, "node3", 4242, 1)]
     assert [m.topic for m in sent] == ["welcome", "welcome"]
     children._connection_event(CLOSED, 11)
     assert children.settle() == []
     assert children.connected() == [3]
     assert children.sessions[3].routing_id == b"new"
     children._connection_event(CLOSED, 12)
-    assert children.settle() == [Lost(3, 1, "connection dropped")]
+    assert children.settle() == [Lost(3, 1, "connection dropped", 1)]
     assert children.connected() == []
 
 
 def test_a_stale_close_noted_before_the_new_hello_is_read_ends_nothing() -> None:
     """The old connection's close is drained, then the new hello read, before `settle`."""
     children, _ = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(CHILD)
+    children.sessions[3] = ChildSession(CHILD, parent=1)
     welcomed_on(children, b"old", 11)
     children._connection_event(CLOSED, 11)
     welcomed_on(children, b"new", 11)  # the new connection even got the same descriptor
     assert children.settle() == []
     children._connection_event(CLOSED, 11)
-    assert children.settle() == [Lost(3, 1, "connection dropped")]
+    assert children.settle() == [Lost(3, 1, "connection dropped", 1)]
 
 
-def test_a_close_settled_before_the_new_hello_ends_the_incarnation() -> None:
-    """Once its only connection is seen closed, the incarnation is over: a hello from it later
-    is told it was lost (its broker exits 75 and may rejoin by FLUB)."""
+def test_a_lost_incarnation_is_welcomed_back_only_as_its_own_broker() -> None:
+    """Once its only connection is seen closed, the incarnation is lost; its own broker saying
+    hello later (a partition healed) is welcomed again, and rank 0 decides whether that
+    incarnation is still current. Another process with the same key is told it was lost."""
     children, sent = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(CHILD)
+    children.sessions[3] = ChildSession(CHILD, parent=1)
     welcomed_on(children, b"old", 11)
     children._connection_event(CLOSED, 11)
-    assert children.settle() == [Lost(3, 1, "connection dropped")]
-    assert welcomed_on(children, b"new", 12).reports == []
+    assert children.settle() == [Lost(3, 1, "connection dropped", 1)]
+    children._connection_event(ACCEPTED, 12)
+    other = Inbound()
+    impostor = hello_message(CHILD)
+    impostor.payload["pid"] = 999
+    children._hello(b"other", 12, CHILD, impostor, 1.0, other)
+    assert other.reports == []
     assert (sent[-1].topic, sent[-1].payload["exit_code"]) == ("refuse", exitcodes.LOST)
+    assert welcomed_on(children, b"new", 13).reports == [Online(3, 1, "node3", 4242, 1)]
+    assert sent[-1].topic == "welcome"
 
 
 def test_a_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
     children, _ = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(CHILD)
+    children.sessions[3] = ChildSession(CHILD, parent=1)
     welcomed_on(children, b"old", 11)
     children._connection_event(ACCEPTED, 12)
     children._connection_event(CLOSED, 12)
     inbound = Inbound()
     children._hello(b"new", 12, CHILD, hello_message(CHILD), 1.0, inbound)
-    assert inbound.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection dropped")]
+    assert inbound.reports == [Online(3, 1, "node3", 4242, 1), Lost(3, 1, "connection dropped", 1)]
     children._connection_event(CLOSED, 11)
     assert children.settle() == []
 
 
 def test_a_goodbye_makes_the_close_that_follows_no_news() -> None:
     children, _ = bare_children(TOPOLOGY, 1)
-    session = ChildSession(CHILD)
+    session = ChildSession(CHILD, parent=1)
     children.sessions[3] = session
     welcomed_on(children, b"id3", 11)
-    assert children._end(session, "departed", "said goodbye") == Departed(3, 1)
+    assert children._end(session, "departed", "said goodbye") == Departed(3, 1, 1)
     children._connection_event(CLOSED, 11)
     assert children.settle() == []
 
@@ -556,11 +564,11 @@ def test_a_superseded_incarnation_is_still_lost_when_its_connection_closes() -> 
     """The ledger holds sessions: one displaced by a newer incarnation is ended by its own
     connection's close (rank 0 ignores the report: it is not the current incarnation)."""
     children, _ = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(CHILD)
+    children.sessions[3] = ChildSession(CHILD, parent=1)
     welcomed_on(children, b"old", 11)
     children.authorize(3, 2, public_key(3))
     children._connection_event(CLOSED, 11)
-    assert children.settle() == [Lost(3, 1, "connection dropped")]
+    assert children.settle() == [Lost(3, 1, "connection dropped", 1)]
     assert children.sessions[3].identity == Identity(3, 2) and not children.sessions[3].ended
 
 
@@ -576,7 +584,7 @@ def test_a_rejoin_is_tied_to_the_connection_its_hello_came_on() -> None:
     children._connection_event(CLOSED, 11)
     children._connection_event(ACCEPTED, 11)
     answered = children.rejoined(rejoin, 1, "", 1.0)
-    assert answered.reports == [Online(3, 1, "node3", 4242), Lost(3, 1, "connection dropped")]
+    assert answered.reports == [Online(3, 1, "node3", 4242, 1), Lost(3, 1, "connection dropped", 1)]
 
 
 def test_a_config_booted_broker_restarted_on_its_host_replaces_the_old_one() -> None:
@@ -584,12 +592,16 @@ def test_a_config_booted_broker_restarted_on_its_host_replaces_the_old_one() -> 
     children._connection_event(ACCEPTED, 11)
     first = Inbound()
     children._hello(b"a", 11, None, hello_message(Identity(3, 0)), 0.0, first)
-    assert children.rejoined(first.rejoins[0], 1, "", 0.0).reports == [Online(3, 1, "node3", 4242)]
+    assert children.rejoined(first.rejoins[0], 1, "", 0.0).reports == [
+        Online(3, 1, "node3", 4242, 1)
+    ]
     children._connection_event(ACCEPTED, 12)
     second = Inbound()
     children._hello(b"b", 12, None, hello_message(Identity(3, 0)), 1.0, second)
-    assert second.reports == [Lost(3, 1, "its host started a new broker")]
-    assert children.rejoined(second.rejoins[0], 2, "", 1.0).reports == [Online(3, 2, "node3", 4242)]
+    assert second.reports == [Lost(3, 1, "its host started a new broker", 1)]
+    assert children.rejoined(second.rejoins[0], 2, "", 1.0).reports == [
+        Online(3, 2, "node3", 4242, 1)
+    ]
     children._connection_event(CLOSED, 11)  # the old broker's connection closing ends nothing
     assert children.settle() == []
     assert children.connected() == [3]
@@ -822,12 +834,14 @@ def test_report_round_trip(event: Online | Lost | Departed | Torpid) -> None:
 
 
 def test_report_payloads() -> None:
-    assert encode_event(Online(3, 2, "h", 9)) == {
+    assert encode_event(Online(3, 2, "h", 9, 1)) == {
         "event": "online",
         "rank": 3,
         "incarnation": 2,
         "host": "h",
         "pid": 9,
+        "key": "",
+        "parent": 1,
     }
     assert encode_event(Lost(3, 2, "why")) == {
         "event": "lost",

@@ -123,7 +123,9 @@ def test_records_read_as_words_in_a_log() -> None:
 
 
 def request(topic: str, payload: dict[str, Any] | None = None, route: list[str] | None = None):
-    return Message(Kind.REQUEST, topic, payload or {}, nodeid=3, tag=9, route=route or ["l0a", "p0"])
+    return Message(
+        Kind.REQUEST, topic, payload or {}, nodeid=3, tag=9, route=route or ["l0a", "p0"]
+    )
 
 
 def sent(actions: list[Any]) -> list[Message]:

@@ -187,19 +187,23 @@ def test_killed_leaf_is_replaced_with_a_new_incarnation(instance) -> None:
     assert status["ranks"][0]["subtree"] == "full"
 
 
-def test_killed_interior_broker_and_its_subtree_are_replaced(instance) -> None:
+def test_killed_interior_broker_is_replaced_and_its_children_go_home(instance) -> None:
     inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
-    orphans = [inst.pid(3), inst.pid(4)]
+    children = [inst.pid(3), inst.pid(4)]
     os.kill(inst.pid(1), signal.SIGKILL)
     inst.wait_status(
-        lambda s: [s["ranks"][r]["state"] for r in (1, 3, 4)] == ["lost"] * 3, "ranks 1, 3, 4 lost"
+        lambda s: s["ranks"][1]["state"] == "lost"
+        and [s["ranks"][r].get("attached_to") for r in (3, 4)] == [0, 0],
+        "rank 1 lost, ranks 3 and 4 fostered",
     )
-    wait_for(lambda: all(process_gone(pid) for pid in orphans), "the orphans to exit 75")
     result = tbon("expand", inst.uri, "--fill")
     assert result.returncode == 0, result.stderr
-    status = inst.status()
+    status = inst.wait_status(
+        lambda s: [s["ranks"][r].get("attached_to") for r in (3, 4)] == [1, 1], "3 and 4 home"
+    )
     assert states(status) == ["online"] * 7
-    assert [status["ranks"][r]["incarnation"] for r in (1, 3, 4)] == [2, 2, 2]
+    assert [status["ranks"][r]["incarnation"] for r in (1, 3, 4)] == [2, 1, 1]
+    assert [status["ranks"][r]["pid"] for r in (3, 4)] == children
 
 
 def test_joiner_killed_after_reservation_gives_the_rank_back(instance) -> None:

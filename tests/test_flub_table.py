@@ -704,7 +704,13 @@ class FlubMachine(RuleBasedStateMachine):
                 for rank in topology.descendants(event.rank):
                     if before[rank].state is RankState.RESERVED:
                         assert after[rank] == before[rank]
-                    if rank in changed:
+                    if before[rank].state in CONNECTED:  # its broker seeks a live ancestor
+                        assert after[rank].state is before[rank].state
+                        if rank in changed:
+                            assert before[rank].attached_to == event.rank
+                            assert after[rank].attached_to is None
+                            assert after[rank].adrift_until is not None
+                    elif rank in changed:
                         gone = RankState.OFFLINE if rank in self.config else RankState.LOST
                         assert after[rank].state is gone
             case Expire():
@@ -1025,11 +1031,13 @@ class FlubMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.incarnations)
     @invariant()
-    def online_only_under_a_connected_parent(self) -> None:
+    def online_only_under_a_connected_parent_or_adrift(self) -> None:
+        """A rank whose parent ended stays online only while it seeks a live ancestor."""
         for entry in self.table.entries:
             parent = self.table.topology.parent(entry.rank)
             if parent is not None and self.table.entry(parent).state not in CONNECTED:
-                assert entry.state is not RankState.ONLINE, entry
+                if entry.state is RankState.ONLINE:
+                    assert entry.attached_to is None and entry.adrift_until is not None, entry
             if entry.state not in CONNECTED:
                 assert entry.pid is None and not entry.torpid
 
@@ -1054,7 +1062,9 @@ class FlubMachine(RuleBasedStateMachine):
         leases = {
             e.rank: e.lease_until for e in self.table.entries if e.state is RankState.RESERVED
         }
-        assert self.table.next_expiry() == (min(leases.values()) if leases else None)
+        ends = [until for until in leases.values() if until is not None]
+        ends += [e.adrift_until for e in self.table.entries if e.adrift_until is not None]
+        assert self.table.next_expiry() == (min(ends) if ends else None)  # reattach graces too
         due = [r for r, until in leases.items() if until is not None and self.now >= until]
         assert [x.rank for x in self.table.expired(self.now)] == due
         assert all(

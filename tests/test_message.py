@@ -107,7 +107,7 @@ def test_full_encoding_uses_the_documented_keys() -> None:
     )
     head, body = encode(message)
     assert json.loads(head) == {
-        "v": 1,
+        "v": PROTOCOL_VERSION,
         "k": "response",
         "t": "status.watch",
         "n": 3,

@@ -30,6 +30,7 @@ from tbon.overlay.state.ranktable import (
     Event,
     Expire,
     Lost,
+    Moved,
     Online,
     Orphaned,
     Phase,
@@ -61,6 +62,8 @@ SNAPSHOT_FIELDS = {
 
 SOMETIMES = {
     "subtree_since": {"online", "retiring"},
+    "attached_to": {"online", "retiring"},
+    "reattaching": {"online", "retiring"},
     "reason": {"lost", "offline", "vacant"},
     "last_pid": {"lost", "offline", "vacant"},
     "joiner": {"reserved"},
@@ -182,8 +185,12 @@ def test_a_voided_incarnation_that_was_online_ends_as_if_lost() -> None:
     assert not result.apply(Online(1, 1, "node1", 9999), 102.0).applied
     outcome = result.apply(Void(1, 1, "rank 1 is online, it cannot come online"), 103.0)
     assert outcome.applied and set(outcome.changed) == {1, 3, 4}
-    assert states(result)[:5] == ["online", "lost", "offline", "lost", "lost"]
+    # its children were attached to it: they stay online, adrift, to seek a live ancestor
+    assert states(result)[:5] == ["online", "lost", "offline", "online", "online"]
     assert result.entry(1).pid is None and result.entry(1).incarnation == 1
+    for rank in (3, 4):
+        entry = result.entry(rank)
+        assert (entry.attached_to, entry.adrift_until) == (None, 103.0 + result.reattach_grace)
 
 
 def test_online_records_host_and_pid_and_clears_torpid() -> None:
@@ -200,7 +207,9 @@ def test_vacant_spare_cannot_come_online_by_itself() -> None:
     assert result.entry(3).state is RankState.VACANT
 
 
-def test_lost_cascades_to_connected_and_offline_descendants() -> None:
+def test_lost_sets_connected_descendants_adrift_and_offline_ones_lost() -> None:
+    """A broker below a lost one seeks a live ancestor and stays online; one that never came
+    online under it can never be welcomed now, and is lost with it."""
     #        0
     #      1   2
     #     3 4 5 6
@@ -219,25 +228,32 @@ def test_lost_cascades_to_connected_and_offline_descendants() -> None:
     assert outcome.applied
     assert set(outcome.changed) == {1, 3, 4}
     assert outcome.changed[0] == 1
-    assert states(result)[:5] == ["online", "lost", "online", "lost", "lost"]
-    for rank in (1, 3, 4):
+    assert states(result)[:5] == ["online", "lost", "online", "online", "lost"]
+    for rank in (1, 4):
         assert result.entry(rank).pid is None
         assert result.entry(rank).since == 200.0
+    adrift = result.entry(3)  # its broker keeps its pid, its state and its since
+    assert (adrift.pid, adrift.since, adrift.attached_to) == (1003, 101.0, None)
+    assert adrift.adrift_until == 200.0 + result.reattach_grace
     assert result.entry(1).incarnation == 1  # only rank 0 hands out new incarnations
     assert result.generation == 5  # one per applied change: 0, 1, 3, 2, then the loss
     outcome = result.apply(Lost(2, 1, "silent"), 201.0)
     # rank 5 was offline: lost too; rank 6 is a vacant spare and stays so
     assert set(outcome.changed) == {2, 5}
-    assert states(result) == ["online", "lost", "lost", "lost", "lost", "lost", "vacant"]
+    assert states(result) == ["online", "lost", "lost", "online", "lost", "lost", "vacant"]
 
 
-def test_departed_becomes_vacant_and_its_subtree_lost() -> None:
+def test_departed_becomes_vacant_and_its_child_goes_adrift() -> None:
     result = started("kary:1", 4)
     bring_up(result, [1, 2, 3])
     outcome = result.apply(Departed(2, 1), 300.0)
     assert outcome.applied and set(outcome.changed) == {2, 3}
-    assert states(result) == ["online", "online", "vacant", "lost"]
+    assert states(result) == ["online", "online", "vacant", "online"]
     assert result.entry(2).pid is None
+    assert (result.entry(3).attached_to, result.entry(3).adrift_until) == (
+        None,
+        300.0 + result.reattach_grace,
+    )
 
 
 def test_departed_leaf() -> None:
@@ -369,8 +385,8 @@ def test_subtree_roll_up() -> None:
         "full",
         "offline",
     ]
-    result.apply(Lost(1, 1, "x"), 112.0)
-    assert subtrees(result) == ["degraded", "lost", "partial", "lost", "lost", "full", "offline"]
+    result.apply(Lost(1, 1, "x"), 112.0)  # rank 4 stays online, adrift: its subtree is whole
+    assert subtrees(result) == ["degraded", "lost", "partial", "lost", "full", "full", "offline"]
 
 
 def test_vacant_spares_make_ancestors_partial() -> None:
@@ -393,8 +409,8 @@ def test_snapshot_fields() -> None:
     assert snapshot["size"] == 4
     assert snapshot["topo"] == "kary:2"
     assert [set(rank) for rank in snapshot["ranks"]] == [
-        SNAPSHOT_FIELDS | {"subtree_since"},
-        SNAPSHOT_FIELDS | {"subtree_since"},
+        SNAPSHOT_FIELDS | {"subtree_since", "attached_to"},
+        SNAPSHOT_FIELDS | {"subtree_since", "attached_to"},
         SNAPSHOT_FIELDS,  # offline, never held: nothing to say why
         SNAPSHOT_FIELDS,  # a spare
     ]
@@ -410,6 +426,7 @@ def test_snapshot_fields() -> None:
         "torpid": False,
         "since": 3.25,
         "subtree_since": 3.25,
+        "attached_to": None,
     }
     assert snapshot["ranks"][1] == {
         "rank": 1,
@@ -423,6 +440,7 @@ def test_snapshot_fields() -> None:
         "torpid": True,
         "since": 2.25,
         "subtree_since": 2.25,
+        "attached_to": 0,
     }
     assert snapshot["ranks"][3] == {
         "rank": 3,
@@ -459,36 +477,43 @@ def test_a_lost_rank_says_why_when_and_which_broker() -> None:
 
 
 def test_ranks_below_one_that_went_name_it() -> None:
+    """Those never online below it are cut off and name it; those online go adrift, with
+    nothing to explain until rank 0 gives up on them, and then say that."""
     #        0
     #      1   2
     #     3 4 5 6
     result = started("kary:2", 7)
-    bring_up(result, [1, 2, 3, 4, 5])
+    bring_up(result, [1, 2, 3, 5])
     result.apply(Lost(1, 1, "silent for 5.0s"), 200.0)
     result.apply(Departed(2, 1), 201.0)
     reasons = {rank: result.entry(rank).reason for rank in range(1, 7)}
     assert reasons == {
         1: "silent for 5.0s",
         2: GOODBYE,
-        3: "rank 1 above it was lost",
-        4: "rank 1 above it was lost",
-        5: "rank 2 above it left",
-        6: "rank 2 above it left",  # launched, never online: cut off all the same
+        3: "",  # online, adrift
+        4: "rank 1 above it was lost",  # launched, never online: cut off
+        5: "",
+        6: "rank 2 above it left",
     }
     assert [result.entry(rank).last_pid for rank in range(1, 7)] == [
         1001,
         1002,
         1003,
-        1004,
+        None,
         1005,
         None,
     ]
     assert "last_pid" not in shown(result, 6, 202.0)
+    late = 201.0 + result.reattach_grace
+    for event in result.adrift(late):
+        assert result.apply(event, late).applied
+    assert [result.entry(rank).reason for rank in (3, 5)] == ["did not reattach in time"] * 2
+    assert [shown(result, rank, late)["last_pid"] for rank in (3, 5)] == [1003, 1005]
 
 
-def test_a_voided_rank_and_those_below_it_say_so() -> None:
+def test_a_voided_rank_and_those_cut_off_below_it_say_so() -> None:
     result = started("kary:1", 3)
-    bring_up(result, [1, 2])
+    bring_up(result, [1])  # rank 2 never came online: cut off (one online would go adrift)
     result.apply(Void(1, 1, "rank 1 is online, it cannot come online"), 200.0)
     assert result.entry(1).reason == "voided: rank 1 is online, it cannot come online"
     assert result.entry(2).reason == "rank 1 above it was voided"
@@ -628,6 +653,7 @@ class RankTableMachine(RuleBasedStateMachine):
         before = fingerprint(self.table)
         old_entries = [astuple(entry) for entry in self.table.entries]
         was = [entry.state for entry in self.table.entries]
+        attached = [entry.attached_to for entry in self.table.entries]
         snapshot = json.dumps(status_json(self.table, self.now), sort_keys=True)
         in_range = 0 <= event.rank < self.table.size
         # a Reboot names the incarnation that ended (or 0): it is not checked
@@ -655,9 +681,11 @@ class RankTableMachine(RuleBasedStateMachine):
         assert set(outcome.changed) == changed
         assert len(outcome.changed) == len(changed)
         assert self.table.generation == before[0] + (1 if changed else 0)
-        self._check_effect(event, changed, was)
+        self._check_effect(event, changed, was, attached)
 
-    def _check_effect(self, event: Event, changed: set[int], was: list[RankState]) -> None:
+    def _check_effect(
+        self, event: Event, changed: set[int], was: list[RankState], attached: list[int | None]
+    ) -> None:
         entry = self.table.entry(event.rank)
         topology = self.table.topology
         match event:
@@ -676,15 +704,24 @@ class RankTableMachine(RuleBasedStateMachine):
                         RankState.VACANT if isinstance(event, Departed) else RankState.LOST
                     )
                 assert changed <= {event.rank, *topology.descendants(event.rank)}
-                for rank in topology.descendants(event.rank):  # each exits with its parent
-                    below = self.table.entry(rank).state
-                    assert below not in CONNECTED
-                    if rank in changed:
-                        assert below is (
+                for rank in topology.descendants(event.rank):
+                    below = self.table.entry(rank)
+                    if was[rank] in CONNECTED:  # stays connected; adrift if its link went here
+                        assert below.state is was[rank]
+                        adrift = attached[rank] == event.rank
+                        assert (rank in changed) == adrift
+                        if adrift:
+                            assert below.attached_to is None
+                            assert below.adrift_until == self.now + self.table.reattach_grace
+                    elif rank in changed:  # never online, under a parent that is gone
+                        assert below.state is (
                             RankState.OFFLINE if rank in self.config else RankState.LOST
                         )
+                        parent = topology.parent(rank)
+                        assert parent is not None
+                        assert parent == event.rank or was[parent] not in CONNECTED
                     else:
-                        assert below is was[rank]
+                        assert below.state is was[rank]
             case Torpid():
                 assert entry.state in CONNECTED
                 assert entry.torpid == event.torpid
@@ -766,11 +803,18 @@ class RankTableMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
-    def online_only_under_a_connected_parent(self) -> None:
-        for entry in self.table.entries:
-            parent = self.table.topology.parent(entry.rank)
-            if entry.state is RankState.ONLINE and parent is not None:
-                assert self.table.entry(parent).state in CONNECTED, entry
+    def connected_ranks_are_attached_to_their_parent_or_adrift(self) -> None:
+        """Every Online here comes from the topology parent; a rank whose parent ended seeks
+        another, with a deadline, and is never both attached and adrift."""
+        for entry in self.table.entries[1:]:
+            if entry.state not in CONNECTED:
+                assert entry.attached_to is None and entry.adrift_until is None, entry
+            elif entry.attached_to is None:
+                assert entry.adrift_until is not None, entry
+            else:
+                assert entry.adrift_until is None, entry
+                assert entry.attached_to == self.table.topology.parent(entry.rank), entry
+                assert self.table.entry(entry.attached_to).state in CONNECTED, entry
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
@@ -1013,16 +1057,30 @@ def test_reboot_refusals_say_why() -> None:
     assert (refused.applied, refused.reason) == (False, "rank 1 is not held by config bootstrap")
 
 
-def test_config_ranks_below_a_lost_one_go_offline_even_while_retiring() -> None:
+def test_a_config_rank_retiring_below_a_lost_one_goes_adrift_and_still_retires() -> None:
+    """Its broker seeks a live ancestor, still retiring: it is not cut off, so its host does
+    not restart it, and it leaves through the parent it reattached to."""
     #   0 - 1 - 2   (a chain): rank 2 retires, then its parent goes
     result = config_table("kary:1", 3)
     assert result.apply(Retire(2, 1), 200.0).applied
     outcome = result.apply(Lost(1, 1, "connection dropped"), 201.0)
     assert outcome.changed == (1, 2)
-    assert [result.entry(r).phase for r in (1, 2)] == [Phase.CONFIG_DOWN, Phase.CONFIG_DOWN]
-    assert not result.retired_keys  # cut off, not retired: its host may start it again
-    assert result.apply(Reboot(2, 1), 202.0).changed == (2,)
-    assert result.entry(2).incarnation == 2
+    assert [result.entry(r).phase for r in (1, 2)] == [Phase.CONFIG_DOWN, Phase.CONFIG_RETIRING]
+    assert result.entry(2).attached_to is None and result.entry(2).adrift_until is not None
+    assert not result.retired_keys
+    assert result.apply(Reboot(2, 1), 202.0).reason == "rank 2 is retiring"
+    assert result.apply(Online(2, 1, "node2", 1002, parent=0), 203.0).changed == (2,)
+    assert not result.apply(Departed(2, 1, parent=1), 204.0).applied  # a link it left
+    assert result.apply(Departed(2, 1, parent=0), 204.0).applied
+    assert result.entry(2).phase is Phase.RETIRED
+    # one that does not reattach in time is a retiring broker that failed: lost, for FLUB
+    late = config_table("kary:1", 3)
+    late.apply(Retire(2, 1), 200.0)
+    late.apply(Lost(1, 1, "connection dropped"), 201.0)
+    assert late.adrift(201.0 + late.reattach_grace - 0.001) == []
+    (expired,) = late.adrift(201.0 + late.reattach_grace)
+    assert late.apply(expired, 201.0 + late.reattach_grace).applied
+    assert late.entry(2).phase is Phase.CONFIG_LOST
 
 
 def test_a_config_broker_that_dies_while_retiring_is_lost_and_free_for_flub() -> None:
@@ -1079,7 +1137,9 @@ def test_allocatable_is_what_the_reserve_rows_allow() -> None:
 
 
 def test_every_event_type_has_a_refusal_and_a_row() -> None:
-    events = {Online, Lost, Departed, Torpid, Retire, Expire, Release, Reboot, Void, Reserve}
+    reported = {Online, Lost, Departed, Torpid, Moved}  # what a rank's parent sees
+    decided = {Retire, Expire, Release, Reboot, Void, Reserve}  # what rank 0 decides or grants
+    events = reported | decided
     assert set(REFUSALS) == events
     assert {kind for _, kind in TRANSITIONS} == events | {Orphaned}  # Orphaned: internal
 

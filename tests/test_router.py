@@ -27,6 +27,15 @@ class Recorder:
         self.sent.append(args[-1] if len(args) > 1 else args[0])
         return self.present
 
+    welcomed = True  # as the link up: attached to its parent
+
+    def send_response(self, reply: Any, came_from: int | None) -> bool:
+        return self.send(reply)
+
+    def attached(self, rank: int) -> bool:
+        """As the children: whether `rank` is attached here."""
+        return self.present
+
 
 class Setup:
     def __init__(self, rank: int = 0, table: RankTable | None = None, **handlers: Any) -> None:

@@ -92,7 +92,6 @@ def reply_to(
 
 
 def test_only_rank0s_own_requests_pass_as_from_rank0() -> None:
-    topology = Topology("kary:2", 7)  # rank 3 is at level 2: 0 -> 1 -> 3
     assert from_rank0(request("x", route=["s", "p0", "p1"]))
     assert from_rank0(request("x", route=["s", "p0"]))  # a fostered broker: fewer hops
     assert not from_rank0(request("x", route=["l00", "c2", "s", "p0", "p1"]))
@@ -146,7 +145,7 @@ def test_ping_echoes_its_payload_with_who_answered_and_the_hops() -> None:
         ping_service().ping(request("broker.ping", {"seq": 3}, route=["l0a", "p0"]), NOW)
     )
     assert reply.payload == {"seq": 3, "rank": 1, "hostname": "node1", "pid": 4242, "hops": 1}
-    assert reply.route == ["l0a", "p"]
+    assert reply.route == ["l0a", "p0"]
 
 
 def test_info_says_where_the_broker_sits() -> None:
@@ -573,10 +572,10 @@ def test_a_parent_admits_a_key_on_rank0s_order_and_answers_its_card() -> None:
 @pytest.mark.parametrize(
     ("rank", "route", "why"),
     [
-        (3, ["l05", "p"], "comes from rank 0 only"),
-        (3, ["s", "c2", "p"], "comes from rank 0 only"),
-        (5, ["s", "p"], "rank 5 is not a child of rank 1"),
-        (0, ["s", "p"], "rank 0 is not a child of rank 1"),
+        (3, ["l05", "p0"], "comes from rank 0 only"),
+        (3, ["s", "c2", "p0"], "comes from rank 0 only"),
+        (5, ["s", "p0"], "rank 5 is not a child of rank 1"),
+        (0, ["s", "p0"], "rank 0 is not a child of rank 1"),
     ],
 )
 def test_a_parent_refuses_forged_and_misdirected_orders(
@@ -686,7 +685,9 @@ def test_waiting_retirements_fail_when_the_instance_ends() -> None:
 def test_a_parent_passes_rank0s_retire_order_to_its_links_and_refuses_forgeries() -> None:
     service = RetireService(1, Topology("kary:2", 7), None)
     order = request(
-        "retire.order", {"rank": 3, "incarnation": 1, "force": True, "timeout": 5}, route=["s", "p0"]
+        "retire.order",
+        {"rank": 3, "incarnation": 1, "force": True, "timeout": 5},
+        route=["s", "p0"],
     )
     [action] = service.order(order, NOW)
     assert action == RetireChild(order, 3, 1, {"force": True, "timeout": 5})

@@ -70,16 +70,23 @@ def test_a_killed_leaf_is_lost_because_its_connection_dropped(instance) -> None:
     assert "(last pid" not in tbon("status", inst.uri).stdout  # only -v says why
 
 
-def test_ranks_cut_off_below_a_lost_one_name_it_and_show_their_path(instance) -> None:
-    inst = instance(7, "tbon.fanout=2")
+def test_ranks_that_never_reattach_below_a_lost_one_say_so_and_show_their_path(instance) -> None:
+    """Rank 1 and both its children die together: the children are lost once the time to
+    reattach is over, and say so."""
+    inst = instance(
+        7, "tbon.fanout=2", "tbon.heartbeat=100ms", "tbon.timeout=1s", "broker.reattach-timeout=1s"
+    )
     below = {rank: inst.pid(rank) for rank in (3, 4)}
+    for pid in below.values():
+        os.kill(pid, signal.SIGKILL)
     kill_rank(inst, 1)
-    wait_for(lambda: all(process_gone(pid) for pid in below.values()), "ranks 3, 4 to exit")
-
+    inst.wait_status(
+        lambda s: [s["ranks"][r]["state"] for r in (1, 3, 4)] == ["lost"] * 3, "1, 3, 4 lost"
+    )
     down = tbon("status", inst.uri, "--down").stdout.splitlines()
     assert re.fullmatch(r"1 \S+: lost \(via 0\): connection dropped", down[0])
-    assert re.fullmatch(r"3 \S+: lost \(via 1, 0\): rank 1 above it was lost", down[1])
-    assert re.fullmatch(r"4 \S+: lost \(via 1, 0\): rank 1 above it was lost", down[2])
+    assert re.fullmatch(r"3 \S+: lost \(via 1, 0\): did not reattach in time", down[1])
+    assert re.fullmatch(r"4 \S+: lost \(via 1, 0\): did not reattach in time", down[2])
     assert len(down) == 3
     status = json.loads(tbon("status", inst.uri, "--json").stdout)
     assert [status["ranks"][r].get("last_pid") for r in (3, 4)] == [below[3], below[4]]

@@ -55,7 +55,9 @@ class BrokerConfig:
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
     config_file: str | None = None  # tbon broker -c FILE: config-file bootstrap
-    reattach_timeout: float | None = None  # how long an orphan seeks a live ancestor (None: timeout)
+    reattach_timeout: float | None = (
+        None  # how long an orphan seeks a live ancestor (None: timeout)
+    )
     attributes: dict[str, str] = field(default_factory=dict)
 
 

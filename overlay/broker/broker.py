@@ -33,9 +33,9 @@ from tbon.overlay.broker.startup import Booted, Links, boot, open_links
 from tbon.overlay.links.parent import LinkEnded, ParentLink
 from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
 from tbon.overlay.services.actions import Action
+from tbon.overlay.services.heal import adrift
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
-from tbon.overlay.services.heal import adrift
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.ranktable import Event, Online, Outcome, RankTable
 from tbon.overlay.state.reports import encode_event
@@ -169,6 +169,7 @@ class Broker:
         for sock in (link.socket, link.monitor):
             if self._handlers.pop(sock, None) is not None:
                 self._poller.unregister(sock)
+        self._due = 0.0  # a retry of it may be due
 
     def go_home(self, card: tuple[int, str, str]) -> str:
         if self.parent is None:

@@ -3,12 +3,13 @@
 A request names its destination rank (`nodeid`). One addressed to this broker is handed to the
 service its topic maps to in one table; an unknown topic is answered ENOSYS. Any other request
 goes one hop on: to the parent, or down to the deepest broker on the way to the target that is
-attached here (its child, or a foster child: docs/protocol.md §9). On the way, each broker
+attached here (its child, or a foster child: docs/protocol.md §12). On the way, each broker
 pushes onto the request's route the hop it came from ("p<rank>" the parent, "c<rank>" a child,
 "l<id>" a local client, "s" this broker itself), and a response retraces the route, popping one
 hop per broker. A response whose way back runs through a broker that has gone since skips it:
-the hops that broker pushed are taken off, up (uplink.py) or down (`_down_past`). A request this broker makes itself with a continuation (a Call) gets a tag, and
-its response is handed to that continuation instead of being sent anywhere.
+the hops that broker pushed are taken off, up (uplink.py) or down (`_down_past`). A request this
+broker makes itself with a continuation (a Call) gets a tag, and its response is handed to that
+continuation instead of being sent anywhere.
 
 Such a response is believed only if it comes back by the link its request went out on, and only
 for a tag nobody else could guess (48 random bits): a client or a broker elsewhere in the tree
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from tbon.overlay.links.children import Children
 from tbon.overlay.links.local import LocalServer
 from tbon.overlay.links.uplink import Uplink
-from tbon.overlay.parse.numbers import is_decimal
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import unreachable
 from tbon.overlay.services.trust import child_hop, parent_hop

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 import zmq
 
@@ -26,7 +27,9 @@ def main(argv: list[str]) -> int:
     from tbon.errors import TbonError
     from tbon.overlay.connectors.client import (
         _probe,  # the same clear errors as a local client gets
+        _refused,
     )
+    from tbon.overlay.links.monitor import read_event
 
     path = argv[0]
     try:
@@ -40,10 +43,22 @@ def main(argv: list[str]) -> int:
     dealer.rcvhwm = dealer.sndhwm = 0
     # The broker's end of the connection, watched: a relay that outlived its broker would
     # leave the client waiting for answers that never come (the session itself stays up).
-    monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
     dealer.connect(f"ipc://{path}")
+
+    def gone() -> str | None:
+        """Why the broker's end is gone, from the monitor's news; None if it is not."""
+        why = None
+        while monitor.poll(0):
+            event, _ = read_event(monitor.recv_multipart())
+            if event == zmq.EVENT_DISCONNECTED:
+                why = "the broker ended it"
+            elif event == zmq.EVENT_CONNECT_RETRIED and why is None and _refused(path):
+                why = "the broker no longer listens there"
+        return why
+
     try:
-        return _pump(dealer, monitor, sys.stdin.fileno(), sys.stdout.fileno(), path)
+        return _pump(dealer, monitor, gone, sys.stdin.fileno(), sys.stdout.fileno(), path)
     except BrokenPipeError:
         return 0  # the client went away while we answered
     finally:
@@ -53,7 +68,14 @@ def main(argv: list[str]) -> int:
         context.term()
 
 
-def _pump(dealer: zmq.Socket, monitor: zmq.Socket, stdin: int, stdout: int, path: str) -> int:
+def _pump(
+    dealer: zmq.Socket,
+    monitor: zmq.Socket,
+    gone: Callable[[], str | None],
+    stdin: int,
+    stdout: int,
+    path: str,
+) -> int:
     poller = zmq.Poller()
     poller.register(dealer, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
@@ -64,10 +86,10 @@ def _pump(dealer: zmq.Socket, monitor: zmq.Socket, stdin: int, stdout: int, path
             if ready is dealer or ready is monitor:
                 while dealer.poll(0):
                     write_all(stdout, encode_frames(dealer.recv_multipart()))
-                if ready is monitor:  # what the broker sent first is passed on (above)
+                # what the broker sent before its end went is passed on first (above)
+                if ready is monitor and (why := gone()) is not None:
                     print(
-                        f"tbon relay: lost the connection to local://{path}: the broker ended it",
-                        file=sys.stderr,
+                        f"tbon relay: lost the connection to local://{path}: {why}", file=sys.stderr
                     )
                     return 1
                 continue

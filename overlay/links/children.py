@@ -20,6 +20,7 @@ reports, goodbyes) and output (welcome, refuse, heartbeats, orders), which read 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,11 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.children")
+
+REFUSAL_QUIET = 60.0
+"""Seconds during which a refused key is not logged again."""
+MAX_REFUSALS_SAID = 4096
+"""Keys remembered as logged: a flood of fresh keys empties the memory, never grows it."""
 
 MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
@@ -92,6 +98,7 @@ class Children:
         self.keyring = KeyRing()
         self.zap = ZapHandler(context, self.keyring)
         self._full: set[bytes] = set()  # routing ids of children whose link is full
+        self._refusals_said: dict[str, float] = {}  # refused key -> when to log it again
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.sndhwm = LINK_HWM  # per child; see _send_raw
@@ -133,7 +140,7 @@ class Children:
         instance's shared key, which must claim exactly that incarnation). Asking again for the
         same incarnation changes nothing: a repeated key exchange must not orphan a broker
         already connected. With `foster_until`, the rank is a foster child (docs/protocol.md
-        §9): expected until then, and forgotten if it has not come."""
+        §12): expected until then, and forgotten if it has not come."""
         identity = Identity(rank, incarnation)
         old = self.sessions.get(rank)
         if old is not None and old.identity == identity and old.connected:
@@ -171,7 +178,13 @@ class Children:
         while self.monitor.poll(0):
             kind, fd = read_event(self.monitor.recv_multipart())
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                now = time.monotonic()
                 for address, key in self.zap.refusals:
+                    if now < self._refusals_said.get(key, 0.0):
+                        continue  # a broker seeking a parent knocks every 50 ms: said once
+                    if len(self._refusals_said) >= MAX_REFUSALS_SAID:
+                        self._refusals_said.clear()
+                    self._refusals_said[key] = now + REFUSAL_QUIET
                     log.warning(
                         "refused a child from %s: CURVE key %s is not authorized", address, key
                     )
@@ -361,7 +374,10 @@ class Children:
         seen_by = event.parent
         if seen_by is None or not (
             seen_by == sender.rank
-            or (0 <= seen_by < self.topology.size and self.topology.is_ancestor(sender.rank, seen_by))
+            or (
+                0 <= seen_by < self.topology.size
+                and self.topology.is_ancestor(sender.rank, seen_by)
+            )
         ):
             log.warning("rank %d reported an event seen by rank %s", sender.rank, seen_by)
             return

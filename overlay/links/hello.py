@@ -119,9 +119,12 @@ class Parent:
 
 def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> Judgement:
     """Judge `hello`, whose sender's key is bound to `key` (None: the instance's shared key)."""
-    if key is not None and not _returns(key, hello, parent):
-        if (ended := _ended(key, parent)) is not None:
-            return ended
+    if (
+        key is not None
+        and not _returns(key, hello, parent)
+        and (ended := _ended(key, parent)) is not None
+    ):
+        return ended
     version = hello.get("version")
     if version != PROTOCOL_VERSION:
         # a shared-key broker has always been told without the parent's own version
@@ -165,8 +168,7 @@ def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> 
         return Welcome(Identity(rank, standing.incarnation))  # fostered, or home, as rank 0 said
     if standing is not None and standing.foster:
         return Refusal(
-            f"rank {rank} is fostered here as incarnation {standing.incarnation}, "
-            f"not {claimed[1]}",
+            f"rank {rank} is fostered here as incarnation {standing.incarnation}, not {claimed[1]}",
             exitcodes.REFUSED,
         )
     if standing is not None and standing.connected and not standing.shared:

@@ -75,6 +75,7 @@ class ParentLink:
         self.rank = rank
         self.peer = peer
         self.shared_key = shared_key  # config bootstrap: the instance's key, not this broker's
+        self.quiet = False  # an ancestor asked while seeking: its refusals are expected
         self.incarnation = incarnation
         self.config = config
         self.overflow: LinkEnded | None = None  # set by send() on a full link
@@ -126,7 +127,8 @@ class ParentLink:
                     exitcodes.REFUSED, f"parent at {self.endpoint} refused this broker's key"
                 )
             if event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                log.warning("CURVE handshake with the parent at %s failed", self.endpoint)
+                level = logging.DEBUG if self.quiet else logging.WARNING
+                log.log(level, "CURVE handshake with the parent at %s failed", self.endpoint)
             elif event == zmq.EVENT_DISCONNECTED and self.welcomed:
                 return LinkEnded(exitcodes.LOST, "lost the connection to the parent")
         return None

@@ -1,5 +1,5 @@
 """A broker's way up the tree: the link to the broker it is attached to, and what it does when
-that link is lost (docs/protocol.md §9).
+that link is lost (docs/protocol.md §12).
 
 A broker that loses its parent does not exit. It keeps its rank, incarnation, jobs and children,
 and *seeks*: it opens a link to every ancestor whose card it holds (the lineage each parent
@@ -43,6 +43,10 @@ HELD_BYTES = 64 << 20
 RETRY_AFTER = 0.25
 """Seconds before an ancestor that refused a hello (not yet told to expect it) is asked again."""
 
+RETRY_AFTER_KEY = 0.05
+"""Seconds before an ancestor that refused this broker's key is tried again: rank 0 tells the
+foster parent to expect it within a round trip of the loss."""
+
 
 @dataclass(slots=True)
 class UplinkNews:
@@ -84,6 +88,8 @@ class Uplink:
         self.candidates: dict[int, ParentLink] = {}
         self._retry: dict[int, float] = {}  # ancestor rank -> when to ask it again
         self.moving: ParentLink | None = None
+        self._home: Card | None = None  # where rank 0 sent this broker, while it goes
+        self._home_retry: float | None = None
         self.held: deque[tuple[Message, int | None]] = deque()
         self._held_bytes = 0
         self._dropped = False
@@ -178,12 +184,18 @@ class Uplink:
             return UplinkNews()
         if link is self.link:
             return self._lost(ended, now)
+        # An ancestor not (yet) told to expect this broker refuses its key. ZeroMQ would try
+        # the handshake again, but without the hello queued on the link: open a new one.
         if link is self.moving:
-            if ended.exit_code != exitcodes.REFUSED:  # a key refusal is retried by ZeroMQ
+            self._close_moving()
+            if ended.exit_code == exitcodes.REFUSED and self._home is not None:
+                self._home_retry = now + RETRY_AFTER_KEY
+            else:
                 log.warning("going home: %s", ended.reason)
-                self._close_moving()
-            return UplinkNews()
-        return UplinkNews()  # a candidate: ZeroMQ retries the handshake by itself
+                self._home = None
+        elif link.peer is not None and self.candidates.get(link.peer) is link:
+            self._drop_candidate(link, now + RETRY_AFTER_KEY)
+        return UplinkNews()
 
     def _from_parent(self, inbound: ParentInbound, now: float) -> UplinkNews:
         assert self.link is not None
@@ -233,7 +245,7 @@ class Uplink:
             return UplinkNews()
         if not inbound.welcomed:
             return UplinkNews(messages=inbound.messages, peer=link.peer)
-        old, self.link, self.moving = self.link, link, None
+        old, self.link, self.moving, self._home = self.link, link, None, None
         if old is not None:
             old.send(Message(Kind.CONTROL, "moved", {"to": link.peer}))
             self._close(old, linger=True)
@@ -269,6 +281,7 @@ class Uplink:
 
     def _open_candidate(self, card: Card) -> None:
         link = self.open(card, self._incarnation)
+        link.quiet = True
         self.candidates[card[0]] = link
         self.watch(link)
 
@@ -293,7 +306,9 @@ class Uplink:
         if self.link.peer == card[0]:
             return ""  # home already
         self._close_moving()
+        self._home, self._home_retry = card, None
         self.moving = self.open(card, self._incarnation)
+        self.moving.quiet = True
         self.watch(self.moving)
         log.info("going home to rank %d", card[0])
         return ""
@@ -309,19 +324,26 @@ class Uplink:
     # --- the clock ----------------------------------------------------------------------------
 
     def tick(self, now: float) -> UplinkNews:
-        """Heartbeats and silence on the parent link; the search's retries and its deadline."""
-        if self.link is not None:
-            if (ended := self.link.tick(now)) is not None:
-                return self._lost(ended, now)
-            return UplinkNews()
+        """Heartbeats and silence on the parent link; the way home; the search's retries and
+        its deadline."""
+        if self.link is not None and (ended := self.link.tick(now)) is not None:
+            return self._lost(ended, now)
+        if self.moving is not None and self.moving.tick(now) is not None:
+            log.warning("going home to rank %s: no answer", self.moving.peer)
+            self._close_moving()
+            self._home = None
+        if self._home_retry is not None and now >= self._home_retry:
+            self._home_retry = None
+            if self._home is not None and self.moving is None and self.welcomed:
+                self.moving = self.open(self._home, self._incarnation)
+                self.moving.quiet = True
+                self.watch(self.moving)
         for rank, when in list(self._retry.items()):
             if now >= when:
                 del self._retry[rank]
                 card = next((c for c in self._cards() if c[0] == rank), None)
-                if card is not None and rank not in self.candidates:
+                if card is not None and rank not in self.candidates and self.link is None:
                     self._open_candidate(card)
-        if self.moving is not None and self.moving.tick(now) is not None:
-            self._close_moving()
         if self.seeking_until is not None and now >= self.seeking_until:
             waited = self.reattach_timeout
             self._stop_seeking()
@@ -338,9 +360,14 @@ class Uplink:
         return self.link is not None and self.link.verdict_due(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for link in (self.link, self.moving) if link is not None
-                     and (d := link.next_deadline()) is not None]
+        deadlines = [
+            d
+            for link in (self.link, self.moving)
+            if link is not None and (d := link.next_deadline()) is not None
+        ]
         deadlines += self._retry.values()
+        if self._home_retry is not None:
+            deadlines.append(self._home_retry)
         if self.seeking_until is not None:
             deadlines.append(self.seeking_until)
         return min(deadlines) if deadlines else None

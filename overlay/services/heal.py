@@ -1,4 +1,4 @@
-"""Healing the tree (docs/protocol.md §9): rank 0 has brokers cut off below a rank that ended
+"""Healing the tree (docs/protocol.md §12): rank 0 has brokers cut off below a rank that ended
 fostered by a live ancestor, and sends them home once their parent's rank is online again;
 every broker obeys those orders from rank 0 alone; and `heal.wait` lets a client wait for the
 tree to be whole before it asks again.
@@ -181,7 +181,11 @@ class HealService:
         if (refused := _unless_from_rank0(request)) is not None:
             return refused
         payload = request.payload
-        rank, endpoint, key = payload.get("rank"), payload.get("endpoint"), payload.get("public_key")
+        rank, endpoint, key = (
+            payload.get("rank"),
+            payload.get("endpoint"),
+            payload.get("public_key"),
+        )
         if not (
             is_int(rank)
             and rank == self.topology.parent(self.rank)

@@ -5,7 +5,7 @@ Every broker that receives a request pushes on its route the hop it came from (d
 §3.2): "p<rank>" from the parent it is attached to (rank), "c<rank>" from a child, "l<id>" from
 a local client, and "s" for a request of its own. Each link hop names the authenticated peer the
 request came from, so a route says which brokers it passed even when one of them was a foster
-parent (docs/protocol.md §9). A client may send a route of its own, but whatever it writes comes
+parent (docs/protocol.md §12). A client may send a route of its own, but whatever it writes comes
 before the hop of the broker it is a client of, and that broker's hop is never a link hop.
 """
 

@@ -1,4 +1,4 @@
-"""Who fosters whom, and who goes home: pure functions of rank 0's table (docs/protocol.md §9).
+"""Who fosters whom, and who goes home: pure functions of rank 0's table (docs/protocol.md §12).
 
 When a rank's broker ends, every connected broker below it whose chain of links ran through it
 is cut off from rank 0, though only those attached to it directly know so yet. All of them are

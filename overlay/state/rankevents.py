@@ -44,9 +44,7 @@ class Lost(Record):
 
     __slots__ = __match_args__ = ("rank", "incarnation", "reason", "parent")
 
-    def __init__(
-        self, rank: int, incarnation: int, reason: str, parent: int | None = None
-    ) -> None:
+    def __init__(self, rank: int, incarnation: int, reason: str, parent: int | None = None) -> None:
         self.rank = rank
         self.incarnation = incarnation
         self.reason = reason

@@ -28,7 +28,7 @@ they were: a repeat, or the torpid flag.
   is lost (CONFIG_LOST for a config rank: no Reboot, but FLUB may refill it). Either way its
   key is barred for good. Rank 0 never ends.
 - Special case: the ranks below one that ended. A connected broker whose link went to the rank
-  that ended does not exit: it seeks a live ancestor (docs/protocol.md §9). It stays connected in
+  that ended does not exit: it seeks a live ancestor (docs/protocol.md §12). It stays connected in
   the table, *adrift* (`attached_to` None), until an Online from a foster parent or its own
   parent attaches it again, or until the table's reattach grace runs out: then rank 0 itself
   declares it Lost ("did not reattach in time"), and its own attachees go adrift in turn. A

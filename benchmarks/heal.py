@@ -1,0 +1,856 @@
+"""Self-healing benchmark for tbon: SIGKILL an interior broker and time how the tree heals.
+
+Run from the repository with the project's virtualenv:
+
+    .venv/bin/python benchmarks/heal.py [--rounds R] [--size N] [--topo kary:K] [--sleep S]
+        [--markdown | --json]
+
+Each round is a fresh `tbon start --test-size=N -S tbon.topo=TOPO` in wait mode (defaults: 64
+ranks, kary:4, so rank 1's children are 5-8 and its grandchildren 21-36). Once rank 0 pushes
+every rank online, the round:
+
+  1. reads `tbon status URI --json` (every rank's pid and incarnation), and times one
+     `tbon exec -r OTHERS URI true` (OTHERS: every rank but 1) on the whole tree, for comparison;
+  2. starts `tbon exec -r G URI sh -c 'echo started; sleep S; echo done'` on G, the first
+     grandchild of rank 1 (a child if it has none), and waits for "started" to arrive;
+  3. SIGKILLs rank 1's broker (checked to be a descendant of the `tbon start` we launched), then
+     runs `tbon exec -r OTHERS URI true` again and again, each after the last one exits, until one
+     exits 0: the clock stops at that CLI's exit (target: within 1 s of the kill);
+  4. starts `tbon expand URI --fill --json` and times, from its Popen, rank 1 online with a new
+     incarnation, rank 0's subtree `full` (target: within 0.5 s) and every rank back under its own
+     parent; also the expand CLI's own wall time, and `full` counted from the start of the joiner
+     broker it forked (its start time from /proc/PID/stat, in clock ticks: 10 ms steps);
+  5. waits for the job of step 2 (it must exit 0 having printed "started" then "done"), and
+     reads `tbon status URI --json` again: every rank but 1 must have kept its pid.
+
+Rank 0's status snapshots (a status.watch stream from an in-process Client) and the exits of the
+CLIs (their pidfds) are waited on together, so each event is timed when it happens, not at the
+next turn of a polling loop. Nothing here sleeps and hopes: every wait has a deadline, and every
+process this script starts is reaped by PID whether the round passes or fails. The only broker it
+signals is the one it kills (by PID) and, should the instance's shutdown leave it running, the
+joiner started by its own `tbon expand` (by pidfd, so never a recycled PID). Progress goes to
+stderr; a table per measure and round goes to stdout (`--markdown` for GitHub tables, `--json`
+for a machine-readable object instead). No assertion is timed: a missed target is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import (
+    STOP_GRACE_S,
+    TBON,
+    Instance,
+    Report,
+    begin,
+    log_tail,
+    machine_line,
+    median,
+    ms,
+    progress,
+    read_line,
+    stop,
+    tbon_start,
+    verdict,
+)
+
+TARGET_ANSWER_S = 1.0  # kill -> `tbon exec -r OTHERS true` exits 0
+TARGET_FULL_S = 0.5  # the joiner's start -> rank 0 reads `full` again
+
+VICTIM = 1
+ONLINE_DEADLINE_S = 60.0  # a fresh instance: every rank online
+ATTEMPT_DEADLINE_S = 10.0  # one `tbon exec -r OTHERS true` after the kill
+ANSWER_DEADLINE_S = 30.0  # kill -> the first of them to exit 0
+EXPAND_TIMEOUT_S = 30.0  # given to `tbon expand --timeout`; our own deadline adds a margin
+CLI_DEADLINE_S = 30.0  # `tbon status --json`, the "started" line, the job past its sleep
+WAIT_SLICE_S = 0.5  # longest single wait, so that deadlines are checked
+NO_PIDFD_SLICE_S = 0.005  # without pidfds, how often a CLI's exit is polled
+
+CONNECTED = ("online", "retiring")
+
+
+# --- the CLIs we start --------------------------------------------------------------------------
+
+
+@dataclass
+class Cli:
+    """A `tbon` CLI we started: its process, a pidfd that becomes readable when it exits, when it
+    started and ended (perf_counter), and the log its stderr goes to."""
+
+    process: subprocess.Popen[bytes]
+    argv: list[str]
+    stderr_path: str
+    started: float
+    pidfd: int | None
+    ended: float | None = None
+
+    def reap(self, now: float) -> None:
+        """It has exited: reap it and note when (once)."""
+        if self.ended is None and self.process.poll() is not None:
+            self.ended = now
+
+    def said(self) -> str:
+        """The last line of its stderr, for progress lines and errors."""
+        lines = log_tail(self.stderr_path, 1)
+        return lines or "(nothing on stderr)"
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (Linux 5.3+), or None where there is none: waits then poll instead."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+@contextlib.contextmanager
+def launched(argv: Sequence[str], *, stdout: Any = subprocess.DEVNULL) -> Iterator[Cli]:
+    """Popen `argv` (stdin /dev/null, stderr to a temporary log); on the way out, always, it is
+    stopped by PID (common.stop: SIGTERM, then SIGKILL after the grace) and reaped, its pidfd
+    closed and its log removed."""
+    fd, stderr_path = tempfile.mkstemp(prefix="heal-cli-", suffix=".log")
+    try:
+        started = time.perf_counter()
+        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=fd)
+    except BaseException:
+        os.unlink(stderr_path)
+        raise
+    finally:
+        os.close(fd)
+    cli = Cli(process, list(argv), stderr_path, started, _pidfd(process.pid))
+    try:
+        yield cli
+    finally:
+        try:
+            stop(process)
+        finally:
+            if cli.pidfd is not None:
+                os.close(cli.pidfd)
+            with contextlib.suppress(OSError):
+                os.unlink(stderr_path)
+
+
+def status_json(uri: str) -> list[dict[str, Any]]:
+    """`tbon status URI --json`: the rank table as a user gets it."""
+    done = subprocess.run(
+        [str(TBON), "status", uri, "--json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=CLI_DEADLINE_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"tbon status --json exited {done.returncode}: {done.stderr!r}")
+    ranks: list[dict[str, Any]] = json.loads(done.stdout)["ranks"]
+    return ranks
+
+
+# --- rank 0's snapshots and the CLIs' exits, in one wait ----------------------------------------
+
+Snapshot = dict[str, Any]
+
+
+class Timeline:
+    """A status.watch stream from rank 0 and the CLIs of a round, waited on together (the
+    client's socket and each CLI's pidfd in one poll), so that a snapshot and an exit are both
+    timed when they arrive. `marks` holds when the first snapshot satisfying each armed rule
+    arrived."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.tag = client.send("status.watch", {}, nodeid=0)
+        self.snapshot: Snapshot | None = None
+        self.marks: dict[str, float] = {}
+        self.seen: dict[str, Snapshot] = {}  # the snapshot that set each mark
+        self.rules: dict[str, Callable[[Snapshot], bool]] = {}
+        self.clis: list[Cli] = []
+
+    def arm(self, name: str, rule: Callable[[Snapshot], bool]) -> None:
+        """From now on, note the arrival of the first snapshot for which `rule` holds."""
+        self.rules[name] = rule
+
+    def follow(self, cli: Cli) -> None:
+        """Note this CLI's exit when it happens, whatever we are waiting for then."""
+        self.clis.append(cli)
+
+    def until(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        """Take snapshots and exits as they come until `done()`; TimeoutError past the monotonic
+        `deadline`, saying `what` was awaited."""
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {what} before the deadline")
+            running = [c for c in self.clis if c.ended is None]
+            fds = [c.pidfd for c in running if c.pidfd is not None]
+            limit = min(left, WAIT_SLICE_S)
+            if len(fds) < len(running):
+                limit = min(limit, NO_PIDFD_SLICE_S)
+            has_reply, _ = self.client.wait(fds, limit)
+            now = time.perf_counter()
+            for cli in running:
+                cli.reap(now)
+            if has_reply:
+                self._take()
+
+    def _take(self) -> None:
+        """Read every response that is here; each snapshot is timed as it is read."""
+        while (reply := self.client.receive(0)) is not None:
+            arrived = time.perf_counter()
+            if reply.tag != self.tag:
+                continue
+            if reply.errnum:
+                raise RuntimeError(f"status.watch failed: {reply.errstr}")
+            self.snapshot = reply.payload
+            for name, rule in self.rules.items():
+                if name not in self.marks and rule(reply.payload):
+                    self.marks[name] = arrived
+                    self.seen[name] = reply.payload
+
+
+# --- one round ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    """What one round measured; seconds, None where the event was not seen."""
+
+    exec_whole: float | None = None  # `tbon exec -r OTHERS true` before the kill (wall)
+    lost: float | None = None  # kill -> rank 0 pushes the victim lost
+    reattached: float | None = None  # kill -> every other rank connected and attached somewhere
+    answered: float | None = None  # kill -> the first `tbon exec -r OTHERS true` exits 0
+    answered_popen: float | None = None  # kill -> that CLI's Popen
+    attempts: int = 0  # `tbon exec -r OTHERS true` runs after the kill, the successful one too
+    failures: list[str] = field(default_factory=list)  # exit codes and words of the others
+    fostered: dict[int, int] = field(default_factory=dict)  # rank -> foster parent, once healed
+    # kill -> each child of the victim pushed attached again (to a foster parent)
+    each: dict[int, float] = field(default_factory=dict)
+    joiner_start: float | None = None  # expand Popen -> the joiner broker's process start
+    replaced: float | None = None  # expand Popen -> victim online with a new incarnation
+    full: float | None = None  # expand Popen -> rank 0's subtree `full`
+    full_joiner: float | None = None  # the joiner's process start -> `full`
+    home: float | None = None  # expand Popen -> every rank attached to its own parent
+    expand_wall: float | None = None  # expand Popen -> its exit
+    expand_exit: int | None = None
+    pids_kept: bool = False  # every rank but the victim: same pid before and after
+    incarnations_kept: bool = False  # ... and the same incarnation
+    changed: list[int] = field(default_factory=list)  # ranks whose pid or incarnation changed
+    job_ok: bool = False  # exit 0, and printed "started" then "done"
+    job_exit: int | None = None
+    job_output: str = ""
+    job_end: float | None = None  # kill -> the job's CLI exits
+    job_after_home: bool | None = None  # whether it ended once every rank was home
+
+
+@dataclass
+class Shape:
+    """Where a round strikes, from the topology: the victim, the job's rank, who else."""
+
+    victim: int
+    job_rank: int
+    children: list[int]  # the victim's: the ranks that must reattach
+    below: list[int]  # every rank in the victim's subtree but itself
+    others: list[int]  # every rank but the victim
+    job_is_grandchild: bool
+
+
+def idset(ranks: Sequence[int]) -> str:
+    """Ranks as tbon's idset syntax, runs compressed: [0, 2, 3, 4] -> "0,2-4"."""
+    words: list[str] = []
+    ordered = sorted(ranks)
+    start = prev = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        words.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ",".join(words)
+
+
+def shape_of(ranks: list[dict[str, Any]], victim: int) -> Shape:
+    """The victim's subtree and the rank the job runs on; RuntimeError if the victim is a leaf
+    (nothing below it to heal)."""
+    children = ranks[victim]["children"]
+    if not children:
+        raise RuntimeError(f"rank {victim} has no children in this topology: nothing to heal")
+    below, stack = [], list(children)
+    while stack:
+        rank = stack.pop()
+        below.append(rank)
+        stack.extend(ranks[rank]["children"])
+    grandchildren = [g for c in children for g in ranks[c]["children"]]
+    job_rank = min(grandchildren) if grandchildren else min(children)
+    others = [r["rank"] for r in ranks if r["rank"] != victim]
+    return Shape(victim, job_rank, list(children), sorted(below), others, bool(grandchildren))
+
+
+def in_tree(pid: int, root: int) -> bool:
+    """Whether `pid` descends from `root` (parent links in /proc): the only brokers we signal."""
+    for _ in range(64):
+        if pid == root:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if pid <= 1:
+            return False
+    return False
+
+
+def started_at(pid: int) -> float | None:
+    """When process `pid` started, as a time.perf_counter() value: its start time in /proc (clock
+    ticks since boot, so 10 ms steps at 100 Hz) moved onto perf_counter's clock; None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+    now_perf, now_boot = time.perf_counter(), time.clock_gettime(time.CLOCK_BOOTTIME)
+    return now_perf - (now_boot - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+@dataclass
+class Stray:
+    """The joiner that our `tbon expand` forked into its own session: not our child, so it is
+    followed by a pidfd, which never points at a recycled PID."""
+
+    pid: int
+    pidfd: int
+
+
+@contextlib.contextmanager
+def strays() -> Iterator[list[Stray]]:
+    """On the way out, once the instance is down (it is entered before tbon_start), each joiner
+    has STOP_GRACE_S to exit by itself with the instance, else it is SIGKILLed by pidfd."""
+    found: list[Stray] = []
+    try:
+        yield found
+    finally:
+        deadline = time.monotonic() + STOP_GRACE_S
+        for stray in found:
+            try:
+                left = max(0.0, deadline - time.monotonic())
+                if not select.select([stray.pidfd], [], [], left)[0]:
+                    progress(f"joiner pid {stray.pid} outlived the instance: SIGKILL")
+                    signal.pidfd_send_signal(stray.pidfd, signal.SIGKILL)
+            finally:
+                os.close(stray.pidfd)
+
+
+def one_round(size: int, topo: str, sleep: float, number: int) -> tuple[Round, Shape]:
+    from tbon.overlay.connectors.client import Client
+
+    with (
+        strays() as joiners,
+        tbon_start(size, [f"tbon.topo={topo}"]) as inst,
+        Client(inst.uri) as client,
+    ):
+        timeline = Timeline(client)
+        timeline.until(
+            lambda: (
+                timeline.snapshot is not None
+                and all(r["state"] == "online" for r in timeline.snapshot["ranks"])
+            ),
+            time.monotonic() + ONLINE_DEADLINE_S,
+            f"snapshot with all {size} ranks online",
+        )
+        return strike(inst, timeline, joiners, sleep, number)
+
+
+def strike(
+    inst: Instance, timeline: Timeline, joiners: list[Stray], sleep: float, number: int
+) -> tuple[Round, Shape]:
+    """Steps 1-5 of the docstring, on an instance whose every rank is online."""
+    result = Round()
+    before = status_json(inst.uri)
+    shape = shape_of(before, VICTIM)
+    victim = before[VICTIM]
+    if not in_tree(victim["pid"], inst.process.pid):
+        raise RuntimeError(f"rank {VICTIM}'s pid {victim['pid']} is not one of our brokers")
+    others = [str(TBON), "exec", "-r", idset(shape.others), inst.uri, "true"]
+    for _ in range(2):  # the first run also warms every broker's exec path: time the second
+        with launched(others) as whole:
+            whole.process.wait(CLI_DEADLINE_S)
+            if whole.process.returncode != 0:
+                raise RuntimeError(
+                    f"`{' '.join(others)}` exited {whole.process.returncode} "
+                    f"before any kill: {whole.said()}"
+                )
+            result.exec_whole = time.perf_counter() - whole.started
+
+    script = f"echo started; sleep {sleep:g}; echo done"
+    job_argv = [str(TBON), "exec", "-r", str(shape.job_rank), inst.uri, "sh", "-c", script]
+    with launched(job_argv, stdout=subprocess.PIPE) as job:
+        first = read_line(job.process, CLI_DEADLINE_S)
+        if first != "started":
+            raise RuntimeError(f"job on rank {shape.job_rank} said {first!r}: {job.said()}")
+        timeline.follow(job)
+        _arm(timeline, shape, victim["incarnation"])
+        killed = time.perf_counter()
+        os.kill(victim["pid"], signal.SIGKILL)
+        _answer(timeline, result, others, killed, number)
+        try:
+            timeline.until(
+                lambda: "reattached" in timeline.marks,
+                time.monotonic() + 10.0,
+                "snapshot with every other rank reattached",
+            )
+        except TimeoutError as error:
+            progress(f"round {number}: {error}")
+        _expand(inst, timeline, result, joiners, shape, number)
+        try:
+            timeline.until(
+                lambda: job.ended is not None,
+                job.started + sleep + CLI_DEADLINE_S,
+                "exit of the job's CLI",
+            )
+        except TimeoutError:
+            progress(
+                f"round {number}: the job's CLI had not exited {sleep + CLI_DEADLINE_S:g}s "
+                "after it started"
+            )
+        if job.ended is not None:
+            out, _ = job.process.communicate(timeout=CLI_DEADLINE_S)
+            result.job_exit = job.process.returncode
+            result.job_output = " ".join(["started", *out.decode(errors="replace").split()])
+            result.job_ok = result.job_exit == 0 and result.job_output == "started done"
+            result.job_end = job.ended - killed
+            if "home" in timeline.marks:
+                result.job_after_home = job.ended > timeline.marks["home"]
+            if not result.job_ok:
+                progress(
+                    f"round {number}: job exited {result.job_exit}, printed "
+                    f"{result.job_output!r}: {job.said()}"
+                )
+    for name in ("lost", "reattached"):
+        if name in timeline.marks:
+            setattr(result, name, timeline.marks[name] - killed)
+    for child in shape.children:
+        if f"child {child}" in timeline.marks:
+            result.each[child] = timeline.marks[f"child {child}"] - killed
+    if "reattached" in timeline.seen:
+        result.fostered = {
+            r["rank"]: r["attached_to"]
+            for r in timeline.seen["reattached"]["ranks"]
+            if r["parent"] is not None and r.get("attached_to") not in (None, r["parent"])
+        }
+    after = status_json(inst.uri)
+    result.changed = [
+        r
+        for r in shape.others
+        if (after[r]["pid"], after[r]["incarnation"])
+        != (before[r]["pid"], before[r]["incarnation"])
+    ]
+    result.pids_kept = all(after[r]["pid"] == before[r]["pid"] for r in shape.others)
+    result.incarnations_kept = all(
+        after[r]["incarnation"] == before[r]["incarnation"] for r in shape.others
+    )
+    return result, shape
+
+
+def _arm(timeline: Timeline, shape: Shape, incarnation: int) -> None:
+    """The events of a round, as rules on rank 0's snapshots, armed just before the kill (a
+    snapshot from before it would read as the tree healed)."""
+    victim = shape.victim
+
+    def lost(s: Snapshot) -> bool:
+        return bool(s["ranks"][victim]["state"] == "lost")
+
+    def attached(entry: dict[str, Any]) -> bool:
+        return bool(
+            entry["state"] in CONNECTED
+            and (entry["parent"] is None or entry.get("attached_to") is not None)
+            and not entry.get("reattaching")
+        )
+
+    def reattached(s: Snapshot) -> bool:
+        return lost(s) and all(attached(s["ranks"][r]) for r in shape.others)
+
+    def replaced(s: Snapshot) -> bool:
+        entry = s["ranks"][victim]
+        return bool(entry["state"] in CONNECTED and entry["incarnation"] > incarnation)
+
+    def full(s: Snapshot) -> bool:
+        return replaced(s) and s["ranks"][0]["subtree"] == "full"
+
+    def home(s: Snapshot) -> bool:
+        return full(s) and all(
+            r["parent"] is None
+            or (r.get("attached_to") == r["parent"] and not r.get("reattaching"))
+            for r in s["ranks"]
+        )
+
+    rules = {
+        "lost": lost,
+        "reattached": reattached,
+        "replaced": replaced,
+        "full": full,
+        "home": home,
+    }
+    for name, rule in rules.items():
+        timeline.arm(name, rule)
+    for child in shape.children:
+        timeline.arm(f"child {child}", lambda s, c=child: lost(s) and attached(s["ranks"][c]))
+
+
+def _answer(timeline: Timeline, result: Round, argv: list[str], killed: float, number: int) -> None:
+    """Run `argv` (`tbon exec -r OTHERS true`) again and again from the kill, each once the last
+    has exited, until one exits 0 or ANSWER_DEADLINE_S pass."""
+    deadline = time.monotonic() + ANSWER_DEADLINE_S
+    while time.monotonic() < deadline:
+        with launched(argv) as attempt:
+            result.attempts += 1
+            timeline.follow(attempt)
+            try:
+                timeline.until(
+                    lambda: attempt.ended is not None,
+                    min(deadline, time.monotonic() + ATTEMPT_DEADLINE_S),
+                    "exit of `tbon exec`",
+                )
+            except TimeoutError:
+                result.failures.append(f"hung past {ATTEMPT_DEADLINE_S:g}s")
+                progress(
+                    f"round {number}: `tbon exec` attempt {result.attempts} hung: {attempt.said()}"
+                )
+                continue
+            assert attempt.ended is not None
+            code = attempt.process.returncode
+            if code == 0:
+                result.answered = attempt.ended - killed
+                result.answered_popen = attempt.started - killed
+                return
+            result.failures.append(f"{code} at {ms(attempt.ended - killed)} ms: {attempt.said()}")
+            progress(
+                f"round {number}: `tbon exec` attempt {result.attempts} exited {code} "
+                f"{ms(attempt.ended - killed)} ms after the kill: {attempt.said()}"
+            )
+    progress(
+        f"round {number}: no `tbon exec -r OTHERS true` exited 0 within "
+        f"{ANSWER_DEADLINE_S:g}s of the kill"
+    )
+
+
+def _expand(
+    inst: Instance,
+    timeline: Timeline,
+    result: Round,
+    joiners: list[Stray],
+    shape: Shape,
+    number: int,
+) -> None:
+    """`tbon expand --fill` and the events that follow it, timed from its Popen."""
+    argv = [
+        str(TBON),
+        "expand",
+        inst.uri,
+        "--fill",
+        "--json",
+        "--timeout",
+        f"{EXPAND_TIMEOUT_S:g}s",
+    ]
+    with launched(argv, stdout=subprocess.PIPE) as expand:
+        timeline.follow(expand)
+        deadline = time.monotonic() + EXPAND_TIMEOUT_S + CLI_DEADLINE_S
+        try:
+            timeline.until(
+                lambda: expand.ended is not None and "home" in timeline.marks,
+                deadline,
+                "exit of `tbon expand` and snapshot with every rank home",
+            )
+        except TimeoutError as error:
+            progress(f"round {number}: {error}; launcher said: {inst.stderr_tail(5)}")
+        snapshot = timeline.seen.get("replaced")
+        if snapshot is not None:
+            pid = snapshot["ranks"][shape.victim]["pid"]
+            joiner_start = started_at(pid)
+            pidfd = _pidfd(pid)
+            if pidfd is not None:
+                joiners.append(Stray(pid, pidfd))
+            if joiner_start is not None:
+                result.joiner_start = joiner_start - expand.started
+                if "full" in timeline.marks:
+                    result.full_joiner = timeline.marks["full"] - joiner_start
+        for name in ("replaced", "full", "home"):
+            if name in timeline.marks:
+                setattr(result, name, timeline.marks[name] - expand.started)
+        if expand.ended is not None:
+            result.expand_wall = expand.ended - expand.started
+            result.expand_exit = expand.process.returncode
+            out, _ = expand.process.communicate(timeout=CLI_DEADLINE_S)
+            if result.expand_exit != 0:
+                progress(
+                    f"round {number}: `tbon expand --fill` exited {result.expand_exit}: "
+                    f"{out.decode(errors='replace').strip()} {expand.said()}"
+                )
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def cell(value: float | None) -> str:
+    """Milliseconds, or a dash for an event that was not seen."""
+    return "—" if value is None else ms(value)
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    """The median of the values seen; None if none was (the dash in the table)."""
+    seen = [v for v in values if v is not None]
+    return median(seen) if seen else None
+
+
+def yes_no(flags: Sequence[bool]) -> tuple[list[str], str]:
+    """Cells for a yes/no measure, and its summary: yes only if every round said yes."""
+    cells = ["yes" if flag else "NO" for flag in flags]
+    summary = "yes" if all(flags) else f"NO ({flags.count(False)} of {len(flags)})"
+    return cells, summary
+
+
+def rows_of(rounds: Sequence[Round], shape: Shape) -> list[list[str]]:
+    """One row per measure: each round's figure, the median, and the target where there is
+    one."""
+    others = idset(shape.others)
+
+    def timed(label: str, values: list[float | None], target: float | None = None) -> list[str]:
+        middle = median_of(values)
+        judged = ""
+        if target is not None:
+            ok = middle is not None and middle <= target
+            judged = f"≤ {target * 1000:g} ms {verdict(ok)}"
+        return [label, *(cell(v) for v in values), cell(middle), judged]
+
+    def flags(label: str, values: list[bool], target: str = "yes") -> list[str]:
+        cells, summary = yes_no(values)
+        judged = f"{target} {verdict(summary == 'yes')}"
+        return [label, *cells, summary, judged]
+
+    attempts = [float(r.attempts) for r in rounds]
+    job = f"`sleep` on rank {shape.job_rank} (started before the kill) ends 0, `done` arrives"
+    return [
+        timed(
+            f"for comparison: `tbon exec -r {others} true` before the kill",
+            [r.exec_whole for r in rounds],
+        ),
+        timed(f"kill → rank 0 pushes rank {shape.victim} `lost`", [r.lost for r in rounds]),
+        timed(
+            f"kill → rank 0 pushes all {len(shape.others)} others attached",
+            [r.reattached for r in rounds],
+        ),
+        timed(
+            f"kill → `tbon exec -r {others} true` exits 0",
+            [r.answered for r in rounds],
+            TARGET_ANSWER_S,
+        ),
+        timed("  kill → Popen of that `tbon exec`", [r.answered_popen for r in rounds]),
+        [
+            "  `tbon exec` runs until one exited 0",
+            *(f"{a:g}" for a in attempts),
+            f"{median(attempts):g}",
+            "",
+        ],
+        timed(
+            f"`tbon expand --fill` Popen → rank {shape.victim} online, new incarnation",
+            [r.replaced for r in rounds],
+        ),
+        timed(
+            "`tbon expand --fill` Popen → rank 0 reads `full`",
+            [r.full for r in rounds],
+            TARGET_FULL_S,
+        ),
+        timed(
+            "  joiner broker's process start → `full` (10 ms ticks)",
+            [r.full_joiner for r in rounds],
+        ),
+        timed(
+            "  `tbon expand --fill` Popen → joiner broker's process start",
+            [r.joiner_start for r in rounds],
+        ),
+        timed(
+            "`tbon expand --fill` Popen → every rank under its own parent", [r.home for r in rounds]
+        ),
+        timed("`tbon expand --fill` wall time (Popen → exit)", [r.expand_wall for r in rounds]),
+        flags(
+            f"pids of the {len(shape.others)} other ranks unchanged", [r.pids_kept for r in rounds]
+        ),
+        flags("  and their incarnations", [r.incarnations_kept for r in rounds]),
+        flags(job, [r.job_ok for r in rounds]),
+        timed("  kill → that job's `tbon exec` exits", [r.job_end for r in rounds]),
+    ]
+
+
+def report_tables(
+    report: Report, rounds: Sequence[Round], shape: Shape, size: int, topo: str, sleep: float
+) -> None:
+    header = ["measure", *(f"round {i + 1}" for i in range(len(rounds))), "median", "target"]
+    report.heading(
+        f"Self-healing: SIGKILL rank {shape.victim} of {size} ranks ({topo}), "
+        f"{len(rounds)} rounds, each a fresh instance (ms)"
+    )
+    report.table(header, rows_of(rounds, shape))
+    fostered = sorted({f"{r} → {p}" for one in rounds for r, p in one.fostered.items()})
+    after_home = [r.job_after_home for r in rounds if r.job_after_home is not None]
+    where = (
+        f"The job's `done` arrived after every rank was home in {after_home.count(True)} of "
+        f"{len(after_home)} rounds: the job outlived both moves of its rank's parent (to the "
+        "foster parent, then home), and `done` came up through the replacement."
+        if after_home
+        else ""
+    )
+    report.note(
+        f"Rank {shape.victim}'s subtree below it: {len(shape.below)} ranks "
+        f"({idset(shape.below)}). Fostered, from rank 0's first snapshot with every other rank "
+        f"attached (rank → foster parent): {', '.join(fostered) or 'none seen'}. The job: "
+        f"`tbon exec -r {shape.job_rank} sh -c 'echo started; sleep {sleep:g}; echo done'`, "
+        f"rank {shape.victim} killed once `started` had arrived. {where}"
+    )
+    report.note(
+        "`tbon exec` after the kill runs again as soon as the last run exits; its time includes "
+        "the CLI's own start-up (the comparison row: the second of two runs on the whole tree, "
+        "just before the kill). The expand's clock starts at its Popen; the joiner's start is "
+        "its process's, from /proc/PID/stat. What rank 0 `pushes` and `reads` is timed at the "
+        "arrival of its status.watch snapshot at an in-process client."
+    )
+    slowest = [
+        f"round {i + 1}: rank {max(r.each, key=r.each.__getitem__)} at {ms(max(r.each.values()))}"
+        for i, r in enumerate(rounds)
+        if r.each
+    ]
+    report.note(
+        f"The last of rank {shape.victim}'s children to be pushed attached again, ms after the "
+        "kill: " + "; ".join(slowest or ["none seen"]) + "."
+    )
+    failures = [f"round {i + 1}: {f}" for i, r in enumerate(rounds) for f in r.failures]
+    if failures:
+        report.note("`tbon exec` runs after the kill that did not exit 0: " + "; ".join(failures))
+    changed = [f"round {i + 1}: {idset(r.changed)}" for i, r in enumerate(rounds) if r.changed]
+    if changed:
+        report.note("Ranks whose pid or incarnation changed: " + "; ".join(changed))
+    bad_jobs = [
+        f"round {i + 1}: exit {r.job_exit}, printed {r.job_output!r}"
+        for i, r in enumerate(rounds)
+        if not r.job_ok
+    ]
+    if bad_jobs:
+        report.note("The job did not end normally: " + "; ".join(bad_jobs))
+
+
+def report_json(rounds: Sequence[Round], shape: Shape, size: int, topo: str, sleep: float) -> None:
+    medians = {
+        name: median_of([getattr(r, name) for r in rounds])
+        for name in (
+            "exec_whole",
+            "lost",
+            "reattached",
+            "answered",
+            "answered_popen",
+            "joiner_start",
+            "replaced",
+            "full",
+            "full_joiner",
+            "home",
+            "expand_wall",
+            "job_end",
+        )
+    }
+    print(
+        json.dumps(
+            {
+                "machine": machine_line(),
+                "size": size,
+                "topo": topo,
+                "victim": shape.victim,
+                "below": shape.below,
+                "job_rank": shape.job_rank,
+                "sleep_s": sleep,
+                "units": "seconds",
+                "targets": {"answered": TARGET_ANSWER_S, "full": TARGET_FULL_S},
+                "rounds": [asdict(r) for r in rounds],
+                "median": medians,
+                "met": {
+                    "answered": medians["answered"] is not None
+                    and medians["answered"] <= TARGET_ANSWER_S,
+                    "full": medians["full"] is not None and medians["full"] <= TARGET_FULL_S,
+                    "pids_kept": all(r.pids_kept for r in rounds),
+                    "job_ok": all(r.job_ok for r in rounds),
+                },
+            },
+            indent=2,
+        ),
+        flush=True,
+    )
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def positive(text: str) -> float:
+    """A number of seconds greater than zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="fresh instances (default 3)")
+    parser.add_argument("--size", type=int, default=64, help="ranks (default 64)")
+    parser.add_argument("--topo", default="kary:4", help="tbon.topo (default kary:4)")
+    parser.add_argument(
+        "--sleep", type=positive, default=2.0, help="the job's sleep in seconds (default 2)"
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--markdown", action="store_true", help="print GitHub tables")
+    output.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.size < 3:
+        parser.error("--size must be at least 3: rank 1 needs a subtree")
+    if not TBON.exists():
+        parser.error(f"no tbon console script at {TBON}: run with the project's .venv/bin/python")
+    if args.json:  # stdout holds the JSON alone; the machine line goes with the progress
+        with contextlib.redirect_stdout(sys.stderr):
+            begin("heal", markdown=False)
+        report = None
+    else:
+        report = begin("heal", args.markdown)
+    rounds: list[Round] = []
+    shape = None
+    for number in range(1, args.rounds + 1):
+        progress(f"round {number}/{args.rounds}: {args.size} ranks, {args.topo}")
+        result, shape = one_round(args.size, args.topo, args.sleep, number)
+        rounds.append(result)
+        progress(
+            f"round {number}: answered {cell(result.answered)} ms after the kill, full "
+            f"{cell(result.full)} ms after expand's Popen, pids kept: {result.pids_kept}, "
+            f"job ok: {result.job_ok}"
+        )
+    assert shape is not None
+    if report is None:
+        report_json(rounds, shape, args.size, args.topo, args.sleep)
+    else:
+        report_tables(report, rounds, shape, args.size, args.topo, args.sleep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

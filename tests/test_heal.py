@@ -1,0 +1,162 @@
+"""The self-healing tree (docs/protocol.md §12), as a user sees it: real brokers killed, stopped
+and replaced; ranks, pids, exit codes and job output asserted."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from typing import Any
+
+from conftest import process_gone, start_exec, start_tbon, tbon, wait_for
+
+QUICK = ("tbon.heartbeat=100ms", "tbon.torpid=0", "tbon.timeout=1500ms")
+"""Liveness settings short enough for a stopped broker to be judged within a test."""
+
+
+def pids(status: dict[str, Any]) -> dict[int, int]:
+    return {r["rank"]: r["pid"] for r in status["ranks"] if r["pid"]}
+
+
+def attached(status: dict[str, Any], *ranks: int) -> list[Any]:
+    return [status["ranks"][rank].get("attached_to") for rank in ranks]
+
+
+def test_an_interior_broker_killed_costs_one_rank_not_its_subtree(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")  # no timeout: only the drop tells
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGKILL)
+    status = inst.wait_status(
+        lambda s: s["ranks"][1]["state"] == "lost" and attached(s, 3, 4) == [0, 0],
+        "ranks 3 and 4 fostered by rank 0",
+    )
+    assert [r["state"] for r in status["ranks"]] == ["online", "lost"] + ["online"] * 5
+    assert status["ranks"][0]["subtree"] == "degraded"
+    assert status["ranks"][3]["parent"] == 1  # the topology's parent never changes
+    assert {rank: pid for rank, pid in pids(status).items()} == {
+        rank: pid for rank, pid in before.items() if rank != 1
+    }
+    assert tbon("exec", inst.uri, "-r", "0,2-6", "true").returncode == 0
+    ping = tbon("ping", inst.uri, "4")
+    assert ping.returncode == 0 and "hops=1" in ping.stdout  # through its foster parent
+    shown = tbon("status", inst.uri).stdout
+    assert re.search(r"^[├└]─ 3 \S+: full \(fostered, home is rank 1\)$", shown, re.M), shown
+
+
+def test_a_job_under_the_broker_that_died_ends_normally_and_its_output_arrives(instance) -> None:
+    inst = instance(15, "tbon.fanout=2", "tbon.timeout=0")
+    victim = inst.pid(1)
+    job = start_exec(inst.uri, "-r", "7,8", "-l", "sh", "-c", "echo up; sleep 2; echo done")
+    try:
+        assert job.stdout is not None
+        assert sorted(job.stdout.readline().strip() for _ in range(2)) == ["7: up", "8: up"]
+        os.kill(victim, signal.SIGKILL)
+        out, err = job.communicate(timeout=30)
+        assert job.returncode == 0, err
+        assert sorted(out.split("\n")[:2]) == ["7: done", "8: done"], out
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def test_two_levels_dying_at_once_leave_the_levels_below_fostered(instance) -> None:
+    inst = instance(15, "tbon.fanout=2", *QUICK, "broker.reattach-timeout=1s")
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGKILL)
+    os.kill(before[3], signal.SIGKILL)
+    status = inst.wait_status(
+        lambda s: attached(s, 4, 7, 8) == [0, 0, 0] and s["ranks"][3]["state"] == "lost",
+        "ranks 4, 7 and 8 fostered by rank 0, rank 3 lost",
+    )
+    assert status["ranks"][1]["state"] == "lost"
+    assert status["ranks"][3]["reason"] == "did not reattach in time"
+    survivors = [rank for rank in range(15) if rank not in (1, 3)]
+    assert all(pids(status)[rank] == before[rank] for rank in survivors)
+    targets = "0,2,4-14"
+    assert tbon("exec", inst.uri, "-r", targets, "true").returncode == 0
+
+
+def test_a_replacement_takes_the_rank_back_and_the_children_go_home(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGKILL)
+    inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "ranks 3 and 4 fostered")
+    joiner = inst.join()
+    status = inst.wait_status(
+        lambda s: s["ranks"][0]["subtree"] == "full" and attached(s, 3, 4) == [1, 1],
+        "rank 1 replaced and ranks 3 and 4 home",
+    )
+    assert status["ranks"][1]["pid"] == joiner.pid and status["ranks"][1]["incarnation"] == 2
+    assert all(pids(status)[rank] == before[rank] for rank in (0, 2, 3, 4, 5, 6))
+    shown = tbon("status", inst.uri).stdout
+    assert "fostered" not in shown
+    ping = tbon("ping", inst.uri, "3")
+    assert ping.returncode == 0 and "hops=2" in ping.stdout
+
+
+def test_a_stopped_parent_woken_after_it_was_declared_lost_rejoins_as_itself(instance) -> None:
+    """A partition (flux-core #4124): the parent is judged lost while stopped; its children go
+    to rank 0. Woken, nothing replaced it, so it comes back as the same incarnation and its
+    children go home to it."""
+    inst = instance(7, "tbon.fanout=2", *QUICK)
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGSTOP)
+    try:
+        inst.wait_status(
+            lambda s: s["ranks"][1]["state"] == "lost" and attached(s, 3, 4) == [0, 0],
+            "rank 1 lost and its children fostered",
+        )
+    finally:
+        os.kill(before[1], signal.SIGCONT)
+    status = inst.wait_status(
+        lambda s: s["ranks"][1]["state"] == "online" and attached(s, 3, 4) == [1, 1],
+        "rank 1 back and its children home",
+    )
+    assert pids(status) == before
+    assert status["ranks"][1]["incarnation"] == 1
+    assert tbon("exec", inst.uri, "-r", "all", "true").returncode == 0
+
+
+def test_a_stopped_parent_replaced_meanwhile_is_refused_when_woken(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", *QUICK)
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGSTOP)
+    try:
+        inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "rank 1's children fostered")
+        joiner = inst.join()
+        inst.wait_status(
+            lambda s: s["ranks"][1]["pid"] == joiner.pid and attached(s, 3, 4) == [1, 1],
+            "rank 1 replaced and its children home",
+        )
+    finally:
+        os.kill(before[1], signal.SIGCONT)
+    wait_for(lambda: process_gone(before[1]), "the superseded broker to exit")
+    inst.stop()
+    assert f"rank 1 (pid {before[1]}) exited with status 77" in inst.stderr()
+
+
+def test_when_rank0_dies_the_rest_exit_75_after_the_reattach_timeout(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", *QUICK, "broker.reattach-timeout=1s")
+    before = pids(inst.status())
+    os.kill(before[0], signal.SIGKILL)
+    wait_for(lambda: all(process_gone(pid) for pid in before.values()), "every broker to exit")
+    inst.stop()
+    log = inst.stderr()
+    for rank in range(1, 7):
+        assert f"rank {rank} (pid {before[rank]}) exited with status 75" in log, log
+
+
+def test_status_through_a_fostered_broker_waits_for_the_tree_then_answers(instance) -> None:
+    """A client of a broker whose parent died: its request fails while the broker seeks a new
+    parent, and `tbon status` waits for the tree to heal and asks once more."""
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
+    victim = inst.pid(1)
+    uri = inst.uri.replace("/0/local", "/3/local")
+    os.kill(victim, signal.SIGKILL)
+    shown = tbon("status", uri)
+    assert shown.returncode == 0, shown.stderr
+    assert "fostered" in shown.stdout or "lost" in shown.stdout
+    waiter = start_tbon("ping", uri, "0")
+    out, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0, err
