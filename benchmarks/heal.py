@@ -704,6 +704,11 @@ def report_tables(
     report.table(header, rows_of(rounds, shape))
     fostered = sorted({f"{r} → {p}" for one in rounds for r, p in one.fostered.items()})
     after_home = [r.job_after_home for r in rounds if r.job_after_home is not None]
+    kin = (
+        f"a grandchild of rank {shape.victim}"
+        if shape.job_is_grandchild
+        else f"a child of rank {shape.victim} (it has no grandchildren)"
+    )
     where = (
         f"The job's `done` arrived after every rank was home in {after_home.count(True)} of "
         f"{len(after_home)} rounds: the job outlived both moves of its rank's parent (to the "
@@ -715,8 +720,8 @@ def report_tables(
         f"Rank {shape.victim}'s subtree below it: {len(shape.below)} ranks "
         f"({idset(shape.below)}). Fostered, from rank 0's first snapshot with every other rank "
         f"attached (rank → foster parent): {', '.join(fostered) or 'none seen'}. The job: "
-        f"`tbon exec -r {shape.job_rank} sh -c 'echo started; sleep {sleep:g}; echo done'`, "
-        f"rank {shape.victim} killed once `started` had arrived. {where}"
+        f"`tbon exec -r {shape.job_rank} sh -c 'echo started; sleep {sleep:g}; echo done'` on "
+        f"{kin}, rank {shape.victim} killed once `started` had arrived. {where}"
     )
     report.note(
         "`tbon exec` after the kill runs again as soon as the last run exits; its time includes "

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -136,26 +137,31 @@ class Instance:
             f"{'running' if self.process.poll() is None else 'exited'}; its stderr ends: {tail}"
         )
 
-    def join(self, *attributes: str) -> subprocess.Popen[str]:
-        """Start `tbon broker` that joins this instance by FLUB (reaped by stop())."""
+    def join(
+        self, *attributes: str, boot: list[str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen[str]:
+        """Start `tbon broker` that joins this instance by FLUB (reaped by stop()): through
+        its URI, or the boot servers `boot` in that order; its stderr piped, or in the file
+        `log` for a test to read while it runs."""
         argv = [
             TBON,
             "broker",
             "-S",
-            f"broker.boot-server={self.uri}",
+            f"broker.boot-server={','.join(boot or [self.uri])}",
             "-S",
             "tbon.endpoint=tcp://127.0.0.1:*",
         ]
         for attribute in attributes:
             argv += ["-S", attribute]
-        joiner = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=child_env(),
-        )
+        with open(log, "w") if log is not None else nullcontext() as stderr:
+            joiner = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE if stderr is None else stderr,
+                text=True,
+                env=child_env(),
+            )
         self.joiners.append(joiner)
         return joiner
 

@@ -147,28 +147,6 @@ def test_a_relay_whose_broker_dies_ends_and_says_why(tmp_path: Path) -> None:
 # --- real joiners --------------------------------------------------------------------------
 
 
-def join_through(
-    inst: Instance, boot: list[str], log: Path, *attributes: str
-) -> subprocess.Popen[str]:
-    """`tbon broker` joining `inst` through the boot servers `boot`, in that order, its stderr
-    in the file `log` (reaped by the instance's stop())."""
-    argv = [TBON, "broker", "-S", f"broker.boot-server={','.join(boot)}"]
-    argv += ["-S", "tbon.endpoint=tcp://127.0.0.1:*"]
-    for attribute in attributes:
-        argv += ["-S", attribute]
-    with open(log, "w") as stderr:
-        joiner = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            text=True,
-            env=child_env(),
-        )
-    inst.joiners.append(joiner)
-    return joiner
-
-
 def uri_of(inst: Instance, rank: int) -> str:
     with inst.client() as client:
         return client.rpc("broker.info", nodeid=rank)["uri"]
@@ -186,7 +164,7 @@ def test_a_joiner_passes_over_boot_servers_it_cannot_reach(instance, tmp_path: P
     inst = instance(1, "size=3", "tbon.fanout=2")
     nothing, refused = f"local://{tmp_path}/nothing", stale_socket(tmp_path / "stale")
     log = tmp_path / "joiner.log"
-    joiner = join_through(inst, [nothing, refused, inst.uri], log, "broker.rank=2")
+    joiner = inst.join("broker.rank=2", boot=[nothing, refused, inst.uri], log=log)
     inst.wait_status(lambda s: s["ranks"][2]["state"] == "online", "rank 2 online")
     shown = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][2]
     assert shown["state"] == "online" and shown["pid"] == joiner.pid
@@ -203,7 +181,7 @@ def test_a_joiner_fails_over_when_its_boot_server_dies_mid_join(instance, tmp_pa
     inst = instance(2, "size=6", "tbon.fanout=2", "tbon.timeout=0", "broker.join-timeout=300s")
     boot = uri_of(inst, 1)
     log = tmp_path / "joiner.log"
-    joiner = join_through(inst, [boot, inst.uri], log, "broker.rank=5")
+    joiner = inst.join("broker.rank=5", boot=[boot, inst.uri], log=log)
     wait_for(lambda: "waiting for parent rank 2" in log.read_text(), "the joiner to wait")
     reserved = inst.status()["ranks"][5]
     assert reserved["state"] == "reserved" and reserved["incarnation"] == 1
@@ -232,7 +210,7 @@ def test_a_joiner_moves_on_from_a_boot_server_that_does_not_answer(
     log = tmp_path / "joiner.log"
     os.kill(pid, signal.SIGSTOP)
     try:
-        joiner = join_through(inst, [silent, inst.uri], log, "broker.join-timeout=1s")
+        joiner = inst.join("broker.join-timeout=1s", boot=[silent, inst.uri], log=log)
         status = inst.wait_status(
             lambda s: s["ranks"][2]["state"] == "online" or joiner.poll() is not None,
             "rank 2 online, or its joiner gone",
@@ -251,7 +229,7 @@ def exits_75_at_once(
     """Start a joiner for `rank` through `boot` alone, let it wait for `parent`, kill the broker
     of rank `kill` by PID, and check that the joiner exits 75 once the connection drops, long
     before any of its timeouts (300 s) would have ended the wait. What it said last."""
-    joiner = join_through(inst, [boot], log, f"broker.rank={rank}", "broker.join-timeout=300s")
+    joiner = inst.join(f"broker.rank={rank}", "broker.join-timeout=300s", boot=[boot], log=log)
     wait_for(lambda: f"waiting for parent rank {parent}" in log.read_text(), "the joiner to wait")
     os.kill(inst.pid(kill), signal.SIGKILL)
     try:

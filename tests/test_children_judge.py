@@ -537,7 +537,19 @@ def test_a_lost_incarnation_is_welcomed_back_only_as_its_own_broker() -> None:
     assert sent[-1].topic == "welcome"
 
 
-def test_a_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
+def test_a_first_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
+    children, _ = bare_children(TOPOLOGY, 1)
+    children.sessions[3] = ChildSession(CHILD, parent=1)
+    children._connection_event(ACCEPTED, 12)
+    children._connection_event(CLOSED, 12)
+    inbound = Inbound()
+    children._hello(b"new", 12, CHILD, hello_message(CHILD), 1.0, inbound)
+    assert inbound.reports == [Online(3, 1, "node3", 4242, 1), Lost(3, 1, "connection dropped", 1)]
+
+
+def test_a_hello_again_on_a_connection_already_closed_is_not_news() -> None:
+    """The broker welcomed before left that connection already (it sought a parent, and another
+    took it): the hello says nothing of where it is. Its session stays where it was."""
     children, _ = bare_children(TOPOLOGY, 1)
     children.sessions[3] = ChildSession(CHILD, parent=1)
     welcomed_on(children, b"old", 11)
@@ -545,9 +557,9 @@ def test_a_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
     children._connection_event(CLOSED, 12)
     inbound = Inbound()
     children._hello(b"new", 12, CHILD, hello_message(CHILD), 1.0, inbound)
-    assert inbound.reports == [Online(3, 1, "node3", 4242, 1), Lost(3, 1, "connection dropped", 1)]
+    assert inbound.reports == []
     children._connection_event(CLOSED, 11)
-    assert children.settle() == []
+    assert children.settle() == [Lost(3, 1, "connection dropped", 1)]
 
 
 def test_a_goodbye_makes_the_close_that_follows_no_news() -> None:

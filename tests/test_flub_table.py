@@ -1035,9 +1035,9 @@ class FlubMachine(RuleBasedStateMachine):
         """A rank whose parent ended stays online only while it seeks a live ancestor."""
         for entry in self.table.entries:
             parent = self.table.topology.parent(entry.rank)
-            if parent is not None and self.table.entry(parent).state not in CONNECTED:
-                if entry.state is RankState.ONLINE:
-                    assert entry.attached_to is None and entry.adrift_until is not None, entry
+            orphan = parent is not None and self.table.entry(parent).state not in CONNECTED
+            if orphan and entry.state is RankState.ONLINE:
+                assert entry.attached_to is None and entry.adrift_until is not None, entry
             if entry.state not in CONNECTED:
                 assert entry.pid is None and not entry.torpid
 

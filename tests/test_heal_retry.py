@@ -248,13 +248,10 @@ def test_a_lost_rank_is_pinged_twice_and_reported_once(instance) -> None:
     inst = instance(3)
     os.kill(inst.pid(2), signal.SIGKILL)
     inst.wait_status(lambda s: s["ranks"][2]["state"] == "lost", "rank 2 lost")
-    started = time.monotonic()
     ping = tbon("ping", inst.uri, "2")
     assert ping.returncode == 1 and ping.stderr == "tbon ping: rank 2 is lost\n"
-    assert time.monotonic() - started < 5.0
 
 
-@pytest.mark.skip(reason="TODO(issue 12): needs the broker side of healing (heal.wait, fostering)")
 def test_status_through_a_fostered_rank_waits_for_the_tree_and_shows_it(instance) -> None:
     """Ask rank 3 for the table right after its parent died: the request to rank 0 finds no
     route while rank 3 reattaches, the command waits for the tree to heal, asks again, and

@@ -141,8 +141,8 @@ class Router:
         to: the deepest on the way that is attached here, else the child the topology names."""
         children = self.children
         hop = self.topology.next_hop(self.rank, target)
-        if children is None:
-            return hop
+        if children is None or not children.fosters:
+            return hop  # only children in the topology are attached here
         current: int | None = target
         while current is not None and current != self.rank:
             if children.attached(current):

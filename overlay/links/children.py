@@ -114,6 +114,7 @@ class Children:
     def _start_sessions(self) -> None:
         """The state with no sockets in it (tests build a Children from this alone)."""
         self.sessions: dict[int, ChildSession] = {}
+        self.fosters: set[int] = set()  # ranks whose session here is a foster child's
         self._retired: set[Identity] = set()  # answered "retired" even once the rank is refilled
         self._by_routing: dict[bytes, ChildSession] = {}
         self._ledger: ConnectionLedger[ChildSession] = ConnectionLedger()
@@ -152,6 +153,10 @@ class Children:
         if old is not None and old.routing_id is not None:
             self._by_routing.pop(old.routing_id, None)
         foster = self.topology.parent(rank) != self.rank
+        if foster:
+            self.fosters.add(rank)
+        else:
+            self.fosters.discard(rank)
         self.sessions[rank] = ChildSession(
             identity,
             parent=self.rank,
@@ -169,6 +174,15 @@ class Children:
 
     def connected(self) -> list[int]:
         return [rank for rank, session in self.sessions.items() if session.connected]
+
+    def awaited(self) -> list[int]:
+        """What a shutdown waits for: the children connected, and the foster children rank 0
+        said to expect, which are told the instance is shutting down when they come."""
+        return [
+            rank
+            for rank, session in self.sessions.items()
+            if session.connected or (session.foster and session.expected_until is not None)
+        ]
 
     # --- input ------------------------------------------------------------------------------
 
@@ -241,7 +255,7 @@ class Children:
             return inbound
         assert session.liveness is not None
         if session.liveness.heard(now) is Verdict.ALIVE:
-            inbound.reports.append(Torpid(sender.rank, sender.incarnation, False))
+            inbound.reports.append(Torpid(sender.rank, sender.incarnation, False, self.rank))
         if message.kind is not Kind.CONTROL:
             inbound.messages.append((sender.rank, message))
         elif message.topic == "goodbye":
@@ -290,6 +304,12 @@ class Children:
                 self._refuse_hello(routing_id, hello, refusal)
             case Welcome(identity):
                 session = self.sessions[identity.rank]
+                if session.broker is not None and not self._ledger.is_open(connection):
+                    # A broker welcomed before (back from a partition, or seeking a parent)
+                    # that has already left the connection this hello came on: it says
+                    # nothing of where that broker is now, so it is not news.
+                    log.info("ignored a hello of rank %d from a closed connection", identity.rank)
+                    return
                 self._welcome(session, routing_id, connection, hello, now, inbound)
             case AskRankZero(rank, ended, replaces):
                 session = self.sessions.get(rank)
@@ -301,8 +321,12 @@ class Children:
                 inbound.rejoins.append(rejoin)
 
     def _refuse_hello(self, routing_id: bytes, hello: Message, refusal: Refusal) -> None:
-        log.warning("refused hello from rank %s: %s", hello.payload.get("rank"), refusal.reason)
+        rank = hello.payload.get("rank")
+        log.warning("refused hello from rank %s: %s", rank, refusal.reason)
         self._refuse(routing_id, refusal)
+        session = self.sessions.get(rank) if is_int(rank) else None  # type: ignore[arg-type]
+        if session is not None and session.foster and refusal.exit_code == exitcodes.SHUTDOWN:
+            self._forget_foster(session)  # told: it leaves, and nobody waits for it
 
     def _refuse(self, routing_id: bytes, refusal: Refusal) -> None:
         self._send_raw(
@@ -422,8 +446,9 @@ class Children:
         self._ledger.forget(session)
         if session.routing_id is not None:
             self._by_routing.pop(session.routing_id, None)
-        if session.foster:
-            self.sessions.pop(session.identity.rank, None)
+        if session.foster and self.sessions.get(identity.rank) is session:
+            del self.sessions[identity.rank]
+            self.fosters.discard(identity.rank)
         return Moved(identity.rank, identity.incarnation, self.rank, to)
 
     def send_lineage(self) -> None:
@@ -512,6 +537,7 @@ class Children:
         self.keyring.revoke(session.identity)
         if self.sessions.get(session.identity.rank) is session:
             del self.sessions[session.identity.rank]
+            self.fosters.discard(session.identity.rank)
 
     def verdict_due(self, now: float) -> bool:
         """Whether some child's silence is about to be judged (torpid or lost) at `now`."""

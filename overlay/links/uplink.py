@@ -37,6 +37,9 @@ log = logging.getLogger("tbon.parent")
 Card = tuple[int, str, str]
 """An ancestor as its child knows it: rank, endpoint, public key (Z85)."""
 
+DISMISS_LINGER_MS = 200
+"""How long a "moved" to an ancestor that welcomed this broker second may take to leave."""
+
 HELD_BYTES = 64 << 20
 """The most a broker holds for its parent while it seeks one (besides LINK_HWM messages)."""
 
@@ -227,11 +230,15 @@ class Uplink:
             return UplinkNews()
         if not inbound.welcomed:
             return UplinkNews(messages=inbound.messages, peer=link.peer)
-        # the first ancestor to welcome it is its parent now
+        # the first ancestor to welcome it is its parent now; any other may have welcomed it
+        # too (its welcome unread): each is told "moved", so that it reports no loss
         del self.candidates[link.peer]  # type: ignore[arg-type]
         self.link = link
         self._incarnation = link.incarnation
-        self._stop_seeking()
+        for other in self.candidates.values():
+            other.send(Message(Kind.CONTROL, "moved", {"to": link.peer}))
+            other.socket.linger = DISMISS_LINGER_MS
+        self._stop_seeking(linger=True)
         log.info("reattached under rank %s", link.peer)
         if inbound.lineage is not None:
             self._adopt_lineage(inbound.lineage)
@@ -291,9 +298,9 @@ class Uplink:
         self._close(link, linger=False)
         self._retry[link.peer] = retry_at
 
-    def _stop_seeking(self) -> None:
+    def _stop_seeking(self, linger: bool = False) -> None:
         for link in self.candidates.values():
-            self._close(link, linger=False)
+            self._close(link, linger=linger)
         self.candidates.clear()
         self._retry.clear()
         self.seeking_until = None

@@ -88,7 +88,7 @@ class Authorize(Record):
 
 
 class Foster(Record):
-    """Admit each (rank, incarnation, key) as a foster child until `until` (docs/protocol.md §12)."""
+    """Admit each (rank, incarnation, key) as a foster child until `until` (protocol.md §12)."""
 
     __slots__ = __match_args__ = ("admissions", "until")
 

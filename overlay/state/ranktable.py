@@ -40,7 +40,8 @@ they were: a repeat, or the torpid flag.
   (its old parent, woken from a stop) changes nothing. An Online attaches the rank to the
   broker that welcomed it; the same broker saying hello to a foster parent or back home is a
   repeat that moves it. A lost rank whose same broker (same pid) says hello again, its
-  incarnation never replaced, is online again: a healed partition.
+  incarnation never replaced, is online again: a healed partition (not one lost while
+  retiring: its key is barred).
 - Torpid sets or clears a flag on a connected rank: it is not a state, and `since` stays.
 - Retire: an online rank other than rank 0, whose children are none of them online, reserved or
   retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
@@ -193,13 +194,17 @@ def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: flo
 
 def same_broker(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
     """A hello repeated by the broker already online is harmless; another broker's is not."""
-    if event.pid == entry.pid:
+    if event.pid == entry.pid and (not event.host or event.host == entry.host):
         return None
     return f"rank {entry.rank} is {entry.state}, it cannot come online"
 
 
 def returning(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
-    """A lost rank comes back only as the broker that was lost (a partition healed)."""
+    """A lost rank comes back only as the broker that was lost (a partition healed), unless it
+    was lost while retiring: its key is barred for good (its parent does not let it back
+    either: sessions.py)."""
+    if entry.key is not None and entry.key in table.retired_keys:
+        return f"rank {entry.rank} was lost while retiring: a retired broker does not come back"
     if event.pid == entry.last_pid and event.host == entry.host:
         return None
     return f"rank {entry.rank} is lost: only its last broker (pid {entry.last_pid}) may return"
