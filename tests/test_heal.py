@@ -145,3 +145,14 @@ def test_when_rank0_dies_the_rest_exit_75_after_the_reattach_timeout(instance) -
     log = inst.stderr()
     for rank in range(1, 7):
         assert f"rank {rank} (pid {before[rank]}) exited with status 75" in log, log
+
+
+def test_a_fostered_broker_can_be_retired_where_it_is(instance) -> None:
+    inst = instance(7, "tbon.fanout=2", "tbon.timeout=0")
+    os.kill(inst.pid(1), signal.SIGKILL)
+    inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "ranks 3 and 4 fostered")
+    pid = inst.pid(3)
+    assert tbon("retire", inst.uri, "3").returncode == 0
+    wait_for(lambda: process_gone(pid), "the retired broker to exit")
+    status = inst.wait_status(lambda s: s["ranks"][3]["state"] == "vacant", "rank 3 vacant")
+    assert status["ranks"][3].get("retired") is True

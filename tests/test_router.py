@@ -28,6 +28,7 @@ class Recorder:
         return self.present
 
     welcomed = True  # as the link up: attached to its parent
+    fosters: frozenset[int] = frozenset()  # as the children: no foster child attached
 
     def send_response(self, reply: Any, came_from: int | None) -> bool:
         return self.send(reply)

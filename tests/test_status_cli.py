@@ -78,11 +78,15 @@ def test_ranks_that_never_reattach_below_a_lost_one_say_so_and_show_their_path(i
     )
     below = {rank: inst.pid(rank) for rank in (3, 4)}
     for pid in below.values():
-        os.kill(pid, signal.SIGKILL)
-    kill_rank(inst, 1)
-    inst.wait_status(
-        lambda s: [s["ranks"][r]["state"] for r in (1, 3, 4)] == ["lost"] * 3, "1, 3, 4 lost"
-    )
+        os.kill(pid, signal.SIGSTOP)  # they cannot seek a parent, and rank 1 sees no drop
+    try:
+        kill_rank(inst, 1)
+        inst.wait_status(
+            lambda s: [s["ranks"][r]["state"] for r in (1, 3, 4)] == ["lost"] * 3, "1, 3, 4 lost"
+        )
+    finally:
+        for pid in below.values():
+            os.kill(pid, signal.SIGKILL)
     down = tbon("status", inst.uri, "--down").stdout.splitlines()
     assert re.fullmatch(r"1 \S+: lost \(via 0\): connection dropped", down[0])
     assert re.fullmatch(r"3 \S+: lost \(via 1, 0\): did not reattach in time", down[1])

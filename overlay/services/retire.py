@@ -104,7 +104,12 @@ class RetireService:
         return actions
 
     def _order(self, rank: int, incarnation: int, order: dict[str, Any]) -> Call:
-        parent = self.topology.parent(rank)
+        """Order the broker the rank is attached to (its parent, or a foster parent) to retire
+        it."""
+        assert self.table is not None
+        parent = self.table.entry(rank).attached_to
+        if parent is None:
+            parent = self.topology.parent(rank)
         assert parent is not None  # rank 0 never retires
 
         def ordered(reply: Message, now: float) -> list[Action]:
