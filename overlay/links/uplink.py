@@ -229,7 +229,7 @@ class Uplink:
             self._drop_candidate(link, now + RETRY_AFTER)
             return UplinkNews()
         if not inbound.welcomed:
-            return UplinkNews(messages=inbound.messages, peer=link.peer)
+            return UplinkNews()  # nothing comes before a welcome from a broker that did
         # the first ancestor to welcome it is its parent now; any other may have welcomed it
         # too (its welcome unread): each is told "moved", so that it reports no loss
         del self.candidates[link.peer]  # type: ignore[arg-type]
@@ -251,7 +251,7 @@ class Uplink:
             self._close_moving()
             return UplinkNews()
         if not inbound.welcomed:
-            return UplinkNews(messages=inbound.messages, peer=link.peer)
+            return UplinkNews()
         old, self.link, self.moving, self._home = self.link, link, None, None
         if old is not None:
             old.send(Message(Kind.CONTROL, "moved", {"to": link.peer}))
