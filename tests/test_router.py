@@ -10,6 +10,7 @@ from typing import Any
 from tables import bring_up, started
 
 from tbon.overlay.broker.router import Router
+from tbon.overlay.links.uplink import _skip_to
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
@@ -157,3 +158,70 @@ def test_tags_of_calls_are_not_a_counter() -> None:
         setup.router.call(request("broker.ping", nodeid=1), lambda r, now: [], 0.0)
     tags = [m.tag for m in setup.children.sent]
     assert len(set(tags)) == 3 and tags != [1, 2, 3]
+
+
+# --- a tree that healed: foster children and the hops of brokers that went (protocol.md §12) ---
+
+
+class Fostering:
+    """Stands in for a parent's children where some are foster children: records (rank, what)."""
+
+    def __init__(self, attached: set[int], fosters: set[int]) -> None:
+        self.attached_ranks = attached
+        self.fosters = fosters
+        self.sent: list[tuple[int, Message]] = []
+
+    def attached(self, rank: int) -> bool:
+        return rank in self.attached_ranks
+
+    def send(self, rank: int, message: Message) -> bool:
+        if rank not in self.attached_ranks:
+            return False
+        self.sent.append((rank, message))
+        return True
+
+
+def fostering_router(rank: int, attached: set[int], fosters: set[int]) -> tuple[Router, Fostering]:
+    children = Fostering(attached, fosters)
+    router = Router(
+        rank,
+        Topology("kary:2", 31),  # 0 - 1 - 3 - 7 - 15
+        None,
+        (Recorder() if rank else None, children, Recorder()),  # type: ignore[arg-type]
+        {},
+        frozenset(),
+        lambda actions: None,
+        lambda hop, message: None,
+        call_timeout=5.0,
+    )
+    return router, children
+
+
+def test_a_request_goes_to_the_deepest_broker_on_its_way_that_is_attached_here() -> None:
+    router, _ = fostering_router(0, attached={2, 7}, fosters={7})  # 1 and 3 are gone
+    assert router.hop_down(15) == 7 and router.hop_down(7) == 7
+    assert router.hop_down(5) == 2
+    assert router.hop_down(4) == 1  # nobody on its way is attached: the topology's child
+
+
+def test_a_response_skips_the_hops_of_brokers_that_went_on_its_way_down() -> None:
+    """A request from a client of rank 15 went up 15 -> 7 -> 3 -> 1 -> 0; since then 1 and 3
+    have gone and 7 is fostered at 0: the answer skips their hops and reaches 7."""
+    router, children = fostering_router(0, attached={2, 7}, fosters={7})
+    reply = Message(Kind.RESPONSE, "x", route=["l5", "c15", "c7", "c3", "c1"])
+    assert router.respond(reply, "here")
+    assert children.sent == [(7, reply)] and reply.route == ["l5", "c15"]
+    lost = Message(Kind.RESPONSE, "x", route=["l5", "c4", "c1"])  # 4's way: nobody attached
+    assert not router.respond(lost, "here")
+
+
+def test_a_response_going_up_skips_the_hops_of_brokers_that_went() -> None:
+    """Rank 0's client asked rank 7 by way of 1 and 3; rank 7 is now fostered at rank 1."""
+    reply = Message(Kind.RESPONSE, "x", route=["l9", "p0", "p1"])  # 1 and 3 pushed these
+    assert _skip_to(reply, 3, 1) and reply.route == ["l9", "p0"]  # 3's hop off: 1's on top
+    same = Message(Kind.RESPONSE, "x", route=["l9", "p0"])
+    assert _skip_to(same, 1, 1) and same.route == ["l9", "p0"]
+    nowhere = Message(Kind.RESPONSE, "x", route=["l9"])  # 3 answered its own client
+    assert not _skip_to(nowhere, 3, 1)
+    past = Message(Kind.RESPONSE, "x", route=["l9", "p0", "p1"])  # its new parent not on the way
+    assert not _skip_to(past, 3, 2)
