@@ -71,6 +71,15 @@ def fingerprint(public_z85: str) -> str:
     return "SHA256:" + hashlib.sha256(decode_key(public_z85)).hexdigest()[:16]
 
 
+def is_key(key_z85: str) -> bool:
+    """Whether `key_z85` is a key in the canonical form `decode_key` accepts."""
+    try:
+        decode_key(key_z85)
+    except ValueError:
+        return False
+    return True
+
+
 def decode_key(key_z85: str) -> bytes:
     """Decode a Z85 key to its 32 raw bytes, accepting only the canonical 40-character form.
 

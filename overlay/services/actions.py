@@ -250,6 +250,11 @@ Action = (
 )
 
 
+def fail(request: Message, errnum: int, errstr: str) -> list[Action]:
+    """Answer `request` with an error, and do nothing else."""
+    return [Respond(request.fail(errnum, errstr))]
+
+
 def info(text: str) -> Log:
     return Log(logging.INFO, text)
 

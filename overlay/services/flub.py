@@ -22,7 +22,7 @@ import errno
 from collections.abc import Callable
 from typing import Any
 
-from tbon.keys.cert import decode_key, fingerprint
+from tbon.keys.cert import fingerprint, is_key
 from tbon.overlay.links.children import Rejoin
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
@@ -33,12 +33,18 @@ from tbon.overlay.services.actions import (
     Respond,
     Revoke,
     Send,
+    fail,
     info,
     warning,
 )
 from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import Connection, connection_of, from_parent_of, from_rank0
+from tbon.overlay.services.trust import (
+    Connection,
+    connection_of,
+    from_parent_of,
+    unless_from_rank0,
+)
 from tbon.overlay.state.ranktable import (
     CONNECTED,
     RankState,
@@ -93,12 +99,12 @@ class FlubService:
         assert self.table is not None
         payload = request.payload
         key, host, rank = payload.get("public_key"), payload.get("hostname"), payload.get("rank")
-        if not isinstance(key, str) or not _valid_key(key) or not isinstance(host, str):
-            return _fail(request, errno.EINVAL, "flub.allocate needs public_key and hostname")
+        if not isinstance(key, str) or not is_key(key) or not isinstance(host, str):
+            return fail(request, errno.EINVAL, "flub.allocate needs public_key and hostname")
         if rank is not None and not is_int(rank):
-            return _fail(request, errno.EINVAL, "flub.allocate: rank must be a whole number")
+            return fail(request, errno.EINVAL, "flub.allocate: rank must be a whole number")
         if self.lifecycle.stopping:
-            return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+            return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         route = connection_of(request)
         held = self._held(route)
         repeat = any(entry.joiner == key for entry in self.table.entries)
@@ -110,7 +116,7 @@ class FlubService:
             )
             return [
                 info(f"FLUB: refused a joiner on {host}: {why}"),
-                *_fail(request, errno.EAGAIN, why),
+                *fail(request, errno.EAGAIN, why),
             ]
         lease = float(self.attributes["broker.join-timeout"])
         grant = self.table.apply(Reserve(key, host, rank, lease), now).reservation
@@ -123,7 +129,7 @@ class FlubService:
                 errnum = errno.EPERM
             return [
                 info(f"FLUB: refused a joiner on {host}: {grant.reason}"),
-                *_fail(request, errnum, grant.reason),
+                *fail(request, errnum, grant.reason),
             ]
         actions: list[Action] = []
         if not grant.repeated:  # a repeat is told its reservation, and holds it only if it did
@@ -142,7 +148,7 @@ class FlubService:
             entry = self.table.entry(grant.rank)
             if entry.incarnation != grant.incarnation or entry.state is not RankState.RESERVED:
                 why = f"the reservation of rank {grant.rank} incarnation {grant.incarnation} lapsed"
-                return _fail(request, errno.EPERM, why)
+                return fail(request, errno.EPERM, why)
             reply = {
                 "rank": grant.rank,
                 "incarnation": grant.incarnation,
@@ -175,25 +181,25 @@ class FlubService:
         assert self.table is not None
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
-        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
-            return _fail(request, errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
+            return fail(request, errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if (why := self._not_holder(request, rank, incarnation, key)) is not None:
             return [
                 warning(f"refused a key exchange for rank {rank}: {why}"),
-                *_fail(request, errno.EPERM, why),
+                *fail(request, errno.EPERM, why),
             ]
         if self.lifecycle.stopping:
-            return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+            return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         parent = self.topology.parent(rank)
         assert parent is not None  # verify refuses rank 0: it is never reserved
         state = self.table.entry(parent).state
         if state not in CONNECTED:
-            return _fail(request, errno.EHOSTUNREACH, f"rank {parent} is {state}")
+            return fail(request, errno.EHOSTUNREACH, f"rank {parent} is {state}")
 
         def passed_on(reply: Message, now: float) -> list[Action]:
             if reply.errnum:  # the joiner's exit code follows from it: 77, 0, 75 or 1
-                return _fail(request, reply.errnum, reply.errstr)
+                return fail(request, reply.errnum, reply.errstr)
             return [Respond(request.respond(_card(reply)))]
 
         return [self._order_authorize(rank, incarnation, key, then=passed_on)]
@@ -205,18 +211,18 @@ class FlubService:
         assert self.table is not None
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
-        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
-            return _fail(request, errno.EINVAL, "flub.release needs rank, incarnation, public_key")
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
+            return fail(request, errno.EINVAL, "flub.release needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if (why := self._not_holder(request, rank, incarnation, key)) is not None:
             return [
                 info(f"FLUB: refused to release rank {rank}: {why}"),
-                *_fail(request, errno.EPERM, why),
+                *fail(request, errno.EPERM, why),
             ]
         host = self.table.entry(rank).host
         outcome = self.table.apply(Release(rank, incarnation, key), now)
         if not outcome.applied:  # verify passed, so the table's own row agrees: kept as a guard
-            return _fail(request, errno.EPERM, outcome.reason)
+            return fail(request, errno.EPERM, outcome.reason)
         return [
             info(f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"),
             *self.void(rank, incarnation, "the joiner released its reservation", now),
@@ -326,36 +332,36 @@ class FlubService:
         assert self.table is not None
         rank, incarnation = request.payload.get("rank"), request.payload.get("incarnation")
         if not (is_int(rank) and is_int(incarnation)):
-            return _fail(request, errno.EINVAL, "config.rejoin needs rank and incarnation")
+            return fail(request, errno.EINVAL, "config.rejoin needs rank and incarnation")
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if not 0 < rank < self.topology.size or not from_parent_of(request, self.topology, rank):
-            return _fail(request, errno.EPERM, "config.rejoin comes from the rank's parent only")
+            return fail(request, errno.EPERM, "config.rejoin comes from the rank's parent only")
         outcome = self.table.apply(Reboot(rank, incarnation), now)  # the ended one, or 0
         if not outcome.applied:
             said = info(f"ignored {Reboot(rank, incarnation)}: {outcome.reason}")
-            return [said, *_fail(request, errno.EPERM, outcome.reason)]
+            return [said, *fail(request, errno.EPERM, outcome.reason)]
         return [Respond(request.respond({"incarnation": self.table.entry(rank).incarnation}))]
 
     # --- a parent -----------------------------------------------------------------------------
 
     def authorize(self, request: Message, now: float) -> list[Action]:
         """Rank 0's order to admit a joiner's key as one of this broker's children."""
-        if (refused := self._unless_from_rank0(request)) is not None:
+        if (refused := unless_from_rank0(request)) is not None:
             return refused
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
-        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and _valid_key(key)):
-            return _fail(request, errno.EINVAL, "flub.authorize needs rank, incarnation, key")
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
+            return fail(request, errno.EINVAL, "flub.authorize needs rank, incarnation, key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
-            return _fail(request, errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
+            return fail(request, errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
         if self.lifecycle.stopping:
-            return _fail(request, errno.ESHUTDOWN, "the instance is shutting down")
+            return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         return [Authorize(rank, incarnation, key), Respond(request.respond(self.card))]
 
     def revoke(self, request: Message, now: float) -> list[Action]:
         """Rank 0 voided an incarnation of a child: cut it off (one-way: nothing to answer)."""
-        if (refused := self._unless_from_rank0(request)) is not None:
+        if (refused := unless_from_rank0(request)) is not None:
             return refused
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
@@ -363,15 +369,6 @@ class FlubService:
             return []
         assert isinstance(rank, int) and isinstance(incarnation, int)
         return [Revoke(rank, incarnation, str(payload.get("reason", "revoked")))]
-
-    def _unless_from_rank0(self, request: Message) -> list[Action] | None:
-        if from_rank0(request):
-            return None
-        rank = request.payload.get("rank")
-        return [
-            warning(f"refused {request.topic} for rank {rank}: not from rank 0"),
-            *_fail(request, errno.EPERM, f"{request.topic} comes from rank 0 only"),
-        ]
 
     def ask_rejoin(self, rejoin: Rejoin, welcomed: bool) -> list[Action]:
         """A config-booted child's broker is at the door: rank 0 gives its incarnation. Until
@@ -407,16 +404,6 @@ def _card(reply: Message) -> Card:
     }
 
 
-def _fail(request: Message, errnum: int, errstr: str) -> list[Action]:
-    return [Respond(request.fail(errnum, errstr))]
-
-
-def _valid_key(key: str) -> bool:
-    try:
-        decode_key(key)
-    except ValueError:
-        return False
-    return True
 
 
 def flub_attributes(heartbeat: float, torpid: float, timeout: float, join: float) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from tbon.keys.cert import decode_key
+from tbon.keys.cert import is_key
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
@@ -26,10 +26,11 @@ from tbon.overlay.services.actions import (
     Foster,
     GoHome,
     Respond,
+    fail,
     info,
     warning,
 )
-from tbon.overlay.services.trust import from_rank0
+from tbon.overlay.services.trust import unless_from_rank0
 from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
 from tbon.overlay.state.rankstates import CONFIG_PHASES
 from tbon.overlay.state.ranktable import (
@@ -135,18 +136,18 @@ class HealService:
 
     def foster(self, request: Message, now: float) -> list[Action]:
         """heal.foster: admit these brokers as foster children, for a while."""
-        if (refused := _unless_from_rank0(request)) is not None:
+        if (refused := unless_from_rank0(request)) is not None:
             return refused
         ranks, lasting = request.payload.get("ranks"), request.payload.get("for")
         if not isinstance(ranks, list) or len(ranks) > MAX_ADMISSIONS:
-            return _fail(request, errno.EINVAL, "heal.foster needs a list of ranks")
+            return fail(request, errno.EINVAL, "heal.foster needs a list of ranks")
         if not isinstance(lasting, int | float) or not 0 < lasting <= MAX_WAIT * 24:
-            return _fail(request, errno.EINVAL, "heal.foster needs how long (for)")
+            return fail(request, errno.EINVAL, "heal.foster needs how long (for)")
         admitted: list[tuple[int, int, str]] = []
         for item in ranks:
             admission = self._admission(item)
             if admission is None:
-                return _fail(request, errno.EINVAL, f"heal.foster: bad admission {item!r}")
+                return fail(request, errno.EINVAL, f"heal.foster: bad admission {item!r}")
             admitted.append(admission)
         return [Foster(tuple(admitted), now + float(lasting)), Respond(request.respond({}))]
 
@@ -159,26 +160,26 @@ class HealService:
             return None
         if not 0 < rank < self.topology.size or not self.topology.is_ancestor(self.rank, rank):
             return None
-        if key and not _valid_key(key):
+        if key and not is_key(key):
             return None
         return rank, incarnation, key
 
     def adopt(self, request: Message, now: float) -> list[Action]:
         """heal.adopt: admit this child of ours, coming home; answer with our card."""
-        if (refused := _unless_from_rank0(request)) is not None:
+        if (refused := unless_from_rank0(request)) is not None:
             return refused
         payload = request.payload
         item = [payload.get("rank"), payload.get("incarnation"), payload.get("public_key")]
         admission = self._admission(item)
         if admission is None or self.topology.parent(admission[0]) != self.rank:
-            return _fail(request, errno.EINVAL, f"heal.adopt: not a child of rank {self.rank}")
+            return fail(request, errno.EINVAL, f"heal.adopt: not a child of rank {self.rank}")
         rank, incarnation, key = admission
         card = {"rank": self.rank, **self.card}
         return [Authorize(rank, incarnation, key), Respond(request.respond(card))]
 
     def home(self, request: Message, now: float) -> list[Action]:
         """heal.home: go to this card, our own parent's broker."""
-        if (refused := _unless_from_rank0(request)) is not None:
+        if (refused := unless_from_rank0(request)) is not None:
             return refused
         payload = request.payload
         rank, endpoint, key = (
@@ -192,9 +193,9 @@ class HealService:
             and isinstance(endpoint, str)
             and endpoint.startswith("tcp://")
             and isinstance(key, str)
-            and _valid_key(key)
+            and is_key(key)
         ):
-            return _fail(request, errno.EINVAL, "heal.home needs this broker's parent's card")
+            return fail(request, errno.EINVAL, "heal.home needs this broker's parent's card")
         return [GoHome(request, (int(rank), endpoint, key))]  # type: ignore[arg-type]
 
     # --- heal.wait ----------------------------------------------------------------------------
@@ -204,7 +205,7 @@ class HealService:
         or ETIMEDOUT. `whole` says whether that holds now."""
         timeout = request.payload.get("timeout", 10.0)
         if not isinstance(timeout, int | float) or not 0 <= timeout <= MAX_WAIT:
-            return _fail(request, errno.EINVAL, f"heal.wait: timeout from 0 to {MAX_WAIT:g}s")
+            return fail(request, errno.EINVAL, f"heal.wait: timeout from 0 to {MAX_WAIT:g}s")
         if whole:
             return [Respond(request.respond({}))]
         self.waiting.append((request, now + float(timeout)))
@@ -237,24 +238,3 @@ def adrift(table: RankTable) -> bool:
 
 def _unless_failed(reply: Message, what: str) -> list[Action]:
     return [warning(f"{what}: {reply.errstr}")] if reply.errnum else []
-
-
-def _unless_from_rank0(request: Message) -> list[Action] | None:
-    if from_rank0(request):
-        return None
-    return [
-        warning(f"refused {request.topic}: not from rank 0"),
-        *_fail(request, errno.EPERM, f"{request.topic} comes from rank 0 only"),
-    ]
-
-
-def _fail(request: Message, errnum: int, errstr: str) -> list[Action]:
-    return [Respond(request.fail(errnum, errstr))]
-
-
-def _valid_key(key: str) -> bool:
-    try:
-        decode_key(key)
-    except ValueError:
-        return False
-    return True

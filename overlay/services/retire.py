@@ -28,7 +28,7 @@ from tbon.overlay.services.actions import (
     info,
     warning,
 )
-from tbon.overlay.services.trust import from_rank0
+from tbon.overlay.services.trust import unless_from_rank0
 from tbon.overlay.state.ranktable import RankState, RankTable, Retire
 from tbon.overlay.state.retirement import Retirement, Step
 from tbon.overlay.state.topology import Topology
@@ -180,11 +180,8 @@ class RetireService:
         """Rank 0's order to retire one of this broker's children: record, then tell it."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if not from_rank0(request):
-            return [
-                warning(f"refused retire.order for rank {rank}: not from rank 0"),
-                Respond(request.fail(errno.EPERM, "retire.order comes from rank 0 only")),
-            ]
+        if (refused := unless_from_rank0(request)) is not None:
+            return refused
         if not self.topology.children(self.rank) or not (is_int(rank) and is_int(incarnation)):
             why = "retire.order needs a child's rank and incarnation"
             return [Respond(request.fail(errno.EINVAL, why))]

@@ -11,7 +11,10 @@ before the hop of the broker it is a client of, and that broker's hop is never a
 
 from __future__ import annotations
 
+import errno
+
 from tbon.overlay.parse.numbers import is_decimal
+from tbon.overlay.services.actions import Action, fail, warning
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
 
@@ -32,6 +35,17 @@ def from_rank0(request: Message) -> bool:
     if len(route) == 1:
         return True  # rank 0's request to itself
     return route[1] == "p0" and all(parent_hop(hop) is not None for hop in route[2:])
+
+
+def unless_from_rank0(request: Message) -> list[Action] | None:
+    """None if rank 0 itself sent `request` (an order); else the refusal, said in the log."""
+    if from_rank0(request):
+        return None
+    rank = request.payload.get("rank")
+    return [
+        warning(f"refused {request.topic} for rank {rank}: not from rank 0"),
+        *fail(request, errno.EPERM, f"{request.topic} comes from rank 0 only"),
+    ]
 
 
 def from_parent_of(request: Message, topology: Topology, rank: int) -> bool:
