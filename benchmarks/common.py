@@ -333,6 +333,17 @@ def machine_line(*, bytecode_note: bool = False) -> str:
 # --- the command line ---------------------------------------------------------------------------
 
 
+def positive(text: str) -> float:
+    """An argument that is a number greater than zero (seconds, MB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
 def sizes_arg(text: str) -> list[int]:
     """`--sizes 1,4,16`: instance sizes, positive integers."""
     try:

@@ -66,6 +66,7 @@ from common import (
     median,
     ms,
     parse_args,
+    positive,
     progress,
     spread,
     stop,
@@ -443,17 +444,6 @@ def bench_stdin(report: Report, runs: int) -> None:
 
 
 # --- main ---------------------------------------------------------------------------------------
-
-
-def positive(text: str) -> float:
-    """A number of seconds or MB greater than zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,6 +60,7 @@ from common import (
     machine_line,
     median,
     ms,
+    positive,
     progress,
     read_line,
     stop,
@@ -801,17 +802,6 @@ def report_json(rounds: Sequence[Round], shape: Shape, size: int, topo: str, sle
 
 
 # --- main ---------------------------------------------------------------------------------------
-
-
-def positive(text: str) -> float:
-    """A number of seconds greater than zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
