@@ -361,7 +361,7 @@ class Broker:
         parent = self.parent
         assert parent is not None
         for _ in range(BATCH):
-            if self.exit_code is not None or link not in parent.links():
+            if self.exit_code is not None or not parent.holds(link):
                 break
             if not link.socket.poll(0):
                 break

@@ -19,6 +19,7 @@ from tbon import exitcodes
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
+from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     PROTOCOL_VERSION,
@@ -219,8 +220,6 @@ MAX_LINEAGE = 64
 def _lineage(value: Any) -> list[Any] | None:
     """The ancestors' cards a parent sent, each [rank, endpoint, public key], or None if they
     are not shaped so (a malformed lineage is ignored, never half-used)."""
-    from tbon.overlay.parse.numbers import is_int
-
     if not isinstance(value, list) or len(value) > MAX_LINEAGE:
         return None
     for card in value:

@@ -118,6 +118,13 @@ class Uplink:
     def overflow(self) -> LinkEnded | None:
         return self.link.overflow if self.link is not None else None
 
+    def holds(self, link: ParentLink) -> bool:
+        """Whether `link` is still one of this broker's links up (a read may close it)."""
+        return link is self.link or link is self.moving or self._candidate(link)
+
+    def _candidate(self, link: ParentLink) -> bool:
+        return link.peer is not None and self.candidates.get(link.peer) is link
+
     def links(self) -> list[ParentLink]:
         current = [self.link] if self.link is not None else []
         moving = [self.moving] if self.moving is not None else []
@@ -176,7 +183,7 @@ class Uplink:
             return self._from_parent(inbound, now)
         if link is self.moving:
             return self._from_home(link, inbound, now)
-        if link.peer in self.candidates and self.candidates[link.peer] is link:
+        if self._candidate(link):
             return self._from_candidate(link, inbound, now)
         return UplinkNews()
 
@@ -196,7 +203,7 @@ class Uplink:
             else:
                 log.warning("going home: %s", ended.reason)
                 self._home = None
-        elif link.peer is not None and self.candidates.get(link.peer) is link:
+        elif self._candidate(link):
             self._drop_candidate(link, now + RETRY_AFTER_KEY)
         return UplinkNews()
 

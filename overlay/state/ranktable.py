@@ -677,9 +677,12 @@ class RankTable:
 
     def next_expiry(self) -> float | None:
         """The next lease or reattach grace to run out."""
-        ends = [e.lease.until for e in self.entries if e.lease is not None]
-        ends += [e.adrift_until for e in self.entries if e.adrift_until is not None]
-        return min(ends) if ends else None
+        soonest: float | None = None
+        for entry in self.entries:  # a rank is reserved or adrift, never both
+            end = entry.lease.until if entry.lease is not None else entry.adrift_until
+            if end is not None and (soonest is None or end < soonest):
+                soonest = end
+        return soonest
 
     def adrift(self, now: float) -> list[Lost]:
         """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
