@@ -119,7 +119,7 @@ class Router:
         if hop == self.topology.parent(self.rank):
             self._send_up(message)
             return
-        below = self.hop_down(target)
+        below = self._attached_toward(target, hop)
         if self.send_down(below, message):
             return
         if self.parent is not None and parent_hop(message.route[-1]) is None:
@@ -139,8 +139,11 @@ class Router:
     def hop_down(self, target: int) -> int:
         """The broker attached here that a message for `target` (in this broker's subtree) goes
         to: the deepest on the way that is attached here, else the child the topology names."""
+        return self._attached_toward(target, self.topology.next_hop(self.rank, target))
+
+    def _attached_toward(self, target: int, hop: int) -> int:
+        """`hop_down`, given the child `hop` the topology names."""
         children = self.children
-        hop = self.topology.next_hop(self.rank, target)
         if children is None or not children.fosters:
             return hop  # only children in the topology are attached here
         current: int | None = target
@@ -178,7 +181,9 @@ class Router:
         if target == self.rank or not 0 <= target < self.topology.size:
             return HERE
         hop = self.topology.next_hop(self.rank, target)
-        return "p" if hop == self.topology.parent(self.rank) else f"c{self.hop_down(target)}"
+        if hop == self.topology.parent(self.rank):
+            return "p"
+        return f"c{self._attached_toward(target, hop)}"
 
     def _came_back_by(self, link: str, came_from: str) -> bool:
         """Whether a response that came by `came_from` came back by the link its request left

@@ -163,7 +163,7 @@ class Children:
             key=public_z85,
             shared=not public_z85,
             foster=foster,
-            expected=foster or not public_z85 or foster_until is not None,
+            expected=foster or not public_z85,
             expected_until=foster_until if foster else None,
         )
 
