@@ -110,7 +110,9 @@ class Broker:
             self.public,
             self.config.attributes,
         )
-        self.services = Services.build(me, self.config, self.topology, self.table, self.lifecycle)
+        self.services = Services.build(
+            me, self.config, self.topology, self.table, self.lifecycle, self._whole
+        )
         links = (self.parent, self.children, self.local)
         handlers = self.services.handlers()
         self.router = Router(
@@ -123,9 +125,6 @@ class Broker:
             self.perform,
             self._local_request,
             call_timeout=self.config.join_timeout,
-        )
-        self.router.handlers["heal.wait"] = lambda request, now: self.services.heal.wait(
-            request, now, self._whole()
         )
         self.services.exec.toward = self.router.hop_down
         status = self.services.status

@@ -7,6 +7,7 @@ unknown topic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tbon.overlay.broker.attributes import BrokerConfig
@@ -41,6 +42,7 @@ class Services:
     dmesg: DmesgService
     heal: HealService
     status: StatusService | None  # rank 0 only
+    whole: Callable[[], bool] = lambda: True  # what heal.wait waits for (the broker knows)
 
     @staticmethod
     def build(
@@ -49,8 +51,10 @@ class Services:
         topology: Topology,
         table: RankTable | None,
         lifecycle: Lifecycle,
+        whole: Callable[[], bool] = lambda: True,
     ) -> Services:
-        """Each service gets what it needs and no more: `table` is rank 0's (None elsewhere)."""
+        """Each service gets what it needs and no more: `table` is rank 0's (None elsewhere);
+        `whole` says whether the tree is whole, as heal.wait sees it from this broker."""
         rank = me.rank
         card = {"endpoint": me.endpoint, "public_key": me.public_key, "hostname": me.hostname}
         attributes = flub_attributes(
@@ -64,6 +68,7 @@ class Services:
             retire=RetireService(rank, topology, table),
             dmesg=DmesgService(rank, recent()),
             heal=heal,
+            whole=whole,
             status=StatusService(table, lifecycle) if table is not None else None,
         )
 
@@ -98,6 +103,7 @@ class Services:
             "heal.foster": self.heal.foster,
             "heal.adopt": self.heal.adopt,
             "heal.home": self.heal.home,
+            "heal.wait": lambda request, now: self.heal.wait(request, now, self.whole()),
         }
         if self.status is not None:  # rank 0: these need the rank table
             table |= {
