@@ -110,10 +110,13 @@ class Instance:
 
 
 @contextlib.contextmanager
-def tbon_start(test_size: int, attributes: Sequence[str] = ()) -> Iterator[Instance]:
+def tbon_start(
+    test_size: int, attributes: Sequence[str] = (), *, force: bool = False
+) -> Iterator[Instance]:
     """`tbon start --test-size=N -S ATTR...` in wait mode, once it has printed its URI. On the way
-    out, always (a failed measurement included), it is stopped by PID and its log removed."""
-    argv = [str(TBON), "start", f"--test-size={test_size}"]
+    out, always (a failed measurement included), it is stopped by PID and its log removed.
+    `force`: past `tbon start`'s estimate of what the machine holds (2048 brokers, here)."""
+    argv = [str(TBON), "start", f"--test-size={test_size}", *(["--force"] if force else [])]
     for attribute in attributes:
         argv += ["-S", attribute]
     fd, stderr_path = tempfile.mkstemp(prefix=f"{_label}-start-", suffix=".log")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
+import time
 import uuid
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
@@ -117,7 +119,7 @@ def register(app: typer.Typer) -> None:
             env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
         _check_size(env)
         with connect(uri) as client:
-            status = client.rpc("status.get", nodeid=0)
+            watch, status = _watch_status(client)
             targets, problems, skipped = _targets(status, ranks, exclude)
             for line in _skipped_lines(skipped):
                 print(f"tbon exec: {line}", file=sys.stderr)
@@ -127,8 +129,8 @@ def register(app: typer.Typer) -> None:
                 if not as_json:
                     print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
             if targets:
-                job = Job(command, cwd, env, noinput)
-                _run(client, sorted(targets), job, label, as_json, outcome)
+                job = Job(command, cwd, env, noinput or _empty_stdin())
+                _run(client, watch, sorted(targets), job, label, as_json, outcome)
         if as_json:
             print_json(
                 {
@@ -146,6 +148,36 @@ def register(app: typer.Typer) -> None:
                 }
             )
         raise typer.Exit(outcome.exit_status())
+
+
+def _watch_status(client: Any) -> tuple[int, dict[str, Any]]:
+    """Follow rank 0's status: its first table (the table now) chooses the targets, and the
+    later ones tell of ranks lost while the jobs run. One stream for both, so that rank 0 builds
+    and sends the table once, not also for a status.get (at 2048 ranks, 370 kB of JSON)."""
+    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
+
+    tag = client.send("status.watch", {}, nodeid=0)
+    deadline = time.monotonic() + DEFAULT_TIMEOUT
+    while (reply := client.receive(max(0.0, deadline - time.monotonic()))) is not None:
+        if reply.tag != tag:
+            continue
+        if reply.errnum:
+            raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+        return tag, reply.payload
+    raise TbonError(f"no answer from rank 0 within {DEFAULT_TIMEOUT:g}s")
+
+
+def _empty_stdin() -> bool:
+    """Whether stdin is /dev/null (or closed): input that is over before it starts, which the
+    jobs can be told with the command (exec.start's `eof`), sparing a message to every rank."""
+    fd = _stdin_fd()
+    if fd is None:
+        return True
+    try:
+        given, null = os.fstat(fd), os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(given.st_mode) and given.st_rdev == null.st_rdev
 
 
 def _text(chunks: list[bytes]) -> str:
@@ -288,12 +320,20 @@ ROUTE_ROOM = 64 * 1024
 
 
 def _run(
-    client: Any, targets: list[int], job: Job, label: bool, as_json: bool, outcome: Outcome
+    client: Any,
+    watch: int,
+    targets: list[int],
+    job: Job,
+    label: bool,
+    as_json: bool,
+    outcome: Outcome,
 ) -> None:
-    """Start the command, then pass output, input, signals and credit until every rank is done.
+    """Start the command, then pass output, input, signals and credit until every rank is done;
+    `watch` is the tag of the status stream that tells of ranks lost meanwhile.
 
     Output is written as it comes and credited back once written (flow.py), so a reader that
-    stops stops the jobs, as with ssh. Input is read only while every rank taking it has room."""
+    stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
+    Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
     from tbon.overlay.services.flow import StdinRoom, output_window
 
     job_id = uuid.uuid4().hex
@@ -306,18 +346,19 @@ def _run(
         "targets": targets,
         "window": window,
     }
+    if job.noinput:
+        start["eof"] = True
     _start_message(start)
     tag = client.send("exec.start", start, nodeid=0)
-    watch = client.send("status.watch", {}, nodeid=0)
     room = StdinRoom.for_ranks(targets)
-    streams = Streams(client, job_id, window, label, as_json, outcome, room)
+    streams = Streams(client, job_id, window, label, as_json, outcome, room, eof_sent=job.noinput)
 
     def forward(signum: int, _frame: object) -> None:
         client.send("exec.signal", {"id": job_id, "signal": signum, "targets": targets}, nodeid=0)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     stdin = None if job.noinput else _stdin_fd()
-    if stdin is None:
+    if stdin is None and not streams.eof_sent:
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
     try:

@@ -4,9 +4,11 @@ Linux shows as /proc/PID/cmdline the memory that held the process's arguments wh
 (from arg_start to arg_end, fields 48 and 49 of /proc/PID/stat). Python keeps copies of its
 arguments of its own, so that memory is free to overwrite: `set_title` writes the title there
 and fills the rest with NULs, as setproctitle(3) does, cutting the title to the room there is
-(the original command line's length; ample for a broker's). It also sets the thread's name, the
-15 characters that `ps -o comm`, `top` and `pgrep` without `-f` show, with prctl(PR_SET_NAME).
-Where there is no /proc, or it hides those addresses, the title stays as it was.
+(the original command line's length; ample for a broker's). It also sets the process's name, the
+15 characters that `ps -o comm`, `top` and `pgrep` without `-f` show. Both are written through
+/proc (/proc/self/mem at those addresses, /proc/self/comm), not with ctypes, whose import would
+cost a broker 0.3 MB of memory (issue 14). Where there is no /proc, or it hides those addresses
+or refuses the writes, the title stays as it was.
 
 Brokers use `name_broker`, whether `tbon start` forked them (overlay/launch/local.py) or they were
 started as `tbon broker` (overlay/broker/main.py): first without a rank, then with one, as soon as
@@ -15,9 +17,6 @@ bootstrap has told it (overlay/broker/broker.py), so that `pgrep -f "tbon broker
 
 from __future__ import annotations
 
-import ctypes
-
-_PR_SET_NAME = 15
 BROKER_COMM = b"tbon-broker"
 
 _detail = ""  # what follows the rank in a broker's title: its own arguments, if it has any
@@ -35,11 +34,12 @@ def _argv_area() -> tuple[int, int] | None:
 
 
 def set_comm(name: bytes) -> None:
-    """The thread's name (15 bytes at most); nothing where prctl(2) is missing."""
+    """The process's name (15 bytes at most), as prctl(PR_SET_NAME) sets it for the thread that
+    calls it: /proc/self/comm is the main thread's. Nothing where /proc refuses."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
-    except (OSError, AttributeError):
+        with open("/proc/self/comm", "wb", buffering=0) as comm:
+            comm.write(name[:15])
+    except OSError:
         pass
 
 
@@ -53,7 +53,12 @@ def set_title(title: str, comm: bytes | None = None) -> bool:
     start, end = area
     room = end - start
     data = title.encode(errors="replace")[: room - 1]
-    ctypes.memmove(start, data + b"\0" * (room - len(data)), room)
+    try:
+        with open("/proc/self/mem", "r+b", buffering=0) as memory:
+            memory.seek(start)
+            memory.write(data.ljust(room, b"\0"))
+    except OSError:
+        return False
     return True
 
 

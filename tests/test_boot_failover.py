@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import zmq
 from conftest import DEADLINE, TBON, Instance, child_env, tbon, wait_for
 
 from tbon import exitcodes
@@ -23,7 +22,8 @@ from tbon.errors import TbonError, UsageError
 from tbon.overlay.broker.attributes import broker_config
 from tbon.overlay.connectors.client import Client
 from tbon.overlay.connectors.uri import MAX_URIS, parse_uri, split_uris
-from tbon.overlay.wire.frames import encode_frames
+from tbon.overlay.wire.frames import FrameReader, encode_frames
+from tbon.overlay.wire.message import decode, encode
 
 # --- the list: parsing and validation ----------------------------------------------------------
 
@@ -90,58 +90,86 @@ def test_expand_refuses_a_bad_boot_server_list_in_its_attributes() -> None:
 # --- a server that dies with a request in flight ---------------------------------------------
 
 
+def fake_server(path: Path) -> socket.socket:
+    """A listener at `path` that plays a broker which dies (the test closes it)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    server.settimeout(DEADLINE)
+    return server
+
+
+def read_message(conn: socket.socket) -> list[bytes]:
+    """One framed message from `conn` (blocking, with the socket's timeout)."""
+    reader = FrameReader()
+    while (frames := reader.next()) is None:
+        data = conn.recv(65536)
+        assert data, "the connection closed before a whole message came"
+        reader.feed(data)
+    return frames
+
+
 def test_a_request_in_flight_to_a_server_that_dies_fails_at_once(tmp_path: Path) -> None:
-    """ZeroMQ would reconnect quietly and the request wait its whole timeout: the client
-    watches the connection instead, and says it was lost."""
+    """The client sees the broker's end of the connection close, and says it was lost, rather
+    than waiting out the request's timeout."""
     path = tmp_path / "local"
-    context = zmq.Context()
-    server = context.socket(zmq.ROUTER)
-    server.linger = 0
-    server.bind(f"ipc://{path}")
-    try:
-        with Client(f"local://{path}") as client:
-            client.send("broker.ping", {}, nodeid=0)
-            assert server.poll(DEADLINE * 1000)  # the client is connected, the request here
-            server.recv_multipart()
-            server.close()
-            with pytest.raises(TbonError, match=r"lost the connection to local://"):
-                client.rpc("broker.ping", {}, nodeid=0, timeout=3600)
-    finally:
-        server.close()
-        context.term()
+    with fake_server(path) as server, Client(f"local://{path}") as client:
+        client.send("broker.ping", {}, nodeid=0)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(DEADLINE)
+            assert decode(read_message(conn)).topic == "broker.ping"  # the request is here
+        with pytest.raises(TbonError, match=r"lost the connection to local://"):
+            client.rpc("broker.ping", {}, nodeid=0, timeout=3600)
+
+
+def test_a_client_reads_what_the_broker_sent_before_it_died(tmp_path: Path) -> None:
+    path = tmp_path / "local"
+    with fake_server(path) as server, Client(f"local://{path}") as client:
+        tag = client.send("broker.ping", {}, nodeid=0)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(DEADLINE)
+            request = decode(read_message(conn))
+            conn.sendall(encode_frames(encode(request.respond({"pong": 1}))))
+        assert tag == request.tag
+        reply = client.receive(DEADLINE)  # what was sent before the end is read first
+
+        assert reply is not None and reply.payload == {"pong": 1}
+        with pytest.raises(TbonError, match=r"lost the connection to local://"):
+            client.receive(3600)
 
 
 def test_a_relay_whose_broker_dies_ends_and_says_why(tmp_path: Path) -> None:
-    """Over ssh:// the client sees the session end only if the relay ends: it watches the
-    broker's end of its connection too."""
+    """Over ssh:// the client sees the session end only if the relay ends: it ends when the
+    broker's end of its connection does, after passing on what the broker sent before."""
     path = tmp_path / "local"
-    context = zmq.Context()
-    server = context.socket(zmq.ROUTER)
-    server.linger = 0
-    server.bind(f"ipc://{path}")
-    relay = subprocess.Popen(
-        [TBON, "relay", str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=child_env(),
-    )
-    try:
-        assert relay.stdin is not None and relay.stderr is not None
-        relay.stdin.write(encode_frames([b"hello"]))  # through the relay: it is connected
-        relay.stdin.flush()
-        assert server.poll(DEADLINE * 1000), "nothing came through the relay"
-        assert server.recv_multipart()[1:] == [b"hello"]
-        server.close()
-        assert relay.wait(timeout=DEADLINE) == 1  # its stdin still open: it ended by itself
-        said = relay.stderr.read().decode()
-        assert f"lost the connection to local://{path}: the broker ended it" in said
-    finally:
-        if relay.poll() is None:
-            relay.kill()
-        relay.communicate()
-        server.close()
-        context.term()
+    with fake_server(path) as server:
+        relay = subprocess.Popen(
+            [TBON, "relay", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+        )
+        try:
+            assert relay.stdin is not None and relay.stderr is not None
+            assert relay.stdout is not None
+            relay.stdin.write(encode_frames([b"hello"]))  # through the relay: it is connected
+            relay.stdin.flush()
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(DEADLINE)
+                assert read_message(conn) == [b"hello"]
+                conn.sendall(encode_frames([b"last", b"words"]))
+            assert relay.wait(timeout=DEADLINE) == 1  # its stdin still open: it ended by itself
+            assert relay.stdout.read() == encode_frames([b"last", b"words"])
+            said = relay.stderr.read().decode()
+            assert f"lost the connection to local://{path}: the broker ended it" in said
+        finally:
+            if relay.poll() is None:
+                relay.kill()
+            relay.communicate()
 
 
 # --- real joiners --------------------------------------------------------------------------

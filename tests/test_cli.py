@@ -110,8 +110,10 @@ def test_sigterm_to_start_ends_the_command_and_returns_its_status() -> None:
 
 def test_shutdown_from_inside_returns_the_commands_status() -> None:
     for size in ("1", "3"):
+        # exec: the answer may reach the shell before rank 0 signals it, and a `sleep` forked
+        # by then would outlive it, holding the output pipes open.
         result = tbon(
-            "start", f"--test-size={size}", "sh", "-c", "tbon shutdown --no-wait && sleep 60"
+            "start", f"--test-size={size}", "sh", "-c", "tbon shutdown --no-wait && exec sleep 60"
         )
         assert result.returncode == 128 + signal.SIGTERM, result.stderr
 

@@ -609,6 +609,18 @@ def test_a_killed_client_has_its_silent_command_killed(instance) -> None:
         wait_for(lambda: process_gone(pid), f"the remote sleep (pid {pid}) to be killed")
 
 
+def test_input_that_is_over_before_it_starts_is_dev_null_for_the_jobs(instance) -> None:
+    """stdin /dev/null, or -n: the jobs are told with the command, and read /dev/null."""
+    inst = instance(3, "tbon.fanout=1")
+    where = ["-l", "sh", "-c", "readlink /proc/$$/fd/0; cat"]
+    for options in ([], ["-n"]):
+        result = run(inst, *options, *where)
+        assert result.returncode == 0, result.stderr
+        assert sorted(text(result.stdout)) == [f"{r}: /dev/null" for r in range(3)]
+    piped = run(inst, "-r", "2", "cat", input=b"hi\n")
+    assert (piped.returncode, piped.stdout) == (0, b"hi\n")
+
+
 def test_a_broker_killed_outright_takes_its_jobs_with_it(instance) -> None:
     """Even SIGKILL, which gives a broker no chance to clean up, leaves no job behind."""
     inst = instance(2)

@@ -4,8 +4,6 @@ start, and what `-r all` says it skips. Process-level tests of the same are in t
 
 from __future__ import annotations
 
-import errno
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,6 @@ from hypothesis import strategies as st
 from tbon.cli.exec import _skipped_lines, _targets, job_environment
 from tbon.errors import UsageError
 from tbon.limits import ENV_LIMIT, environment_size
-from tbon.overlay.broker.jobs import guard_failure
 from tbon.overlay.broker.program import SHELL, Launch, launch, program_environment
 from tbon.overlay.services.actions import Respond, StartJob
 from tbon.overlay.services.exec import ExecService, environment_problem, start_problem
@@ -173,6 +170,7 @@ def test_the_job_runner_gets_the_checked_start_with_defaults_and_the_size() -> N
         "cwd": "/tmp",
         "env": {"A": "1"},
         "window": 1024 * 1024,
+        "eof": False,
         "size": 7,
     }
     assert (start.request.route, start.request.tag) == (["l01"], 7)  # answers go back the same way
@@ -286,20 +284,6 @@ def test_a_script_without_hash_bang_runs_with_sh_as_a_shell_would(tmp_path: Path
         assert launch([f"./{name}", "a"], str(tmp_path), {}) == Launch([SHELL, f"./{name}", "a"])
     found = launch(["plain"], str(tmp_path), {"PATH": "."})
     assert found == Launch([SHELL, "./plain"])
-
-
-def test_the_guards_own_failure_is_told_as_a_shell_would() -> None:
-    enoent, eacces = os.strerror(errno.ENOENT), os.strerror(errno.EACCES)
-    said = f"setpriv: failed to execute nosuch: {enoent}\n".encode()
-    assert guard_failure(said, "nosuch") == "nosuch: command not found"
-    said = f"setpriv: failed to execute ./gone: {enoent}\n".encode()
-    assert guard_failure(said, "./gone") == f"./gone: {enoent}"
-    said = f"setpriv: failed to execute ./x: {eacces}\n".encode()
-    assert guard_failure(said, "./x") == f"./x: {eacces}"
-    assert guard_failure(b"setpriv: failed to execute ./x: Text file busy\n", "./y") is None
-    assert guard_failure(b"setpriv: failed to execute ./x: E\nmore\n", "./x") is None
-    assert guard_failure(b"setpriv: failed to execute ./x: E", "./x") is None
-    assert guard_failure(b"hello\n", "./x") is None
 
 
 # --- what -r all says it skips ----------------------------------------------------------------

@@ -11,6 +11,7 @@ import socket
 import pytest
 import zmq
 from conftest import process_gone, start_exec, tbon, wait_for
+from rawlocal import RawClient
 from zmq.utils.monitor import recv_monitor_message
 
 from tbon.keys.cert import generate_keypair
@@ -150,10 +151,7 @@ def test_garbage_on_the_local_socket_leaves_every_broker_running(instance) -> No
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
         raw.connect(path)
         raw.sendall(os.urandom(8192))
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.linger = 0
-    dealer.connect(f"ipc://{path}")
+    dealer = RawClient(path)
     malformed = [
         [b"only one frame"],
         [b"{}", b"{}", b"three"],
@@ -180,7 +178,6 @@ def test_garbage_on_the_local_socket_leaves_every_broker_running(instance) -> No
         assert len(answers) == 2
     finally:
         dealer.close()
-        context.term()
     healthy(inst, 3)
 
 

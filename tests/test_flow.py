@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import zmq
 from conftest import DEADLINE, TBON, child_env, process_gone, wait_for
+from rawlocal import RawClient
 
 from tbon.overlay.services.flow import CHUNK, STDIN_WINDOW, output_window
 
@@ -195,33 +195,25 @@ def test_stdin_is_credited_back_as_the_job_reads(instance, tmp_path) -> None:
 
 
 @contextlib.contextmanager
-def raw_client(inst) -> Iterator[zmq.Socket]:
-    """A DEALER on the instance's local socket that does only what the test tells it: it reads
+def raw_client(inst) -> Iterator[RawClient]:
+    """A client of the instance's local socket that does only what the test tells it: it reads
     nothing and acknowledges nothing unless asked."""
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.linger = 0
-    dealer.rcvhwm = 0
-    dealer.connect(f"ipc://{inst.uri[len('local://') :]}")
-    try:
-        yield dealer
-    finally:
-        dealer.close()
-        context.term()
+    with RawClient(inst.uri) as client:
+        yield client
 
 
-def send(dealer: zmq.Socket, topic: str, tag: int, payload: dict[str, Any] | None = None) -> None:
+def send(dealer: RawClient, topic: str, tag: int, payload: dict[str, Any] | None = None) -> None:
     header = {"v": 1, "k": "request", "t": topic, "n": 0, "g": tag}
     dealer.send_multipart([json.dumps(header).encode(), json.dumps(payload or {}).encode()])
 
 
-def read(dealer: zmq.Socket) -> tuple[dict[str, Any], dict[str, Any]]:
+def read(dealer: RawClient) -> tuple[dict[str, Any], dict[str, Any]]:
     assert dealer.poll(int(DEADLINE * 1000)), "no answer in time"
     frames = dealer.recv_multipart()
     return json.loads(frames[0]), json.loads(frames[1]) if frames[1] else {}
 
 
-def read_until(dealer: zmq.Socket, tag: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def read_until(dealer: RawClient, tag: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Everything that arrives before the answer tagged `tag`: a barrier, since one connection
     delivers in order."""
     before = []

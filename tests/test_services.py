@@ -795,6 +795,50 @@ def test_a_vanished_clients_jobs_are_killed_everywhere() -> None:
     assert gone == [KillJobsFrom(("l0a", "c1"))]
 
 
+def last_word(start: Message, rank: int, **said: Any) -> Message:
+    """A rank's exit (or error) for `start`, as it reaches the client's broker."""
+    return start.respond({"rank": rank, **(said or {"exit": 0})}, streaming=True)
+
+
+def test_a_client_that_leaves_after_its_jobs_ended_kills_nothing() -> None:
+    """Every rank's last word went to the client: nothing runs, so no exec.signal fans out."""
+    service, start = exec_at(0), start_request([0, 3])
+    service.started_by("l0a", start)
+    service.answered("l0a", start.respond({"rank": 3, "stream": "stdout"}, streaming=True))
+    service.answered("l0a", last_word(start, 3))
+    service.answered("l0a", last_word(start, 0, error="rank 0 is retiring"))
+    assert service.client_gone("l0a") == []
+
+
+def test_a_client_that_leaves_early_kills_only_the_ranks_still_running() -> None:
+    service, start = exec_at(0), start_request([0, 3, 4])
+    service.started_by("l0a", start)
+    service.answered("l0a", last_word(start, 3))
+    service.answered("l0b", last_word(start, 0))  # another client's: not this job's
+    [send] = service.client_gone("l0a")
+    assert send.message.payload["targets"] == [0, 4]
+
+
+def test_a_refused_exec_start_leaves_nothing_to_kill() -> None:
+    service, start = exec_at(0), start_request([0, 3])
+    service.started_by("l0a", start)
+    service.answered("l0a", start.fail(errno.EHOSTUNREACH, "rank 0 is reattaching"))
+    assert service.client_gone("l0a") == []
+    service.started_by("l0a", request("exec.start", {"id": "j2", "targets": "all"}))
+    assert service.client_gone("l0a") == []  # refused at once (EINVAL): nothing ran
+
+
+def test_exec_start_s_eof_is_passed_to_the_job_and_checked() -> None:
+    start = request("exec.start", {"id": "j1", "argv": ["cat"], "targets": [0], "eof": True})
+    [job] = of_type(exec_at(0).handle(start, NOW), StartJob)
+    assert job.request.payload["eof"] is True
+    [job] = of_type(exec_at(0).handle(start_request([0]), NOW), StartJob)
+    assert job.request.payload["eof"] is False
+    start.payload["eof"] = 1
+    answer = only_response(exec_at(0).handle(start, NOW))
+    assert answer.payload["error"] == "exec.start: eof must be true or false"
+
+
 def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_rank0() -> None:
     from tbon.overlay.broker.attributes import broker_config
     from tbon.overlay.broker.dispatch import Services

@@ -12,32 +12,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import zmq
 from conftest import DEADLINE
+from rawlocal import RawClient
 
 MARK = 8888  # the tag of the good ping that closes each exchange
 
 
 @pytest.fixture
-def local(instance) -> Iterator[tuple[Any, zmq.Socket]]:
-    """A one-rank instance and a raw DEALER on its local socket."""
+def local(instance) -> Iterator[tuple[Any, RawClient]]:
+    """A one-rank instance and a raw client on its local socket."""
     inst = instance(1)
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.linger = 0
-    dealer.connect(f"ipc://{inst.uri[len('local://') :]}")
-    try:
+    with RawClient(inst.uri) as dealer:
         yield inst, dealer
-    finally:
-        dealer.close()
-        context.term()
 
 
 def head(**fields: Any) -> bytes:
     return json.dumps({"v": 1, "k": "request", "n": 0, **fields}).encode()
 
 
-def exchange(dealer: zmq.Socket, frames: list[bytes]) -> list[list[bytes]]:
+def exchange(dealer: RawClient, frames: list[bytes]) -> list[list[bytes]]:
     """Send `frames`, then a ping; every answer that came before the ping's."""
     dealer.send_multipart(frames)
     dealer.send_multipart([head(t="broker.ping", g=MARK), b""])
@@ -71,7 +64,7 @@ def test_input_that_is_not_strict_json_is_dropped_unanswered(local, frames) -> N
     assert inst.status()["ranks"][0]["state"] == "online"
 
 
-def exec_start(dealer: zmq.Socket, **payload: Any) -> dict[str, Any]:
+def exec_start(dealer: RawClient, **payload: Any) -> dict[str, Any]:
     frames = [head(t="exec.start", g=9), json.dumps({"targets": [0], **payload}).encode()]
     answers = exchange(dealer, frames)
     assert len(answers) == 1, answers

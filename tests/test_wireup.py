@@ -181,6 +181,9 @@ def test_a_status_stream_survives_the_previous_client_hanging_up(instance) -> No
             update = next(stream, None)
             assert update is not None, f"stream {number} heard nothing after a change"
             assert update["ranks"][1]["state"] in ("reserved", "online")
+        # The joiner must be in before the instance stops: one stopped mid-join would wait out
+        # its reattach timeout, and outlive it.
+        inst.wait_status(lambda s: s["ranks"][1]["state"] == "online", "the joiner online")
     finally:
         for client in clients:
             client.close()

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -30,8 +30,6 @@ from tbon.overlay.broker.program import InitialProgram
 from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
-from tbon.overlay.links.parent import LinkEnded, ParentLink
-from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
 from tbon.overlay.services.actions import Action
 from tbon.overlay.services.heal import adrift
 from tbon.overlay.services.lifecycle import Lifecycle
@@ -41,6 +39,10 @@ from tbon.overlay.state.ranktable import Event, Online, Outcome, RankTable
 from tbon.overlay.state.reports import encode_event
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
+
+if TYPE_CHECKING:  # the links up: loaded by a broker that has a parent only, not at rank 0
+    from tbon.overlay.links.parent import LinkEnded, ParentLink
+    from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
 
 log = logging.getLogger("tbon.broker")
 
@@ -66,7 +68,9 @@ class Broker:
         self._handlers: dict[Any, Callable[[float], None]] = {}
         self.reattach_timeout = config.reattach_timeout or config.timeout or 60.0
         self.parent: Uplink | None = None
-        if isinstance(links.parent, ParentLink):
+        if links.parent is not None:
+            from tbon.overlay.links.uplink import Uplink
+
             self.parent = links.parent = Uplink(
                 links.parent,
                 self._open_link,
@@ -127,6 +131,7 @@ class Broker:
             call_timeout=self.config.join_timeout,
         )
         self.services.exec.toward = self.router.hop_down
+        self.router.on_local_response = self.services.exec.answered
         status = self.services.status
         self.performer = Performer(self.rank, self, self.router, self.children, self.jobs, status)
 
@@ -144,9 +149,11 @@ class Broker:
 
     def _open_link(self, card: Card, incarnation: int) -> ParentLink:
         """A link to an ancestor (seeking a parent, or going home), saying hello on it."""
+        from tbon.overlay.links.parent import ParentLink
+
         rank, endpoint, key = card
         return ParentLink(
-            self.local.socket.context,
+            self.links.context,
             self.rank,
             incarnation,
             self.config,
@@ -198,8 +205,8 @@ class Broker:
     def _loop(self) -> None:
         poller, handlers = self._poller, self._handlers
         handlers[self.signals.reader.fileno()] = self._handle_signals  # a socket polls as its fd
-        handlers[self.local.socket] = self._read_local
-        handlers[self.local.monitor] = self._read_local
+        handlers[self.local.fileno()] = lambda _now: self.local.accept()
+        self.local.watch_with(self._watch_client)
         if self.children is not None:
             handlers[self.children.zap.socket] = self._read_zap
             handlers[self.children.monitor] = self._read_children
@@ -398,16 +405,21 @@ class Broker:
         for message in news.messages:
             self.router.route(message, came_from, now)
 
-    def _read_local(self, now: float) -> None:
-        """Requests from local clients, then the clients that went away (after what they sent,
-        so that a client that asked for something and hung up at once is cleaned up after)."""
-        for _ in range(BATCH):
-            if not self.local.socket.poll(0):
-                break
-            received = self.local.read()
-            if received is not None:
-                hop, message = received
-                self.router.route(message, hop, now)
+    def _watch_client(self, fd: int, writing: bool | None) -> None:
+        """Poll a local client's connection for input, and for output while some waits for it
+        (`writing`); None: it is closing."""
+        if writing is None:
+            self._unwatch(fd)
+            return
+        self._handlers[fd] = lambda now: self._read_local(fd, now)
+        self._poller.register(fd, zmq.POLLIN | (zmq.POLLOUT if writing else 0))
+
+    def _read_local(self, fd: int, now: float) -> None:
+        """What waits for a local client, its requests, then the clients that went away (after
+        what they sent, so that a client that asked for something and hung up at once is
+        cleaned up after)."""
+        for hop, message in self.local.read(fd):
+            self.router.route(message, hop, now)
         self._clients_gone(self.local.gone())
 
     def _clients_gone(self, hops: list[str]) -> None:
@@ -525,6 +537,7 @@ class Broker:
             # However this broker ends (cut off from its parent, say), its jobs end with it.
             self.jobs.kill_all(signal.SIGKILL)
             self.jobs.wait_all()
+        self.jobs.close()
         self.program.wait(timeout=2)
         self.links.close(linger=self.parent is not None and self.parent.welcomed and not self._cut)
 

@@ -2,13 +2,14 @@
 
 To find what a broker does with a request, find its topic here. Topics in the second half need
 the rank table and are served by rank 0 alone; any other rank answers them ENOSYS, as it does an
-unknown topic.
+unknown topic, and never loads the module that serves them (services/status.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.logs import recent
@@ -21,11 +22,13 @@ from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
-from tbon.overlay.services.status import StatusService
 from tbon.overlay.services.trust import client_notice, connection_of
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
+
+if TYPE_CHECKING:
+    from tbon.overlay.services.status import StatusService
 
 ROOT_TOPICS = frozenset(
     {"status.get", "status.watch", "status.ack", "instance.shutdown", "flub.kex"}
@@ -35,6 +38,8 @@ ROOT_TOPICS = frozenset(
 
 @dataclass(frozen=True)
 class Services:
+    """This broker's services, each built with what it needs; the topic table is `handlers`."""
+
     ping: PingService
     exec: ExecService
     flub: FlubService
@@ -61,6 +66,11 @@ class Services:
             config.heartbeat, config.torpid, config.timeout, config.join_timeout
         )
         heal = HealService(rank, topology, table, card)
+        status = None
+        if table is not None:  # rank 0
+            from tbon.overlay.services.status import StatusService
+
+            status = StatusService(table, lifecycle)
         return Services(
             ping=PingService(me, topology),
             exec=ExecService(rank, topology, lifecycle),
@@ -69,7 +79,7 @@ class Services:
             dmesg=DmesgService(rank, recent()),
             heal=heal,
             whole=whole,
-            status=StatusService(table, lifecycle) if table is not None else None,
+            status=status,
         )
 
     def disconnect(self, request: Message, now: float) -> list[Action]:

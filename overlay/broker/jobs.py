@@ -9,9 +9,12 @@ drained, so it always comes last. Pipes are non-blocking and watched by the brok
 command that floods its output or ignores its input never stalls the broker.
 
 A command that cannot start is answered with its exit status (127, 126) and a `note` in a shell's
-words (program.py's launch checks it before the exec); the orphan guard that execs it must never
-be heard, even when the exec fails after all (a file removed meanwhile): its own complaint, the
-first line of the job's stderr, is recognized and turned into such a note.
+words (program.py's launch checks it before the exec, and an exec that fails all the same, a file
+removed meanwhile, is worded alike). Whatever ends the broker, SIGKILL included, its jobs end
+with it: the orphan guard (guard.py) kills them.
+
+A job whose client has no input for it (exec.start's `eof`) gets /dev/null as its stdin: no pipe,
+and no exec.stdin to wait for.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import logging
 import os
 import signal
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
 from tbon.overlay.services.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Kind, Message
@@ -35,34 +38,6 @@ from tbon.overlay.wire.message import Kind, Message
 log = logging.getLogger("tbon.exec")
 
 F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
-
-
-@functools.cache
-def orphan_guard() -> tuple[str, ...]:
-    """Jobs are started through util-linux's setpriv with a parent-death signal, so that even a
-    broker killed outright (SIGKILL) takes its jobs with it. (preexec_fn could set it without a
-    helper, but it is unsafe in a process that has threads, as ZeroMQ's.) Looked up at the first
-    job, not at start-up."""
-    import shutil
-
-    setpriv = shutil.which("setpriv")
-    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
-
-
-GUARD_FAILED = b"setpriv: failed to execute "
-"""How the orphan guard says that it could not exec the command (util-linux's errexec())."""
-
-
-def guard_failure(line: bytes, name: str) -> str | None:
-    """If `line` is the orphan guard's own complaint that it could not exec `name`, what a shell
-    would say instead (`NAME: REASON`); else None."""
-    prefix = GUARD_FAILED + os.fsencode(name) + b": "
-    if not line.startswith(prefix) or not line.endswith(b"\n") or line.count(b"\n") != 1:
-        return None
-    reason = line[len(prefix) : -1].decode("utf-8", "replace")
-    if os.sep not in name and reason == os.strerror(errno.ENOENT):
-        reason = "command not found"
-    return f"{name}: {reason}"
 
 
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
@@ -83,8 +58,6 @@ class Job:
     stdin_read: int = 0  # bytes the job took from its stdin since the last credit sent back
     status: int | None = None
     note: str = ""  # why the broker ended it, told to the client with its exit status
-    guarded: str | None = None  # the name the orphan guard execs, until the job's stderr speaks
-    held: bytes = b""  # the first stderr line, while it may be the guard's complaint
 
     @property
     def done(self) -> bool:
@@ -113,6 +86,7 @@ class JobRunner:
         self.unwatch = unwatch
         self.send = send
         self.jobs: dict[str, Job] = {}
+        self.guard = OrphanGuard()
 
     def start(self, request: Message) -> Message | None:
         """Start the command of an exec.start request (checked by the exec service); an error
@@ -127,25 +101,24 @@ class JobRunner:
         if plan.why:
             self._cannot_start(request, plan.why, plan.status)
             return None
-        guard = orphan_guard()
         try:
             process = subprocess.Popen(
-                [*guard, *plan.argv],
+                plan.argv,
                 cwd=cwd,
                 env=env,
-                stdin=subprocess.PIPE,
+                stdin=subprocess.DEVNULL if payload.get("eof") else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-        except OSError as error:  # the guard, or the command if there is none: never named
+        except OSError as error:  # an exec that failed after the checks passed
             code = 127 if isinstance(error, FileNotFoundError) else 126
             what = cwd if cwd is not None and error.filename == cwd else argv[0]
             self._cannot_start(request, f"{what}: {error.strerror}", code)
             return None
+        self.guard.watch(process.pid)
         window = payload.get("window", DEFAULT_WINDOW)
         job = Job(job_id, _anchor(request), process, Window.full(window))
-        job.guarded = plan.argv[0] if guard else None
         self.jobs[job_id] = job
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             assert pipe is not None
@@ -156,8 +129,8 @@ class JobRunner:
             job.streams[fd] = name
             job.partial[name] = b""
         self._watch_output(job)
-        assert process.stdin is not None
-        os.set_blocking(process.stdin.fileno(), False)
+        if process.stdin is not None:
+            os.set_blocking(process.stdin.fileno(), False)
         return None
 
     def _cannot_start(self, request: Message, why: str, code: int) -> None:
@@ -211,8 +184,6 @@ class JobRunner:
             cut = len(pending)  # a line too long to hold back
         job.partial[name] = pending[cut:]
         data = pending[:cut]
-        if job.guarded is not None and data:
-            data = self._heard(job, name, data)
         if data:
             self._send_output(job, name, data)
 
@@ -222,23 +193,6 @@ class JobRunner:
         message.data = data
         job.window.spend(len(data) + MESSAGE_COST)
         self.send(message)
-
-    def _heard(self, job: Job, name: str, data: bytes) -> bytes:
-        """The job's first output: a first stderr line that is the guard's complaint is held
-        until the exit says whether it was (the guard exits 126 or 127, saying nothing else)."""
-        assert job.guarded is not None
-        if name == "stderr" and guard_failure(data, job.guarded) is not None:
-            job.held = data
-            return b""
-        self._release(job)  # the command runs: a line held was its own
-        job.guarded = None
-        return data
-
-    def _release(self, job: Job) -> None:
-        """Send a held stderr line after all: the command said it."""
-        if job.held:
-            held, job.held = job.held, b""
-            self._send_output(job, "stderr", held)
 
     def grant(self, job_id: str, amount: int) -> None:
         """Credit the client gave back: read again if the window had been spent."""
@@ -316,10 +270,12 @@ class JobRunner:
                 os.killpg(job.process.pid, signum)
 
     def reap(self) -> None:
-        """After SIGCHLD: note every job whose process ended."""
+        """After SIGCHLD: note every job whose process ended. The guard forgets its PID first,
+        while the zombie still holds it."""
         for job in list(self.jobs.values()):
-            if job.status is None and job.process.poll() is not None:
-                code = job.process.returncode
+            if job.status is None and _ended(job.process.pid):
+                self.guard.forget(job.process.pid)
+                code = job.process.wait()
                 job.status = 128 - code if code < 0 else code
                 self._maybe_finish(job)
 
@@ -331,10 +287,6 @@ class JobRunner:
             self.unwatch(pipe.fileno())
             pipe.close()
         del self.jobs[job.id]
-        if job.held and job.guarded is not None and job.status in (126, 127):
-            job.note = guard_failure(job.held, job.guarded) or job.note
-            job.held = b""
-        self._release(job)
         answer: dict[str, Any] = {"rank": self.rank, "exit": job.status}
         if job.note:
             answer["note"] = job.note
@@ -362,13 +314,26 @@ class JobRunner:
     def wait_all(self) -> None:
         """Reap every job's process (after kill_all), so that none is left a zombie."""
         for job in self.jobs.values():
+            self.guard.forget(job.process.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 job.process.wait(timeout=2)
+
+    def close(self) -> None:
+        """The broker is ending: its guard ends too (killing any job still listed)."""
+        self.guard.close()
 
     def describe(self) -> list[dict[str, Any]]:
         return [
             {"id": j.id, "pid": j.process.pid, "argv": j.process.args} for j in self.jobs.values()
         ]
+
+
+def _ended(pid: int) -> bool:
+    """Whether the child `pid` has ended, without reaping it (its PID stays taken)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already: Popen will say how it ended
+        return True
 
 
 def _anchor(request: Message) -> Message:

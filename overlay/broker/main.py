@@ -1,4 +1,6 @@
-"""`tbon broker`: parsed with argparse, so that a broker never imports typer or rich.
+"""`tbon broker`: parsed here, by hand, so that a broker imports neither typer nor rich, nor
+even argparse (which, with the gettext, locale and shutil it loads to parse, costs a broker 1.4 MB
+of its 20: issue 14).
 
 Its help is laid out as every other command's (tbon/helptext.py), from the tables below, which
 `tbon completion` reads too; its usage errors are worded as theirs.
@@ -6,13 +8,11 @@ Its help is laid out as every other command's (tbon/helptext.py), from the table
 
 from __future__ import annotations
 
-import argparse
-import re
 import sys
-from typing import NoReturn
+from dataclasses import dataclass, field
 
 from tbon import exitcodes
-from tbon.errors import TbonError, debugging
+from tbon.errors import TbonError, UsageError, debugging
 
 PROG = "tbon broker"
 
@@ -111,41 +111,67 @@ def help_text() -> str:
     return render(page)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: {_reworded(message)} (try '{PROG} --help')", file=sys.stderr)
-        sys.exit(exitcodes.USAGE)
+@dataclass
+class Args:
+    """What `tbon broker` was asked: its -S assignments, -c file and initial program."""
+
+    setattr: list[str] = field(default_factory=list)
+    config_file: str | None = None
+    help: bool = False
+    command: list[str] = field(default_factory=list)
 
 
-def _reworded(message: str) -> str:
-    """argparse's words, as the other commands say them."""
-    unknown = re.fullmatch(r"unrecognized arguments: (\S+).*", message)
-    if unknown:
-        return f"no such option: {unknown.group(1)}"
-    needs = re.fullmatch(r"argument (-\w+)(?:/\S+)?: expected one argument", message)
-    if needs:
-        return f"option '{needs.group(1)}' requires an argument"
-    return message
+_OPTION_NAMES = {name: names for names, _, _ in OPTIONS for name in names}  # name -> all of them
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, add_help=False)
-    parser.add_argument("-h", "--help", action="store_true")
-    parser.add_argument("-S", "--setattr", action="append", default=[])
-    parser.add_argument("-c", "--config-file")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    return parser
+def _split(word: str) -> tuple[str, str | None]:
+    """`--name=VALUE`, `-SVALUE` and `-S=VALUE` carry their value; `--name` and `-S` do not."""
+    if word.startswith("--"):
+        name, glued, value = word.partition("=")
+        return name, value if glued else None
+    return word[:2], word[2:].removeprefix("=") or None
+
+
+def parse_args(argv: list[str]) -> Args:
+    """Options first; COMMAND starts at the first word that is not one (its options are its
+    own), or after `--`. As argparse did, less its abbreviations of long options."""
+    args = Args()
+    words = iter(argv)
+    for word in words:
+        if word == "--" or not word.startswith("-") or word == "-":
+            args.command = list(words) if word == "--" else [word, *words]
+            break
+        name, value = _split(word)
+        names = _OPTION_NAMES.get(name, ())
+        if "--help" in names and value is None:
+            args.help = True
+            continue
+        if not names or "--help" in names:
+            raise UsageError(f"no such option: {word}")
+        if value is None:
+            value = next(words, None)
+            if value is None:
+                raise UsageError(f"option '{names[0]}' requires an argument")
+        if "--setattr" in names:
+            args.setattr.append(value)
+        else:
+            args.config_file = value
+    return args
 
 
 def main(argv: list[str]) -> int:
     from tbon.overlay.broker.attributes import broker_config, parse_assignments
     from tbon.proctitle import name_broker
 
-    args = _parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as error:
+        print(f"{PROG}: {error} (try '{PROG} --help')", file=sys.stderr)
+        return error.exit_code
     if args.help:
         sys.stdout.write(help_text())
         return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.command
     try:
         config = broker_config(parse_assignments(args.setattr), args.config_file)
     except TbonError as error:

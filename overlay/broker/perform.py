@@ -7,11 +7,10 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tbon.overlay.broker.jobs import JobRunner
 from tbon.overlay.broker.router import Router
-from tbon.overlay.links.children import Children
 from tbon.overlay.services.actions import (
     Action,
     Authorize,
@@ -36,8 +35,11 @@ from tbon.overlay.services.actions import (
     StartJob,
     WriteStdin,
 )
-from tbon.overlay.services.status import StatusService
 from tbon.overlay.state.ranktable import Event
+
+if TYPE_CHECKING:  # loaded by a broker that has children, by rank 0, only
+    from tbon.overlay.links.children import Children
+    from tbon.overlay.services.status import StatusService
 
 log = logging.getLogger("tbon.broker")
 

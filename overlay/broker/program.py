@@ -10,11 +10,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shlex
-import subprocess
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tbon.record import Record
+
+if TYPE_CHECKING:
+    import subprocess  # imported where a program starts (0.2 MB), not by every broker
 
 log = logging.getLogger("tbon.broker")
 
@@ -181,6 +183,9 @@ class InitialProgram:
 
     def start(self) -> int | None:
         """Start it; None, or the exit status that says it could not start (127, 126)."""
+        import shlex
+        import subprocess
+
         log.info("instance up: running %s", shlex.join(self.command))
         try:
             self.process = subprocess.Popen(
@@ -218,6 +223,8 @@ class InitialProgram:
         if not self.running():
             return
         assert self.process is not None
+        import subprocess
+
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -25,16 +25,19 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tbon.overlay.links.children import Children
-from tbon.overlay.links.local import LocalServer
-from tbon.overlay.links.uplink import Uplink
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import unreachable
 from tbon.overlay.services.trust import child_hop, parent_hop
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
+
+if TYPE_CHECKING:  # each link's module is loaded by a broker that has such a link only
+    from tbon.overlay.links.children import Children
+    from tbon.overlay.links.local import LocalServer
+    from tbon.overlay.links.uplink import Uplink
 
 log = logging.getLogger("tbon.broker")
 
@@ -79,6 +82,8 @@ class Router:
         self.root_topics = root_topics
         self.perform = perform
         self.on_local_request = on_local_request
+        # sees each response delivered to a local client, with the client's hop
+        self.on_local_response: Callable[[str, Message], None] = lambda hop, reply: None
         self.call_timeout = call_timeout
         self._pending: dict[int, Pending] = {}
         self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
@@ -241,6 +246,7 @@ class Router:
             return self.send_down(child, reply) or self._down_past(child, reply)
         if hop.startswith("l"):
             if self.local.send(hop, reply):
+                self.on_local_response(hop, reply)
                 return True
             if reply.streaming:
                 self.client_gone(hop, reply.nodeid)

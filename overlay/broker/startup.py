@@ -23,13 +23,13 @@ from tbon.overlay.boot.pmi_client import PmiClient
 from tbon.overlay.boot.singleton import singleton_wireup
 from tbon.overlay.boot.wireup import Wireup
 from tbon.overlay.broker.attributes import BrokerConfig, host_address
-from tbon.overlay.links.children import Children
 from tbon.overlay.links.local import LocalServer
-from tbon.overlay.links.parent import ParentLink
 from tbon.overlay.state.topology import Topology
 
 if TYPE_CHECKING:
     from tbon.overlay.boot.config_file import BootConfig
+    from tbon.overlay.links.children import Children
+    from tbon.overlay.links.parent import ParentLink
 
 # Each bootstrap's module (config_file, flub with the client it joins through, pmi) is imported
 # by the broker that boots that way only: a broker's memory is mostly the modules it loaded.
@@ -119,6 +119,8 @@ class _Binder:
     def bind(self, topology: Topology, rank: int, template: str | None = None) -> str:
         """Bind the ROUTER to tbon.endpoint, or to the config file's bind URI; returns the
         address bound."""
+        from tbon.overlay.links.children import Children  # a broker with children only
+
         self.children = Children(self.context, rank, topology, self.config, self.secret)
         address = host_address(self.config.hostname)
         where = (template or self.config.endpoint).replace("%h", address)
@@ -214,6 +216,7 @@ class Links:
     parent: ParentLink | None
     local: LocalServer
     rundir: Rundir
+    context: zmq.Context  # for the links up a broker opens later (seeking a parent, going home)
 
     def close(self, linger: bool) -> None:
         """`linger`: let the parent link deliver what is queued (a goodbye) before it closes."""
@@ -232,8 +235,10 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
     local: LocalServer | None = None
     parent: ParentLink | None = None
     try:
-        local = LocalServer(context, rundir.path, booted.config.client_backlog)
+        local = LocalServer(rundir.path, booted.config.client_backlog)
         if wireup.parent is not None:
+            from tbon.overlay.links.parent import ParentLink  # not at rank 0
+
             parent = ParentLink(
                 context,
                 wireup.rank,
@@ -250,4 +255,4 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
             local.close()
         rundir.remove()
         raise
-    return Links(booted.children, parent, local, rundir)
+    return Links(booted.children, parent, local, rundir, context)

@@ -6,30 +6,32 @@ comes back the same way. Errors arrive as one-line TbonErrors.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import math
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import zmq
-
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
-from tbon.overlay.links.monitor import read_event
 from tbon.overlay.services.flow import ACK_EVERY
+from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import (
     ANY_RANK,
     Buffer,
     Kind,
     Message,
     MessageError,
-    decode_frames,
+    decode,
     encode,
 )
 
 DEFAULT_TIMEOUT = 30.0
+CHUNK = 256 << 10  # bytes read from the broker's socket at a time
 
 
 class RequestError(TbonError):
@@ -45,7 +47,6 @@ class Client:
         self.uri = parse_uri(uri) if isinstance(uri, str) else uri
         self._transport: Transport
         if self.uri.scheme == "local":
-            _probe(self.uri.path, str(self.uri))
             self._transport = LocalTransport(self.uri.path)
         else:
             from tbon.overlay.connectors.ssh import SshTransport
@@ -173,70 +174,96 @@ class ReadCount:
 
 
 class LocalTransport:
-    """A DEALER on the broker's Unix socket. ZeroMQ hides a broker that dies (it just tries to
-    reconnect), so a socket monitor watches the connection: once it has ended, whatever the
-    broker sent before is still read, and then waiting for more raises at once instead of
-    lasting until the caller's timeout."""
+    """A Unix stream socket to the broker, framed as wire/frames.py says: writes block (the
+    broker always reads), reads are polled. A broker that dies or drops this client closes the
+    connection: whatever it sent before is still read, and then waiting for more raises at once
+    instead of lasting until the caller's timeout."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._context = zmq.Context()
-        self.socket = self._context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.rcvhwm = 0
-        self._monitor = self.socket.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
-        )
-        self._gone = ""  # why the connection ended, once it has
-        self.socket.connect(f"ipc://{path}")
+        self.socket = open_socket(path)
+        self._reader = FrameReader()
+        self._ready: collections.deque[list[bytes]] = collections.deque()
+        self._scratch = bytearray(CHUNK)
+        self._poller = select.poll()  # poll(2): regular files too, which epoll refuses
+        self._poller.register(self.socket, select.POLLIN)
+        self._gone = ""  # why the connection ended, once its end of file is read
+        self._broken = False  # writing failed: the broker's end is closed
 
     def send(self, frames: list[Buffer]) -> None:
-        self.socket.send_multipart(frames, copy=False)
+        """Send a message. If the broker has closed the connection, nothing is: the next wait
+        reads what it sent before (which may say why) and its end of file, and says so."""
+        if self._broken:
+            return
+        try:
+            Outbox().send(frame_parts(frames), self._sendmsg)  # blocking: all of it
+        except OSError:
+            self._broken = True
+
+    def _sendmsg(self, parts: list[Buffer]) -> int:
+        return self.socket.sendmsg(parts, (), socket.MSG_NOSIGNAL)
 
     def poll(self, timeout_ms: int | None) -> bool:
         return self.wait([], timeout_ms)[0]
 
     def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]:
-        if not fds and self.socket.get(zmq.EVENTS) & zmq.POLLIN:
-            return True, []  # the common case while reading a stream: no poller needed
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        poller = zmq.Poller()  # poll(2): regular files too, which epoll refuses
-        poller.register(self.socket, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        for fd in fds:
-            poller.register(fd, zmq.POLLIN)
+        poller = self._poller
+        if fds:
+            poller = select.poll()
+            poller.register(self.socket, select.POLLIN)
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
         while True:
-            if self._gone and not self.socket.poll(0):
+            if self._ready and not fds:
+                return True, []  # the common case while reading a stream: no poll needed
+            if self._gone and not self._ready:
                 raise TbonError(f"lost the connection to local://{self.path}: {self._gone}")
-            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            ready = dict(poller.poll(left))
-            if self._monitor in ready:
-                self._read_monitor()
-                if len(ready) == 1:
-                    continue  # only news of the connection: wait on (or raise, above)
-            return self.socket in ready, [fd for fd in fds if fd in ready]
+            left = 0 if self._ready else _left_ms(deadline)
+            ready = {fd for fd, _ in poller.poll(left)}
+            if self.socket.fileno() in ready:
+                self._fill()
+            others = [fd for fd in fds if fd in ready]
+            if self._ready or others:
+                return bool(self._ready), others
+            if left == 0 and not self._gone:
+                return False, []
 
-    def _read_monitor(self) -> None:
-        while self._monitor.poll(0):
-            event, _ = read_event(self._monitor.recv_multipart())
-            if event == zmq.EVENT_DISCONNECTED:
-                self._gone = "the broker ended it (it exited, or dropped this client)"
-            elif event == zmq.EVENT_CONNECT_RETRIED and not self._gone and _refused(self.path):
-                self._gone = "the broker no longer listens there"
+    def _fill(self) -> None:
+        """Read what the broker sent, keeping whole messages; note the connection's end."""
+        try:
+            size = self.socket.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            size = 0  # reset: gone, as at end of file
+        if size == 0:
+            self._gone = "the broker ended it (it exited, or dropped this client)"
+            return
+        with memoryview(self._scratch) as view:
+            self._reader.feed(view[:size])
+        try:
+            self._ready.extend(self._reader.drain())
+        except FrameError as error:
+            why = f"garbled answer from the broker ({error})"
+            raise TbonError(f"local://{self.path}: {why}") from None
 
     def recv(self) -> tuple[int, Message | None]:
-        frames = self.socket.recv_multipart(copy=False)
-        size = sum(len(frame.buffer) for frame in frames)
+        frames = self._ready.popleft()
+        size = sum(len(frame) for frame in frames)
         try:
-            return size, decode_frames(frames)
+            return size, decode(frames)
         except MessageError:
             return size, None
 
     def close(self) -> None:
-        self.socket.disable_monitor()
-        self._monitor.close(linger=0)
-        self.socket.close(linger=0)
-        self._context.term()
+        self.socket.close()
+
+
+def _left_ms(deadline: float | None) -> int | None:
+    if deadline is None:
+        return None
+    return max(0, math.ceil((deadline - time.monotonic()) * 1000))
 
 
 def _payload(reply: Message) -> dict[str, Any]:
@@ -245,41 +272,26 @@ def _payload(reply: Message) -> dict[str, Any]:
     return reply.payload
 
 
-def _probe(path: str, uri: str) -> None:
-    """Fail fast and clearly on a URI nobody serves: ZeroMQ would wait forever instead."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def open_socket(path: str) -> socket.socket:
+    """A connection to the broker's socket at `path`, or one clear line saying why not."""
+    uri = f"local://{path}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe.connect(path)
-    except FileNotFoundError:
-        raise TbonError(
-            f"cannot connect to {uri}: no such socket (is the instance running?)"
-        ) from None
-    except PermissionError:
-        raise TbonError(f"cannot connect to {uri}: permission denied") from None
-    except ConnectionRefusedError:
-        raise TbonError(
-            f"cannot connect to {uri}: connection refused (the broker is gone)"
-        ) from None
+        sock.connect(path)
     except OSError as error:
-        raise TbonError(f"cannot connect to {uri}: {error.strerror}") from None
-    finally:
-        probe.close()
+        sock.close()
+        raise TbonError(f"cannot connect to {uri}: {_why_not(error)}") from None
+    return sock
 
 
-def _refused(path: str) -> bool:
-    """Whether nobody listens at `path` any more (no socket, or connection refused). Asked
-    without blocking: a listener whose queue of connections is full is still there."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
-    try:
-        probe.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        return True
-    except OSError:
-        return False  # busy (EAGAIN), or not ours to judge: ZeroMQ keeps trying
-    finally:
-        probe.close()
-    return False
+def _why_not(error: OSError) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "no such socket (is the instance running?)"
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused (the broker is gone)"
+    return error.strerror or str(error)
 
 
 def connect(uri: str | None) -> Client:

@@ -1,19 +1,24 @@
 """`tbon relay PATH`: carry a client's messages between an ssh session and a broker's socket.
 
-A command given an `ssh://host/PATH` URI runs `tbon relay PATH` on that host over ssh, and the
-relay passes framed messages (frames.py) from its stdin to the broker's local socket and back to
-its stdout. It ends when its stdin does (the client went away). Started by ssh, never by hand.
+A command given an `ssh://host/PATH` URI runs `tbon relay PATH` on that host over ssh. The session
+and the broker's socket carry the same framed stream (frames.py), so the relay passes bytes both
+ways as they come, without reading them: the broker checks the framing, and closes a garbled
+stream with a last notice that comes back through here. The relay ends when its stdin does (the
+client went away), or when the broker's end closes (it says so on stderr, after passing on what
+the broker sent before). Started by ssh, never by hand.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import socket
 import sys
-from collections.abc import Callable
 
-import zmq
+from tbon.overlay.wire.frames import write_all
 
-from tbon.overlay.wire.frames import FrameError, FrameReader, encode_frames, write_all
+CHUNK = 256 << 10
+GONE = "the broker ended it"
 
 
 def main(argv: list[str]) -> int:
@@ -25,81 +30,60 @@ def main(argv: list[str]) -> int:
         print("usage: tbon relay PATH (a broker's local socket; started over ssh)", file=sys.stderr)
         return 2
     from tbon.errors import TbonError
-    from tbon.overlay.connectors.client import (
-        _probe,  # the same clear errors as a local client gets
-        _refused,
-    )
-    from tbon.overlay.links.monitor import read_event
+    from tbon.overlay.connectors.client import open_socket  # the errors a local client gets
 
     path = argv[0]
     try:
-        _probe(path, f"local://{path}")
+        sock = open_socket(path)
     except TbonError as error:
         print(f"tbon relay: {error}", file=sys.stderr)
         return 1
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.linger = 0
-    dealer.rcvhwm = dealer.sndhwm = 0
-    # The broker's end of the connection, watched: a relay that outlived its broker would
-    # leave the client waiting for answers that never come (the session itself stays up).
-    monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
-    dealer.connect(f"ipc://{path}")
-
-    def gone() -> str | None:
-        """Why the broker's end is gone, from the monitor's news; None if it is not."""
-        why = None
-        while monitor.poll(0):
-            event, _ = read_event(monitor.recv_multipart())
-            if event == zmq.EVENT_DISCONNECTED:
-                why = "the broker ended it"
-            elif event == zmq.EVENT_CONNECT_RETRIED and why is None and _refused(path):
-                why = "the broker no longer listens there"
-        return why
-
     try:
-        return _pump(dealer, monitor, gone, sys.stdin.fileno(), sys.stdout.fileno(), path)
+        if _pump(sock, sys.stdin.fileno(), sys.stdout.fileno()):
+            return 0
+        print(f"tbon relay: lost the connection to local://{path}: {GONE}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0  # the client went away while we answered
     finally:
-        dealer.disable_monitor()
-        monitor.close(linger=0)
-        dealer.close(linger=0)
-        context.term()
+        sock.close()
 
 
-def _pump(
-    dealer: zmq.Socket,
-    monitor: zmq.Socket,
-    gone: Callable[[], str | None],
-    stdin: int,
-    stdout: int,
-    path: str,
-) -> int:
-    poller = zmq.Poller()
-    poller.register(dealer, zmq.POLLIN)
-    poller.register(monitor, zmq.POLLIN)
-    poller.register(stdin, zmq.POLLIN)
-    reader = FrameReader()
-    while True:
-        for ready, _ in poller.poll():
-            if ready is dealer or ready is monitor:
-                while dealer.poll(0):
-                    write_all(stdout, encode_frames(dealer.recv_multipart()))
-                # what the broker sent before its end went is passed on first (above)
-                if ready is monitor and (why := gone()) is not None:
-                    print(
-                        f"tbon relay: lost the connection to local://{path}: {why}", file=sys.stderr
-                    )
-                    return 1
-                continue
-            data = os.read(stdin, 65536)
-            if not data:
-                return 0  # the client went away
-            reader.feed(data)
-            try:
-                while (frames := reader.next()) is not None:
-                    dealer.send_multipart(frames)
-            except FrameError as error:
-                print(f"tbon relay: garbled input ({error}): closing", file=sys.stderr)
-                return 1
+def _pump(sock: socket.socket, stdin: int, stdout: int) -> bool:
+    """Carry bytes until one side ends: True if the client's (stdin) did, False if the
+    broker's did (what it sent before is passed on first)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(stdin, select.POLLIN)
+    buffer = bytearray(CHUNK)
+    with memoryview(buffer) as view:
+        while True:
+            ready = dict(poller.poll())
+            if sock.fileno() in ready:  # the broker's first: its last words before an end
+                if not (size := _recv(sock, buffer)):
+                    return False
+                write_all(stdout, view[:size])
+            if stdin in ready:
+                data = os.read(stdin, CHUNK)
+                if not data:
+                    return True  # the client went away
+                try:
+                    sock.sendall(data, socket.MSG_NOSIGNAL)
+                except OSError:
+                    _drain(sock, buffer, stdout)
+                    return False
+
+
+def _recv(sock: socket.socket, buffer: bytearray) -> int:
+    """Bytes read from the broker; 0 once its end has closed (or been reset)."""
+    try:
+        return sock.recv_into(buffer)
+    except ConnectionResetError:
+        return 0
+
+
+def _drain(sock: socket.socket, buffer: bytearray, stdout: int) -> None:
+    """The broker's end is closed: pass on what it sent before."""
+    with memoryview(buffer) as view:
+        while size := _recv(sock, buffer):
+            write_all(stdout, view[:size])

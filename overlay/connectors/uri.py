@@ -8,8 +8,11 @@ import socket
 from dataclasses import dataclass
 
 from tbon.errors import TbonError, UsageError
-from tbon.overlay.links.local import SOCKET_NAME
 from tbon.overlay.parse.numbers import is_decimal
+
+SOCKET_NAME = "local"
+"""A broker's socket in its run directory (overlay/links/local.py binds it): named here, so that
+a command finds it without importing the broker's side."""
 
 _BOUND_NAME = re.compile(rf"{SOCKET_NAME}(\.\d+)?")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

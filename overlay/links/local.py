@@ -1,41 +1,75 @@
-"""The broker's local connector: a ZeroMQ ROUTER on a Unix-domain socket in its run directory.
+"""The broker's local connector: a Unix stream socket in its run directory, for clients on its host.
 
-Whoever can open the socket (the owner: the run directory is 0700) may talk to the instance.
-Clients are DEALERs; each is known by the routing id the ROUTER gives it. The socket monitor tells
-when a client's connection closes, so that what it started (exec jobs, status streams) can be
-ended: a client killed outright never says goodbye.
+Whoever can open the socket (the owner: the run directory is 0700, the socket 0600) may talk to
+the instance. Each connection carries framed messages both ways (wire/frames.py) and is one client,
+named by a hop `l<hex>` from a counter that never goes back, so a late answer can never reach a
+newer client that got the same descriptor. A connection that ends (end of file, or reset: a client
+killed outright never says goodbye) is a client gone: what it started (exec jobs, status streams)
+is ended. A stream that cannot be framed (a count or a length out of bounds) is closed at once,
+with one log line and a last notice saying why; one message that frames but does not decode is
+dropped and the connection goes on, as on every link.
 
-Sending to a client never blocks, so one that stops reading delays no other; instead, what it
-leaves unread is bounded. A client reports the bytes it has read (`client.ack`, which tbon's
-client sends every megabyte); one that leaves more than `broker.client-backlog` unread is dropped:
-told so in one last message, its streams cancelled and its jobs killed, as if it had hung up, and
-nothing it sends afterwards is heard. Credit-based streams (exec, status.watch) stay far below the
-bound; only a client that asks and asks without reading reaches it.
+The broker never blocks on a client: every socket is non-blocking, and what a client has not
+taken yet waits in its outbox, watched for POLLOUT only while there is some. What a client leaves
+unread is bounded instead. It reports the bytes it has read (`client.ack`, which tbon's client
+sends every megabyte, handled here and never routed); one that would leave more than
+`broker.client-backlog` unread is dropped: told so in one last message, its streams cancelled and
+its jobs killed, as if it had hung up, and nothing it sends afterwards is heard. Credit-based
+streams (exec, status.watch) stay far below the bound; only a client that asks and asks without
+reading reaches it. What a client sends is bounded too: one message's frames at most 8 MiB
+(`MAX_INPUT`), and one connection is read until `READ_BUDGET` bytes or `MESSAGE_BUDGET` messages
+before the others get a turn (the rest of a read is taken too: poll would not tell of it).
+
+At most `client_cap()` connections are served at once (a quarter of RLIMIT_NOFILE, between 16 and
+4096): the broker needs its descriptors for its children and its jobs too. A connection over the
+cap is accepted, told why, and closed (logged at most once every `REFUSAL_LOG_EVERY` seconds).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
+import resource
+import socket
+import time
+from collections.abc import Callable, Iterator
 
-import zmq
-
-from tbon.overlay.links.connections import ConnectionLedger
-from tbon.overlay.links.monitor import read_event
+from tbon.overlay.connectors.uri import SOCKET_NAME
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.wire.message import Buffer, Kind, Message, MessageError, decode_frames, encode
+from tbon.overlay.wire.frames import MAX_FRAME, Buffer, FrameError, FrameReader, Outbox, frame_parts
+from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
 
 log = logging.getLogger("tbon.local")
 
-SOCKET_NAME = "local"
 DEFAULT_BACKLOG = 64 << 20
 MIN_BACKLOG = 32 << 20  # twice what a tbon exec lets be in flight (services/flow.py)
+MAX_INPUT = MAX_FRAME  # one message's frames together, as ZeroMQ's maxmsgsize was per frame
+CHUNK = 64 << 10  # bytes taken from a connection per read
+READ_BUDGET = 1 << 20  # bytes read from one connection per turn
+MESSAGE_BUDGET = 256  # messages read from one connection per turn (and what is left of a read)
+ACCEPTS = 64  # connections accepted per turn
+REFUSAL_LOG_EVERY = 10.0
+_SEND_FLAGS = socket.MSG_NOSIGNAL  # a client gone is an error to handle, not SIGPIPE
+
+Watch = Callable[[int, "bool | None"], None]
+"""Tells the loop how to poll a connection's descriptor: for input, for output too (True), or
+not at all any more (None: it is about to be closed)."""
 
 
 def local_uri(rundir: str) -> str:
     return f"local://{os.path.join(rundir, SOCKET_NAME)}"
+
+
+def client_cap(nofile: int | None = None) -> int:
+    """How many clients a broker serves at once: a quarter of its descriptors."""
+    if nofile is None:
+        nofile, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if nofile == resource.RLIM_INFINITY:
+            nofile = 1 << 20
+    return max(16, min(4096, nofile // 4))
 
 
 class Backlog:
@@ -57,121 +91,317 @@ class Backlog:
         return self.sent + size - self.acked
 
 
+class RateLimit:
+    """Whether to log now, at most once per `every` seconds, and how many went unlogged."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._next = float("-inf")
+        self.missed = 0
+
+    def due(self, now: float) -> bool:
+        if now < self._next:
+            self.missed += 1
+            return False
+        self._next = now + self.every
+        return True
+
+
+class _Client:
+    """One connection: its framing both ways, what it left unread, and how it ends."""
+
+    __slots__ = ("backlog", "dropped", "fd", "heard", "hop", "outbox", "reader", "sock", "writing")
+
+    def __init__(self, sock: socket.socket, hop: str) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.hop = hop
+        self.reader = FrameReader(MAX_INPUT)
+        self.outbox = Outbox()
+        self.backlog = Backlog()
+        self.heard = False  # said something: only then can it have started anything
+        self.dropped = False  # past its backlog: output still flushed, input ignored
+        self.writing = False  # polled for output
+
+    def sendmsg(self, parts: list[Buffer]) -> int:
+        return self.sock.sendmsg(parts, (), _SEND_FLAGS)
+
+    def unread_with(self, size: int) -> int:
+        """What would be unread after `size` more: by its acks, and at least what is queued here
+        (a client that acknowledges what it never read gains nothing)."""
+        return max(self.backlog.unread_with(size), self.outbox.size + size)
+
+
 class LocalServer:
-    def __init__(self, context: zmq.Context, rundir: str, backlog: int = DEFAULT_BACKLOG) -> None:
+    def __init__(self, rundir: str, backlog: int = DEFAULT_BACKLOG, cap: int | None = None) -> None:
         self.path = os.path.join(rundir, SOCKET_NAME)
         if len(self.path.encode()) > 100:
             from tbon.errors import UsageError
 
             raise UsageError(f"run directory path is too long for a Unix socket: {rundir}")
-        self.socket = context.socket(zmq.ROUTER)
-        self.socket.linger = 0
-        self.socket.sndhwm = 0
-        self.socket.rcvhwm = 0
-        self.socket.router_mandatory = 1
-        self.socket.maxmsgsize = 8 * 1024 * 1024
-        # Bind under a temporary name and rename: once the socket's name exists it is listening,
-        # so a client that sees the file never meets a refused connection.
-        staging = f"{self.path}.{os.getpid()}"
-        self.socket.bind(f"ipc://{staging}")
-        os.chmod(staging, 0o600)
-        os.replace(staging, self.path)
+        self.listener = _listen(self.path)
         self.uri = f"local://{self.path}"
-        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._ledger: ConnectionLedger[str] = ConnectionLedger()
-        self._gone: list[str] = []
         self.backlog = backlog
-        self._backlogs: dict[str, Backlog] = {}
-        self._dropped: set[str] = set()
+        self.cap = client_cap() if cap is None else cap
+        self._clients: dict[int, _Client] = {}  # by descriptor
+        self._hops: dict[str, _Client] = {}
+        self._numbers = itertools.count(1)
+        self._gone: list[str] = []
+        self._watch: Watch = lambda fd, writing: None
+        self._scratch = bytearray(CHUNK)
+        self._spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._refusals = RateLimit(REFUSAL_LOG_EVERY)
+
+    def fileno(self) -> int:
+        """The listener's descriptor: readable when a client connects (call accept())."""
+        return self.listener.fileno()
+
+    def watch_with(self, watch: Watch) -> None:
+        """How the loop is told which connections to poll, and for what."""
+        self._watch = watch
+        for client in self._clients.values():
+            watch(client.fd, client.writing)
+
+    # --- connections ------------------------------------------------------------------------
+
+    def accept(self) -> None:
+        """Take the clients waiting to connect (each polled from now on), or refuse them."""
+        for _ in range(ACCEPTS):
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE) and self._shed():
+                    continue
+                if self._refusals.due(time.monotonic()):
+                    log.warning("could not accept a local client: %s", error.strerror)
+                return
+            if len(self._clients) >= self.cap:
+                self._refuse(sock, f"it already serves {self.cap} local clients, its limit")
+                continue
+            sock.setblocking(False)
+            client = _Client(sock, f"l{next(self._numbers):x}")
+            self._clients[client.fd] = client
+            self._hops[client.hop] = client
+            self._watch(client.fd, False)
+
+    def _shed(self) -> bool:
+        """Out of descriptors: free the spare one to take the waiting client and refuse it, so
+        that the listener does not stay readable (the loop would spin on it)."""
+        if self._spare is None:
+            return False
+        os.close(self._spare)
+        self._spare = None
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            sock = None
+        if sock is not None:
+            self._refuse(sock, "it is out of file descriptors")
+        with contextlib.suppress(OSError):
+            self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return sock is not None
+
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        """Tell a client it is not served, and close it."""
+        notice = Message(
+            Kind.RESPONSE,
+            "client.dropped",
+            errnum=errno.EMFILE,
+            errstr=f"the broker refused this connection: {why}",
+        )
+        with contextlib.suppress(OSError), sock:
+            sock.setblocking(False)
+            sock.sendmsg(frame_parts(encode(notice)), (), _SEND_FLAGS)
+        if self._refusals.due(time.monotonic()):
+            missed, self._refusals.missed = self._refusals.missed, 0
+            more = f" (and {missed} more since the last such line)" if missed else ""
+            log.warning("refused a local client%s: %s", more, why)
+
+    def _close(self, client: _Client) -> None:
+        """The connection is over: the loop stops polling it, and the client is gone (if it
+        ever said anything, so ever started anything)."""
+        if self._clients.pop(client.fd, None) is None:
+            return
+        del self._hops[client.hop]
+        self._watch(client.fd, None)
+        client.sock.close()
+        if client.heard and not client.dropped:
+            self._gone.append(client.hop)  # a dropped client was reported when dropped
 
     def gone(self) -> list[str]:
-        """Hops of clients whose connections closed since the last call."""
-        self._drain_monitor()
+        """Hops of clients whose connections closed, or that were dropped, since the last call."""
         hops, self._gone = self._gone, []
         return hops
 
-    def _drain_monitor(self) -> None:
-        while self.monitor.poll(0):
-            event, fd = read_event(self.monitor.recv_multipart())
-            if event == zmq.EVENT_ACCEPTED:
-                self._ledger.accepted(fd)
-            elif event == zmq.EVENT_DISCONNECTED:
-                for hop in self._ledger.closed(fd):
-                    self._gone.append(hop)
-                    self._backlogs.pop(hop, None)
-                    self._dropped.discard(hop)
+    dropped_since = gone  # a drop happens while sending, from anywhere in the loop
 
-    def read(self) -> tuple[str, Message] | None:
-        """One request from a client as (client hop, message); None if it was malformed.
+    # --- input ------------------------------------------------------------------------------
 
-        Connection events are taken first, so that the message is tied to the right connection
-        (see connections.py); a client found to have hung up already is reported by gone()."""
-        self._drain_monitor()
-        frames = self.socket.recv_multipart(copy=False)
-        if len(frames) < 2:
-            return None
-        hop = "l" + frames[0].bytes.hex()
-        with contextlib.suppress(zmq.ZMQError):
-            if not self._ledger.heard(hop, frames[1].get(zmq.SRCFD)):
-                self._gone.append(hop)
-        if hop in self._dropped:
-            return None  # it was dropped: nothing it says is heard any more
+    def read(self, fd: int) -> Iterator[tuple[str, Message]]:
+        """Requests from the client on `fd` as (client hop, message), in order; what it was
+        waiting to be sent goes first. A connection that ends or garbles its stream is closed
+        (see gone())."""
+        client = self._clients.get(fd)
+        if client is None:
+            return
+        if client.outbox:
+            self._flush(client)
+        budget, count = READ_BUDGET, 0
+        while budget > 0 and count < MESSAGE_BUDGET and self._clients.get(fd) is client:
+            size = self._receive(client)
+            if size is None:
+                return
+            budget -= size
+            while (frames := self._next(client)) is not None:
+                if client.dropped or self._clients.get(fd) is not client:
+                    return  # dropped while its earlier requests were routed: no more is heard
+                count += 1
+                message = self._decode(client, frames)
+                if message is not None:
+                    yield client.hop, message
+
+    def _next(self, client: _Client) -> list[bytes] | None:
+        """The client's next whole message; None if there is none yet, or if its stream is
+        garbled (then it is closed)."""
         try:
-            message = decode_frames(frames[1:])
+            return client.reader.next()
+        except FrameError as error:
+            self._garbled(client, str(error))
+            return None
+
+    def _receive(self, client: _Client) -> int | None:
+        """Read once into the client's reader: the bytes read, None if there were none now (or
+        the connection ended, and is closed)."""
+        try:
+            size = client.sock.recv_into(self._scratch)
+        except BlockingIOError:
+            return None
+        except OSError:
+            size = 0  # reset: gone, as at end of file
+        if size == 0:
+            self._close(client)
+            return None
+        if not client.dropped:
+            with memoryview(self._scratch) as view:
+                client.reader.feed(view[:size])
+        return size
+
+    def _decode(self, client: _Client, frames: list[bytes]) -> Message | None:
+        client.heard = True
+        try:
+            message = decode(frames)
         except MessageError as error:
-            log.warning("dropped a malformed message from a local client: %s", error)
+            log.warning("dropped a malformed message from local client %s: %s", client.hop, error)
             return None
         if message.topic == "client.ack":  # for this socket alone: never routed
-            self._backlogs.setdefault(hop, Backlog()).ack(message.payload.get("bytes"))
+            client.backlog.ack(message.payload.get("bytes"))
             return None
-        return hop, message
+        return message
+
+    def _garbled(self, client: _Client, why: str) -> None:
+        """A stream out of step: nothing more on it can be trusted. The client is told why (if
+        it reads), and closed."""
+        log.warning("closed local client %s: garbled input (%s)", client.hop, why)
+        client.heard = True  # it may have started something before
+        notice = Message(
+            Kind.RESPONSE,
+            "client.dropped",
+            errnum=errno.EPROTO,
+            errstr=f"the broker closed this connection: garbled input ({why})",
+        )
+        client.outbox.push(frame_parts(encode(notice)))
+        with contextlib.suppress(OSError):
+            client.outbox.flush(client.sendmsg)
+        self._close(client)
+
+    # --- output -----------------------------------------------------------------------------
 
     def send(self, hop: str, message: Message) -> bool:
-        """Send to the client named by route hop `l<hex id>`; False if it has gone away, or has
+        """Send to the client named by route hop `l<hex>`; False if it has gone away, or has
         been dropped, as it is now if this would leave more than the backlog unread."""
-        if hop in self._dropped:
+        client = self._hops.get(hop)
+        if client is None or client.dropped:
             return False
         frames = encode(message)
-        backlog = self._backlogs.setdefault(hop, Backlog())
         size = sum(len(frame) for frame in frames)
-        if backlog.unread_with(size) > self.backlog:
-            self._drop(hop, backlog)
+        if client.unread_with(size) > self.backlog:
+            self._drop(client)
             return False
-        if not self._send(hop, frames):
-            return False
-        backlog.sent += size
-        return True
+        client.backlog.sent += size
+        if client.writing:  # it waits its turn behind what is queued
+            client.outbox.push(frame_parts(frames))
+            return True
+        self._flush(client, frame_parts(frames))
+        return self._clients.get(client.fd) is client
 
-    def _send(self, hop: str, frames: list[Buffer]) -> bool:
+    def flush(self, fd: int) -> None:
+        """The client on `fd` can take more: write what waits for it."""
+        if (client := self._clients.get(fd)) is not None and client.outbox:
+            self._flush(client)
+
+    def _flush(self, client: _Client, parts: list[Buffer] | None = None) -> None:
+        """Write what waits for the client, then `parts`, as far as its socket takes them; poll
+        for output only while some is left."""
         try:
-            self.socket.send_multipart(
-                [bytes.fromhex(hop[1:]), *frames], flags=zmq.DONTWAIT, copy=False
-            )
-        except (zmq.ZMQError, ValueError):
-            return False
-        return True
+            if parts is None:
+                client.outbox.flush(client.sendmsg)
+            else:
+                client.outbox.send(parts, client.sendmsg)
+        except OSError:
+            self._close(client)  # it went away: its end of file or reset is read next
+            return
+        writing = bool(client.outbox)
+        if writing != client.writing:
+            client.writing = writing
+            self._watch(client.fd, writing)
+        if not writing and client.dropped:
+            with contextlib.suppress(OSError):
+                client.sock.shutdown(socket.SHUT_WR)  # all it was sent, then end of file
 
-    def _drop(self, hop: str, backlog: Backlog) -> None:
-        unread = backlog.sent - backlog.acked
+    def _drop(self, client: _Client) -> None:
+        backlog = client.backlog
+        unread = max(backlog.sent - backlog.acked, client.outbox.size)
         why = (
             f"the broker dropped this connection: {unread >> 20} MiB sent to it went unread "
             f"(broker.client-backlog is {self.backlog >> 20} MiB)"
         )
-        log.warning("dropped local client %s: %d bytes sent to it unread", hop, unread)
+        log.warning("dropped local client %s: %d bytes sent to it unread", client.hop, unread)
         notice = Message(Kind.RESPONSE, "client.dropped", errnum=errno.ENOBUFS, errstr=why)
-        self._send(hop, encode(notice))  # past the bound: one small last word
-        self._dropped.add(hop)
-        self._gone.append(hop)
-
-    def dropped_since(self) -> list[str]:
-        """Hops of clients dropped (or gone) since the last call, without reading the socket:
-        a drop happens while sending, from anywhere in the loop."""
-        hops, self._gone = self._gone, []
-        return hops
+        client.outbox.push(frame_parts(encode(notice)))  # past the bound: one small last word
+        client.dropped = True
+        client.reader = FrameReader(MAX_INPUT)  # whatever it sends from now on is not heard
+        self._gone.append(client.hop)
+        self._flush(client)
 
     def close(self) -> None:
-        self.socket.disable_monitor()
-        self.monitor.close(linger=0)
-        self.socket.close(linger=0)
+        for client in list(self._clients.values()):
+            self._close(client)
+        self.listener.close()
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def _listen(path: str) -> socket.socket:
+    """A non-blocking listener at `path`. It binds under a temporary name and is renamed into
+    place once listening, so a client that sees the file never meets a refused connection."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = f"{path}.{os.getpid()}"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)  # left by an earlier process of this pid
+        listener.bind(staging)
+        os.chmod(staging, 0o600)
+        listener.listen(socket.SOMAXCONN)
+        listener.setblocking(False)
+        os.replace(staging, path)
+    except BaseException:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
+    return listener

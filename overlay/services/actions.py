@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tbon.overlay.links.children import Rejoin
 from tbon.overlay.state.ranktable import Event
 from tbon.overlay.wire.message import Message
 from tbon.record import Record
+
+if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
+    from tbon.overlay.links.children import Rejoin
 
 
 class Respond(Record):

@@ -83,6 +83,8 @@ def start_problem(payload: dict[str, Any]) -> str | None:
     window = payload.get("window", DEFAULT_WINDOW)
     if not is_int(window) or not MIN_WINDOW <= window <= MAX_WINDOW:
         return f"exec.start: window must be a number of bytes from {MIN_WINDOW} to {MAX_WINDOW}"
+    if not isinstance(payload.get("eof", False), bool):
+        return "exec.start: eof must be true or false"
     return None
 
 
@@ -91,7 +93,8 @@ class ExecService:
         self.rank = rank
         self.topology = topology
         self.lifecycle = lifecycle
-        self._client_jobs: dict[str, list[dict[str, Any]]] = {}  # exec jobs by local client
+        # a local client's hop -> the tag of each exec.start it sent -> (id, ranks yet to end)
+        self._client_jobs: dict[str, dict[int, tuple[Any, set[int]]]] = {}
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
 
@@ -155,6 +158,7 @@ class ExecService:
             "cwd": payload.get("cwd"),
             "env": payload.get("env"),
             "window": payload.get("window", DEFAULT_WINDOW),
+            "eof": payload.get("eof", False),
             "size": self.topology.size,
         }
         return Message(
@@ -179,19 +183,36 @@ class ExecService:
     def started_by(self, hop: str, request: Message) -> None:
         """A local client (route hop `hop`) asked for a job: remember it, to kill it should the
         client vanish."""
-        job = {"id": request.payload.get("id"), "targets": request.payload.get("targets", [])}
-        self._client_jobs.setdefault(hop, []).append(job)  # not its env: up to 1 MiB
+        targets = request.payload.get("targets")
+        if not isinstance(targets, list) or not all(is_int(t) for t in targets):
+            return  # refused at once: nothing runs
+        job = (request.payload.get("id"), set(targets))  # not its env: up to 1 MiB
+        self._client_jobs.setdefault(hop, {})[request.tag] = job
+
+    def answered(self, hop: str, reply: Message) -> None:
+        """A response went to local client `hop`: a rank's last word on a job (its exit, or
+        why it could not run) means nothing is left to kill there, and a job that every rank
+        has ended is forgotten, so that a client that leaves after its jobs is no cause for an
+        exec.signal to every rank."""
+        jobs = self._client_jobs.get(hop)
+        if reply.topic != "exec.start" or jobs is None or reply.tag not in jobs:
+            return
+        _, running = jobs[reply.tag]
+        if reply.errnum or not reply.streaming:
+            running.clear()  # the request itself failed
+        elif "exit" in reply.payload or "error" in reply.payload:
+            running.discard(reply.payload.get("rank"))  # type: ignore[arg-type]
+        if not running:
+            del jobs[reply.tag]
+            if not jobs:
+                del self._client_jobs[hop]
 
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,
-        wherever they run."""
+        wherever they still run."""
         actions: list[Action] = []
-        for job in self._client_jobs.pop(hop, []):
-            kill = {
-                "id": job.get("id"),
-                "signal": int(signal.SIGKILL),
-                "targets": job.get("targets", []),
-            }
+        for job_id, running in self._client_jobs.pop(hop, {}).values():
+            kill = {"id": job_id, "signal": int(signal.SIGKILL), "targets": sorted(running)}
             actions.append(Send(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0)))
         return actions
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tbon.keys.cert import fingerprint, is_key
-from tbon.overlay.links.children import Rejoin
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
@@ -56,6 +55,9 @@ from tbon.overlay.state.ranktable import (
 )
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+
+if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
+    from tbon.overlay.links.children import Rejoin
 
 Card = dict[str, str]
 """What a joiner needs to reach its parent: endpoint, public_key (Z85), hostname."""
@@ -402,8 +404,6 @@ def _card(reply: Message) -> Card:
         "public_key": str(payload.get("public_key", "")),
         "hostname": str(payload.get("hostname", "")),
     }
-
-
 
 
 def flub_attributes(heartbeat: float, torpid: float, timeout: float, join: float) -> dict[str, Any]:

@@ -32,36 +32,41 @@ def describe(entry: RankEntry) -> str:
 
 
 def snapshot(table: RankTable, now: float) -> dict[str, Any]:
-    """The `tbon status --json` object (docs/design.md); field names are a public contract."""
+    """The `tbon status --json` object (docs/design.md); field names are a public contract.
+
+    Built for every status.get and every table a watcher is sent (at 2048 ranks, 2048 entries):
+    each entry's state, and the tree's shape, are looked up once."""
     statuses = table.subtree_statuses()
+    topology = table.topology
     ranks = []
     for entry, status in zip(table.entries, statuses, strict=True):
+        rank, state = entry.rank, entry.state
         shown: dict[str, Any] = {
-            "rank": entry.rank,
-            "state": entry.state.value,
+            "rank": rank,
+            "state": state.value,
             "host": entry.host,
             "pid": entry.pid,
             "incarnation": entry.incarnation,
-            "parent": table.topology.parent(entry.rank),
-            "children": list(table.topology.children(entry.rank)),
+            "parent": topology.parent(rank),
+            "children": list(topology.children(rank)),
             "subtree": status.value,
             "torpid": entry.torpid,
             "since": round(max(0.0, now - entry.since), 3),
         }
-        if entry.state in CONNECTED:
-            shown["subtree_since"] = round(max(0.0, now - table.subtree_since(entry.rank)), 3)
+        if state in CONNECTED:
+            shown["subtree_since"] = round(max(0.0, now - table.subtree_since(rank)), 3)
             shown["attached_to"] = entry.attached_to
             if entry.adrift_until is not None:
                 shown["reattaching"] = True
-        elif entry.state is not RankState.RESERVED:  # gone, or never held: why, and who was it
+        elif state is not RankState.RESERVED:  # gone, or never held: why, and who was it
             if entry.reason:
                 shown["reason"] = entry.reason
             if entry.last_pid is not None:
                 shown["last_pid"] = entry.last_pid
         if entry.retired:
             shown["retired"] = True
-        if entry.joiner is not None:
-            shown["joiner"] = fingerprint(entry.joiner)
+        if (joiner := entry.joiner) is not None:
+            shown["joiner"] = fingerprint(joiner)
             shown["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)
         ranks.append(shown)
-    return {"size": table.size, "topo": table.topology.spec, "ranks": ranks}
+    return {"size": table.size, "topo": topology.spec, "ranks": ranks}
