@@ -18,6 +18,7 @@ from contextlib import nullcontext
 
 import typer
 
+from tbon import tmpdir
 from tbon.cli.common import duration, interactive
 from tbon.errors import TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
@@ -114,7 +115,7 @@ def run(
 ) -> int:
     from tbon.overlay.links.local import local_uri
 
-    rundir = tempfile.mkdtemp(prefix="tbon-start-")
+    rundir = tempfile.mkdtemp(prefix="tbon-start-", dir=tmpdir.parent())
     argv = [
         sys.executable,
         "-m",

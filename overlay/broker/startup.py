@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from tbon import exitcodes
+from tbon import exitcodes, tmpdir
 from tbon.errors import TbonError
 from tbon.keys.cert import generate_keypair
 from tbon.overlay.boot.pmi_client import PmiClient
@@ -195,9 +195,10 @@ class Rundir:
 
 
 def private_directory(prefix: str = "tbon-") -> str:
-    """A new directory of mode 0700 under $TMPDIR (or /tmp), with a name no one could claim
-    first: what tempfile.mkdtemp makes, without the start-up cost of importing tempfile."""
-    parent = os.environ.get("TMPDIR") or "/tmp"
+    """A new directory of mode 0700 under $TMPDIR (else in memory: tbon/tmpdir.py), with a
+    name no one could claim first: what tempfile.mkdtemp makes, without the start-up cost of
+    importing tempfile."""
+    parent = tmpdir.parent()
     for _ in range(100):
         path = os.path.join(parent, prefix + os.urandom(6).hex())
         try:

@@ -1,0 +1,72 @@
+"""Where run directories are made (tbon/tmpdir.py): $TMPDIR wins, else memory, else /tmp."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tbon import tmpdir
+
+
+def test_tmpdir_set_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/")
+    assert tmpdir.parent() == str(tmp_path)
+
+
+def test_runtime_dir_before_shared_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    monkeypatch.delenv("TMPDIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert tmpdir.parent() == str(tmp_path)
+
+
+def test_unusable_runtime_dir_is_passed_over(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    monkeypatch.delenv("TMPDIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", os.path.join(tmp_path, "missing"))
+    monkeypatch.setattr(tmpdir, "SHARED_MEMORY", os.path.join(tmp_path, "no-shm"))
+    assert tmpdir.parent() == "/tmp"
+
+
+def test_shared_memory_when_nothing_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    monkeypatch.delenv("TMPDIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tmpdir, "SHARED_MEMORY", str(tmp_path))
+    assert tmpdir.parent() == str(tmp_path)
+
+
+def test_tbon_start_makes_its_run_directory_there(tmp_path: os.PathLike[str]) -> None:
+    """The instance's URI (TBON_URI, as its program sees it) lies under the chosen parent, and
+    the directory is gone once the instance has ended."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TBON_", "PMI_"))}
+    env.pop("TMPDIR", None)
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbon.cli.main",
+            "start",
+            "--test-size=2",
+            "--",
+            "sh",
+            "-c",
+            'echo "$TBON_URI"',
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    uri = done.stdout.strip()
+    assert uri.startswith(f"local://{tmp_path}/tbon-start-"), uri
+    assert os.listdir(tmp_path) == []
