@@ -14,8 +14,10 @@ Run as `python -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
+import functools
 import gc
 import os
 import resource
@@ -43,13 +45,18 @@ PROG = "tbon start"
 _PR_SET_PDEATHSIG = 1
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, looked up once: by the launcher, for itself, before it forks, so that no
+    broker pays for the lookup again (each would, and every page the lookup writes to is one
+    more page copied for each of them)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _prctl(option: int, value: int | bytes) -> None:
     """Linux prctl(2); silently nothing elsewhere."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(option, value, 0, 0, 0)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -189,6 +189,7 @@ class Rollup:
             for child in topology.children(rank):
                 self.parents[child] = rank
         self.states = list(states)
+        self.offline = states.count(RankState.OFFLINE)  # ranks not up yet: RankTable.up()
         self.lost_kids = [0] * size  # children whose subtree holds a lost rank
         self.short_kids = [0] * size  # children whose subtree holds a rank not online
         for rank in topology.postorder():
@@ -213,6 +214,7 @@ class Rollup:
         if self.states[rank] is state:
             return
         before = self._holds(rank)
+        self.offline += (state is RankState.OFFLINE) - (self.states[rank] is RankState.OFFLINE)
         self.states[rank] = state
         current = rank
         while True:

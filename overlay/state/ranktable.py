@@ -705,8 +705,9 @@ class RankTable:
     # --- views -----------------------------------------------------------------------------
 
     def up(self) -> bool:
-        """Every launched rank is online: the instance is ready for its initial program."""
-        return not any(entry.state is RankState.OFFLINE for entry in self.entries)
+        """Every launched rank is online: the instance is ready for its initial program. Asked
+        after every batch of events until it holds, so it is a count, not a walk of the table."""
+        return self.rollup.offline == 0
 
     def subtree_statuses(self) -> list[SubtreeStatus]:
         """Each rank's subtree status (rankstates.Rollup, held to rankstates.roll_up)."""
