@@ -216,14 +216,20 @@ def test_clients_are_named_by_hops_never_reused_and_gone_only_if_they_spoke(serv
     third.close()
 
 
-def test_output_is_polled_for_only_while_some_waits(server) -> None:
-    local, loop = server
+def pinged(local: LocalServer, loop: Loop, pad: int) -> tuple[socket.socket, int, str, Message]:
+    """A client that has asked one ping: its socket, its descriptor and hop at the server, and
+    an answer padded with `pad` bytes."""
     client = connect(local)
     local.accept()
     [fd] = loop.watched
     client.sendall(request("broker.ping", 1))
     [(hop, ping)] = serve(local, fd)
-    answer = ping.respond({"pad": "x" * 4096})
+    return client, fd, hop, ping.respond({"pad": "x" * pad})
+
+
+def test_output_is_polled_for_only_while_some_waits(server) -> None:
+    local, loop = server
+    client, fd, hop, answer = pinged(local, loop, 4096)
     sent = 0
     while not loop.watched[fd]:  # until the socket takes no more
         assert local.send(hop, answer)
@@ -240,12 +246,7 @@ def test_output_is_polled_for_only_while_some_waits(server) -> None:
 
 def test_a_client_that_does_not_read_is_dropped_at_its_backlog_and_told_why(server) -> None:
     local, loop = server
-    client = connect(local)
-    local.accept()
-    [fd] = loop.watched
-    client.sendall(request("broker.ping", 1))
-    [(hop, ping)] = serve(local, fd)
-    answer = ping.respond({"pad": "x" * 65536})
+    client, fd, hop, answer = pinged(local, loop, 65536)
     sends = 0
     while local.send(hop, answer):
         sends += 1

@@ -23,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import subprocess
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported with the first job (jobs.py), not by every broker
+    import subprocess
 
 log = logging.getLogger("tbon.exec")
 
@@ -74,6 +77,8 @@ class OrphanGuard:
         assert process.stdin is not None
         with contextlib.suppress(OSError):
             process.stdin.close()
+        import subprocess
+
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=2)
 
@@ -85,6 +90,8 @@ class OrphanGuard:
         if self._process is not None:
             self._process.poll()  # reaped, if it is a zombie
             log.warning("the orphan guard (pid %d) has gone: starting another", self._process.pid)
+        import subprocess
+
         self._process = subprocess.Popen(
             [SHELL, "-c", SCRIPT, NAME],
             stdin=subprocess.PIPE,

@@ -25,15 +25,17 @@ import fcntl
 import logging
 import os
 import signal
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
 from tbon.overlay.services.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Kind, Message
+
+if TYPE_CHECKING:  # imported where a job starts (0.3 MB), not by every broker
+    import subprocess
 
 log = logging.getLogger("tbon.exec")
 
@@ -101,6 +103,8 @@ class JobRunner:
         if plan.why:
             self._cannot_start(request, plan.why, plan.status)
             return None
+        import subprocess
+
         try:
             process = subprocess.Popen(
                 plan.argv,
@@ -313,6 +317,8 @@ class JobRunner:
 
     def wait_all(self) -> None:
         """Reap every job's process (after kill_all), so that none is left a zombie."""
+        import subprocess
+
         for job in self.jobs.values():
             self.guard.forget(job.process.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -19,6 +19,7 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import importlib
 import os
 import resource
 import selectors
@@ -42,6 +43,18 @@ from tbon.overlay.parse.duration import parse_duration
 from tbon.proctitle import name_broker
 
 PROG = "tbon start"
+FORKED_BROKERS_NEED = (
+    "shlex",
+    "subprocess",
+    "tbon.overlay.boot.pmi",
+    "tbon.overlay.links.children",
+    "tbon.overlay.links.parent",
+    "tbon.overlay.links.uplink",
+    "tbon.overlay.services.status",
+)
+"""Modules a broker loads only once it needs them (so that one started on its own stays small:
+tests/test_broker_imports.py), which brokers of `tbon start` do need: jobs, PMI, links, rank 0's
+status. The launcher loads them before it forks, once, rather than each broker after."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -96,6 +109,8 @@ class Launch:
         # one writes to it. A collection in a broker writes to each object it visits (its GC
         # header), so it would copy every page of the launcher's heap into every broker: frozen
         # objects are never visited again. (Reference counts still write: fewer, fairer copies.)
+        for name in FORKED_BROKERS_NEED:
+            importlib.import_module(name)
         gc.collect()
         gc.freeze()
         for rank in range(self.size):
