@@ -10,7 +10,10 @@ Sections (select with --sections):
           at 1 ms and back to back: median and p90 of each, in milliseconds
   memory  VmRSS and VmHWM of a broker started on its own (`tbon broker`, a singleton: what one
           broker per node started by srun, mpiexec, ssh or a config file holds, sharing nothing),
-          next to a bare Python with pyzmq and PyNaCl imported and one socket open
+          next to a bare Python with pyzmq and PyNaCl imported and one socket open; both as
+          `pip install .` leaves tbon (a wheel of this checkout, in a throwaway environment that
+          sees this one's dependencies) and as this checkout's editable install, whose import
+          finder loads pathlib, urllib.parse and ipaddress into every process
 
 Pacing sleeps between pings (the time a user's `tbon ping` spends idle): a round trip that grows
 with the gap before it is paying for a wake-up, not for work. Every process this script starts is
@@ -28,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -155,31 +159,74 @@ signal.pause()
 """
 
 
+@contextlib.contextmanager
+def wheel_install() -> Iterator[tuple[str, str]]:
+    """(python, tbon script) that run tbon as `pip install .` would leave it: the checkout whose
+    .venv runs this script (whose tbon TBON is) built and installed into a directory, its .pyc
+    written, and a venv without pip whose one .pth names that directory, then this venv's
+    site-packages for pyzmq, PyNaCl and the rest (their .pth files are not run there, so the
+    editable tbon is not seen). Removed afterwards."""
+    top = tempfile.mkdtemp(prefix="ping-wheel-")
+    try:
+        target, env = os.path.join(top, "tbon"), os.path.join(top, "venv")
+        source = str(Path(sys.executable).parent.parent.parent)  # the checkout of .venv
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+             "--target", target, source],
+            check=True, stdout=subprocess.DEVNULL, timeout=600,
+        )  # fmt: skip
+        compiled = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        subprocess.run([sys.executable, "-m", "compileall", "-q", target], check=True, env=compiled)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], check=True)
+        python = os.path.join(env, "bin", "python")
+        site = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        Path(site, "deps.pth").write_text(f"{target}\n{sysconfig.get_path('purelib')}\n")
+        yield python, os.path.join(target, "bin", "tbon")
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def memory_once(python: str, script: str, rundir: str) -> tuple[dict[str, int], dict[str, int]]:
+    """A singleton broker's memory, and a bare socket's, each run by `python` (the broker by
+    its console script `script`, as a user's `tbon broker` runs)."""
+    argv = [python, script, "broker", "-S", f"broker.rundir={rundir}"]
+    with started(argv, lambda d=rundir: any(Path(d).iterdir()), "tbon broker") as pid:
+        broker = proc_kb(pid, ("VmRSS", "VmHWM", "Pss"))
+    path = os.path.join(rundir, "bare")
+    with started([python, "-c", BARE, path], lambda: os.path.exists(path), "bare python") as pid:
+        bare = proc_kb(pid, ("VmRSS", "VmHWM", "Pss"))
+    return broker, bare
+
+
 def bench_memory(report: Report, runs: int) -> None:
     rows = []
-    broker: list[dict[str, int]] = []
-    bare: list[dict[str, int]] = []
-    for run in range(runs):
-        progress(f"memory: standalone broker, run {run + 1}/{runs}")
-        rundir = tempfile.mkdtemp(prefix="ping-rundir-")
-        try:
-            argv = [str(TBON), "broker", "-S", f"broker.rundir={rundir}"]
-            with started(argv, lambda d=rundir: any(Path(d).iterdir()), "tbon broker") as pid:
-                broker.append(proc_kb(pid, ("VmRSS", "VmHWM", "Pss")))
-            progress(f"memory: bare python + zmq + nacl, run {run + 1}/{runs}")
-            path = os.path.join(rundir, "bare")
-            argv = [sys.executable, "-c", BARE, path]
-            with started(argv, lambda p=path: os.path.exists(p), "bare python") as pid:
-                bare.append(proc_kb(pid, ("VmRSS", "VmHWM", "Pss")))
-        finally:
-            shutil.rmtree(rundir, ignore_errors=True)
-    for label, samples, target in (
-        ("`tbon broker` (singleton)", broker, True),
-        ("python + zmq + nacl, one socket", bare, False),
+    samples: dict[str, list[dict[str, int]]] = {}
+    progress("memory: building and installing a wheel of this checkout")
+    with wheel_install() as (wheel_python, wheel_script):
+        installs = (("wheel", wheel_python, wheel_script), ("editable", sys.executable, str(TBON)))
+        for run in range(runs):
+            for install, python, script in installs:
+                progress(f"memory: standalone broker and bare socket, {install}, run {run + 1}")
+                rundir = tempfile.mkdtemp(prefix="ping-rundir-")
+                try:
+                    broker, bare = memory_once(python, script, rundir)
+                finally:
+                    shutil.rmtree(rundir, ignore_errors=True)
+                samples.setdefault(f"broker {install}", []).append(broker)
+                samples.setdefault(f"bare {install}", []).append(bare)
+    for label, key, target in (
+        ("`tbon broker` (singleton), installed from a wheel", "broker wheel", True),
+        ("python + zmq + nacl, one socket, the same", "bare wheel", False),
+        ("`tbon broker` (singleton), this editable install", "broker editable", False),
+        ("python + zmq + nacl, one socket, the same", "bare editable", False),
     ):
-        rss = [s["VmRSS"] / 1024 for s in samples]
-        hwm = [s["VmHWM"] / 1024 for s in samples]
-        pss = [s["Pss"] / 1024 for s in samples if "Pss" in s]
+        taken = samples[key]
+        rss = [s["VmRSS"] / 1024 for s in taken]
+        hwm = [s["VmHWM"] / 1024 for s in taken]
+        pss = [s["Pss"] / 1024 for s in taken if "Pss" in s]
         rows.append(
             [
                 label,

@@ -27,12 +27,15 @@ import os
 import stat
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nacl.public
 from zmq.utils import z85
 
 from tbon.errors import TbonError
+
+if TYPE_CHECKING:  # loaded to read or write a certificate file: a broker that makes its keys
+    from pathlib import Path  # in memory never loads pathlib (and urllib.parse, ipaddress)
 
 KEY_BYTES = 32
 """A Curve25519 key, public or secret, is 32 bytes."""
@@ -155,6 +158,8 @@ def write_certificate(path: str | os.PathLike[str], cert: Certificate, force: bo
     fchmod'ed to 0600 whatever the umask, then moved into place, so a reader never sees it
     half-written or with looser permissions. An existing file is kept (TbonError) unless ``force``.
     """
+    from pathlib import Path
+
     import tomli_w
 
     target = Path(path)
@@ -235,6 +240,7 @@ def load_certificate(path: str | os.PathLike[str]) -> Certificate:
     a missing field reads as an empty string, but a present one must be a string.
     """
     import tomllib
+    from pathlib import Path
 
     source = Path(path)
     chunks: list[bytes] = []
