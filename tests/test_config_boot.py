@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -45,13 +46,16 @@ class ConfigInstance:
         self.uri = f"local://{root}/rank0/local"
         self.brokers: dict[int, subprocess.Popen[str]] = {}
         self.extra: list[subprocess.Popen[str]] = []
+        self._starts = itertools.count()
 
     def start(self, index: int, *more: str) -> subprocess.Popen[str]:
         argv = [TBON, "broker", "-c", str(self.file), "-S", f"hostname=node{index}"]
         for attribute in [*self.attributes, *more]:
             argv += ["-S", attribute]
-        if index == 0:
-            argv += ["-S", f"broker.rundir={self.root}/rank0"]
+        # Rank 0's at a known place; every other one under root too, fresh for each start, so
+        # that a broker the test kills leaves nothing behind in the shared temporary directory.
+        rundir = "rank0" if index == 0 else f"node{index}.{next(self._starts)}"
+        argv += ["-S", f"broker.rundir={self.root}/{rundir}"]
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -325,7 +329,10 @@ def test_a_retired_config_rank_filled_by_flub_is_an_ordinary_rank(configured) ->
     up(instance, 2)
     assert tbon("retire", instance.uri, "1").returncode == 0
     joiner = subprocess.Popen(
-        [TBON, "broker", "-S", f"broker.boot-server={instance.uri}"],
+        [  # killed below: its run directory is under the test's, so nothing is left behind
+            *(TBON, "broker", "-S", f"broker.boot-server={instance.uri}"),
+            *("-S", f"broker.rundir={instance.root}/joiner"),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
