@@ -20,15 +20,7 @@ from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
 from tbon.overlay.services.flow import ACK_EVERY
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
-from tbon.overlay.wire.message import (
-    ANY_RANK,
-    Buffer,
-    Kind,
-    Message,
-    MessageError,
-    decode,
-    encode,
-)
+from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode
 
 DEFAULT_TIMEOUT = 30.0
 CHUNK = 256 << 10  # bytes read from the broker's socket at a time
@@ -249,12 +241,7 @@ class LocalTransport:
             raise TbonError(f"local://{self.path}: {why}") from None
 
     def recv(self) -> tuple[int, Message | None]:
-        frames = self._ready.popleft()
-        size = sum(len(frame) for frame in frames)
-        try:
-            return size, decode(frames)
-        except MessageError:
-            return size, None
+        return decode_sized(self._ready.popleft())
 
     def close(self) -> None:
         self.socket.close()

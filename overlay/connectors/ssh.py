@@ -22,7 +22,7 @@ from pathlib import Path
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri
 from tbon.overlay.wire.frames import FrameError, FrameReader, encode_frames
-from tbon.overlay.wire.message import Buffer, Message, MessageError, decode
+from tbon.overlay.wire.message import Buffer, Message, decode_sized
 
 
 def ssh_command() -> list[str]:
@@ -101,8 +101,7 @@ class SshTransport:
                 raise self._failure()
             self._reader.feed(data)
             try:
-                while (frames := self._reader.next()) is not None:
-                    self._ready.append(frames)
+                self._ready.extend(self._reader.drain())
             except FrameError as error:
                 raise TbonError(f"{self.uri}: garbled answer from the relay ({error})") from None
         return True
@@ -123,12 +122,7 @@ class SshTransport:
         return (pipe in ready and self.poll(0)), [fd for fd in fds if fd in ready]
 
     def recv(self) -> tuple[int, Message | None]:
-        frames = self._ready.popleft()
-        size = sum(len(frame) for frame in frames)
-        try:
-            return size, decode(frames)
-        except MessageError:
-            return size, None
+        return decode_sized(self._ready.popleft())
 
     def close(self) -> None:
         self._selector.close()

@@ -123,6 +123,17 @@ def decode_frames(frames: Sequence[Any]) -> Message:
     return decode([f.buffer if i == 2 else f.bytes for i, f in enumerate(frames)])
 
 
+def decode_sized(frames: Sequence[Buffer]) -> tuple[int, Message | None]:
+    """What a client reads off a byte stream (a local socket, an ssh session): the message's size
+    on the wire, which counts toward its `client.ack` whether it decodes or not, and the message,
+    or None if it is malformed."""
+    size = sum(len(frame) for frame in frames)
+    try:
+        return size, decode(frames)
+    except MessageError:
+        return size, None
+
+
 def decode(frames: Sequence[Buffer]) -> Message:
     """The message in `frames` (routing envelope already removed), or MessageError.
 
