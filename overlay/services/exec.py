@@ -68,6 +68,14 @@ def environment_problem(env: object) -> str | None:
     return None
 
 
+def target_ranks(payload: dict[str, Any]) -> list[int] | None:
+    """The ranks an exec request names, or None if `targets` is not a list of integers."""
+    targets = payload.get("targets")
+    if not isinstance(targets, list) or not all(is_int(t) for t in targets):
+        return None
+    return targets
+
+
 def start_problem(payload: dict[str, Any]) -> str | None:
     """Why an exec.start cannot start anything, whatever the rank, or None. (A duplicate id is
     the job runner's to see: only it knows what runs.)"""
@@ -101,8 +109,8 @@ class ExecService:
     def handle(self, request: Message, now: float) -> list[Action]:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
         the work itself here if this rank is one of them."""
-        targets = request.payload.get("targets")
-        if not isinstance(targets, list) or not all(is_int(t) for t in targets):
+        targets = target_ranks(request.payload)
+        if targets is None:
             why = f"{request.topic} needs a list of target ranks"
             return [Respond(request.fail(errno.EINVAL, why))]
         below: dict[int, list[int]] = {}
@@ -183,9 +191,9 @@ class ExecService:
     def started_by(self, hop: str, request: Message) -> None:
         """A local client (route hop `hop`) asked for a job: remember it, to kill it should the
         client vanish."""
-        targets = request.payload.get("targets")
-        if not isinstance(targets, list) or not all(is_int(t) for t in targets):
-            return  # refused at once: nothing runs
+        targets = target_ranks(request.payload)
+        if targets is None:
+            return  # refused at once (handle): nothing runs
         job = (request.payload.get("id"), set(targets))  # not its env: up to 1 MiB
         self._client_jobs.setdefault(hop, {})[request.tag] = job
 
