@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import child_env, tbon
 
 from tbon import tmpdir
 
@@ -46,26 +45,9 @@ def test_shared_memory_when_nothing_is_set(
 def test_tbon_start_makes_its_run_directory_there(tmp_path: os.PathLike[str]) -> None:
     """The instance's URI (TBON_URI, as its program sees it) lies under the chosen parent, and
     the directory is gone once the instance has ended."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TBON_", "PMI_"))}
+    env = child_env(XDG_RUNTIME_DIR=str(tmp_path))
     env.pop("TMPDIR", None)
-    env["XDG_RUNTIME_DIR"] = str(tmp_path)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tbon.cli.main",
-            "start",
-            "--test-size=2",
-            "--",
-            "sh",
-            "-c",
-            'echo "$TBON_URI"',
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = tbon("start", "--test-size=2", "--", "sh", "-c", 'echo "$TBON_URI"', env=env)
     assert done.returncode == 0, done.stderr
     uri = done.stdout.strip()
     assert uri.startswith(f"local://{tmp_path}/tbon-start-"), uri
