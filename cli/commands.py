@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +108,7 @@ class LazyCommands(MutableMapping[str, Command]):
     `modules`, in that order. A module is imported, and its command built by Typer as the app
     would have built it, the first time that command is looked up."""
 
-    def __init__(self, loaded: dict[str, Command], modules: dict[str, str]) -> None:
+    def __init__(self, loaded: Mapping[str, Command], modules: dict[str, str]) -> None:
         self._loaded = dict(loaded)
         self._modules = dict(modules)
 
@@ -213,9 +213,6 @@ def _convert_plainly(param: Any) -> None:
     leaf = annotation.__args__[0] if _is_list(annotation) else annotation
     if leaf in (str, int, bool):
         param._runtime_param = PlainValue(info, annotation, [])
-
-    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
-        return super().command(*args, cls=cls or TbonCommand, **kwargs)
 
 
 # --- help pages -----------------------------------------------------------------------------
@@ -356,7 +353,7 @@ def check_number(param: Any, text: str, ctx: Context | None) -> None:
         if value is not None and value != value:  # NaN
             value = None
     in_range = value is not None and (low is None or value >= low)
-    in_range = in_range and (high is None or value <= high)  # type: ignore[operator]
+    in_range = in_range and (high is None or value <= high)
     if not in_range:
         shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
         raise UsageError(

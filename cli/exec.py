@@ -211,8 +211,9 @@ def job_environment(caller: Mapping[str, str], rules: Sequence[str]) -> dict[str
             name, value = rule.split("=", 1)
             if not name:
                 raise UsageError(f"--env={rule}: no variable name before '='")
+            lookup: ChainMap[str, str] = ChainMap(env, dict(caller))
             try:
-                env[name] = Template(value).substitute(ChainMap(env, dict(caller)))
+                env[name] = Template(value).substitute(lookup)
             except KeyError as missing:
                 raise UsageError(f"--env={rule}: ${missing.args[0]} is not set") from None
             except ValueError:
@@ -365,7 +366,7 @@ def _run(
         while outcome.pending:
             wanted = [stdin] if stdin is not None and streams.stdin.available() > 0 else []
             _, readable = client.wait(wanted, None)
-            if readable:
+            if readable and stdin is not None:  # it is: only a wanted fd is readable
                 stdin = streams.pass_stdin(stdin)
             while outcome.pending and (reply := client.receive(0)) is not None:
                 if reply.tag == tag:

@@ -133,9 +133,9 @@ def attachments(status: dict[str, Any]) -> list[int | None]:
     ranks = status["ranks"]
     size = len(ranks)
     up: list[int | None] = []
-    for rank, entry in enumerate(ranks):
+    for index, entry in enumerate(ranks):
         attached = entry.get("attached_to")
-        usable = type(attached) is int and 0 <= attached < size and attached != rank
+        usable = type(attached) is int and 0 <= attached < size and attached != index
         up.append(attached if usable else entry["parent"])
     rooted: set[int] = set()  # ranks whose walk up is known to end at the root
     for start in range(size):

@@ -16,7 +16,7 @@ class Record:
         return tuple(getattr(self, name) for name in self.__slots__)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._fields() == other._fields()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._fields() == other._fields()
 
     def __hash__(self) -> int:
         return hash((type(self), self._fields()))

@@ -32,6 +32,21 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_ci_checks_lint_and_types_before_the_tests() -> None:
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    tests = ci.index(readme_commands()[1])
+    assert ci.index(".venv/bin/ruff check .") < tests
+    assert ci.index(".venv/bin/python .ci/typecheck") < tests
+
+
+def test_types_check() -> None:
+    """mypy over the package as it is imported (tbon.cli is cli/...): see .ci/typecheck."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "typecheck")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_broker_imports_neither_typer_nor_rich() -> None:
     code = (
         "import sys; import tbon.cli.main, tbon.overlay.broker.broker, tbon.overlay.launch.local, "

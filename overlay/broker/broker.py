@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -69,8 +69,10 @@ class Broker:
         self.reattach_timeout = config.reattach_timeout or config.timeout or 60.0
         self.parent: Uplink | None = None
         if links.parent is not None:
+            from tbon.overlay.links.parent import ParentLink
             from tbon.overlay.links.uplink import Uplink
 
+            assert isinstance(links.parent, ParentLink)  # as bootstrap opened it, not yet wrapped
             self.parent = links.parent = Uplink(
                 links.parent,
                 self._open_link,
@@ -460,7 +462,7 @@ class Broker:
     def _respond(self, reply: Message) -> bool:
         return self.router.respond(reply)
 
-    def report(self, events: list[Event], now: float) -> None:
+    def report(self, events: Sequence[Event], now: float) -> None:
         """Rank-table events seen here: rank 0 applies them, any other broker sends them up."""
         for event in events:
             if self.table is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
 from tbon.overlay.services.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
-from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.message import Buffer, Kind, Message
 
 if TYPE_CHECKING:  # imported where a job starts (0.3 MB), not by every broker
     import subprocess
@@ -80,7 +81,7 @@ class JobRunner:
         uri: str,
         watch: Watch,
         unwatch: Callable[[int], None],
-        send: Callable[[Message], None],
+        send: Callable[[Message], object],  # what it returns is not looked at
     ) -> None:
         self.rank = rank
         self.uri = uri
@@ -147,7 +148,7 @@ class JobRunner:
     def _watch_output(self, job: Job) -> None:
         job.paused = False
         for fd in job.streams:
-            self.watch(fd, False, lambda fd=fd, job=job: self._readable(job, fd))
+            self.watch(fd, False, functools.partial(self._readable, job, fd))
 
     def _pause(self, job: Job) -> None:
         """The window is spent: stop reading, so the job's pipes fill and it blocks."""
@@ -206,7 +207,7 @@ class JobRunner:
 
     # --- input, within its own window ------------------------------------------------------
 
-    def write_stdin(self, job_id: str, data: bytes, eof: bool) -> None:
+    def write_stdin(self, job_id: str, data: Buffer, eof: bool) -> None:
         job = self.jobs.get(job_id)
         if job is None or job.process.stdin is None:
             return

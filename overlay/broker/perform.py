@@ -1,15 +1,21 @@
 """Carrying out what the services ask: the one place where an action touches a link, a job or
 the log. The services decide; this does, in the order given, and hands a reply to a Call's
-continuation through the router."""
+continuation through the router.
+
+It is total: every action in the `Action` union is carried out, or it raises CannotPerform
+saying why (a child's key given to a broker that has no children). None is dropped because this
+broker lacks what it needs, and the match ends in `assert_never`, so that a type checker proves
+each kind of action has its case.
+"""
 
 from __future__ import annotations
 
 import errno
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, assert_never
 
-from tbon.overlay.broker.jobs import JobRunner
 from tbon.overlay.broker.router import Router
 from tbon.overlay.services.actions import (
     Action,
@@ -36,22 +42,57 @@ from tbon.overlay.services.actions import (
     WriteStdin,
 )
 from tbon.overlay.state.ranktable import Event
+from tbon.overlay.wire.message import Buffer, Message
 
-if TYPE_CHECKING:  # loaded by a broker that has children, by rank 0, only
-    from tbon.overlay.links.children import Children
-    from tbon.overlay.services.status import StatusService
+if TYPE_CHECKING:  # loaded by a broker that has children only
+    from tbon.overlay.links.children import Inbound, Rejoin
 
 log = logging.getLogger("tbon.broker")
+
+
+class CannotPerform(RuntimeError):
+    """A service asked this broker for an action it cannot carry out: a bug in that service,
+    which the broker must not hide by skipping the action."""
 
 
 class Loop(Protocol):
     """What only the broker's loop itself can do."""
 
-    def report(self, events: list[Event], now: float) -> None: ...
+    def report(self, events: Sequence[Event], now: float) -> None: ...
     def shut_down(self, end_program: bool, now: float) -> None: ...
     def leave(self, exit_code: int) -> None: ...
     def wake(self) -> None: ...
     def go_home(self, card: tuple[int, str, str]) -> str: ...
+
+
+class ChildLinks(Protocol):
+    """What the performer asks of a parent's side of its links (links/children.py)."""
+
+    def authorize(
+        self, rank: int, incarnation: int, public_z85: str, foster_until: float | None = None
+    ) -> None: ...
+    def revoke(self, rank: int, incarnation: int, reason: str) -> None: ...
+    def retire(self, rank: int, incarnation: int, order: dict[str, Any]) -> str: ...
+    def rejoined(
+        self, rejoin: Rejoin, incarnation: int | None, why: str, now: float
+    ) -> Inbound: ...
+
+
+class Jobs(Protocol):
+    """What the performer asks of this broker's jobs (broker/jobs.py)."""
+
+    def start(self, request: Message) -> Message | None: ...
+    def write_stdin(self, job_id: str, data: Buffer, eof: bool) -> None: ...
+    def grant(self, job_id: str, amount: int) -> None: ...
+    def send_signal(self, job_id: str, signum: int) -> None: ...
+    def kill_from(self, route: tuple[str, ...]) -> None: ...
+    def kill_all(self, signum: int, note: str = "") -> None: ...
+
+
+class Watches(Protocol):
+    """Rank 0's status streams (services/status.py)."""
+
+    def forget(self, route: tuple[str, ...]) -> None: ...
 
 
 class Performer:
@@ -60,10 +101,12 @@ class Performer:
         rank: int,
         loop: Loop,
         router: Router,
-        children: Children | None,
-        jobs: JobRunner,
-        status: StatusService | None,
+        children: ChildLinks | None,
+        jobs: Jobs,
+        status: Watches | None,
     ) -> None:
+        """`children`: None on a broker whose rank has no children; `status`: None but at
+        rank 0."""
         self.rank = rank
         self.loop = loop
         self.router = router
@@ -71,12 +114,11 @@ class Performer:
         self.jobs = jobs
         self.status = status
 
-    def perform(self, actions: list[Action]) -> None:
+    def perform(self, actions: Iterable[Action]) -> None:
         for action in actions:
             self._perform(action, time.monotonic())
 
     def _perform(self, action: Action, now: float) -> None:
-        children = self.children
         match action:
             case Respond(message):
                 self.router.respond(message)
@@ -87,29 +129,29 @@ class Performer:
                 self.loop.wake()  # a new deadline: its answer's
             case Forward(child, message, otherwise):
                 if not self.router.send_down(child, message):
-                    self.perform(list(otherwise))
+                    self.perform(otherwise)
             case Log(level, text):
                 log.log(level, "%s", text)
             case Report(event):
                 self.loop.report([event], now)
-            case Authorize(rank, incarnation, key) if children is not None:
-                children.authorize(rank, incarnation, key)
-            case Foster(admissions, until) if children is not None:
-                for rank, incarnation, key in admissions:
-                    children.authorize(rank, incarnation, key, foster_until=until)
+            case Authorize(rank, incarnation, key):
+                self._children(action).authorize(rank, incarnation, key)
+            case Foster(admissions, until):
+                for rank, incarnation, key in admissions:  # none: nothing asked of children
+                    self._children(action).authorize(rank, incarnation, key, foster_until=until)
                 self.loop.wake()  # a foster child that never comes is forgotten on time
             case GoHome(request, card):
                 why = self.loop.go_home(card)
                 reply = request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})
                 self.router.respond(reply)
-            case Revoke(rank, incarnation, reason) if children is not None:
-                children.revoke(rank, incarnation, reason)
-            case RetireChild(request, rank, incarnation, order) if children is not None:
-                why = children.retire(rank, incarnation, order)
+            case Revoke(rank, incarnation, reason):
+                self._children(action).revoke(rank, incarnation, reason)
+            case RetireChild(request, rank, incarnation, order):
+                why = self._children(action).retire(rank, incarnation, order)
                 reply = request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})
                 self.router.respond(reply)
-            case Readmit(rejoin, incarnation, why) if children is not None:
-                inbound = children.rejoined(rejoin, incarnation, why, now)
+            case Readmit(rejoin, incarnation, why):
+                inbound = self._children(action).rejoined(rejoin, incarnation, why, now)
                 self.loop.report(inbound.reports, now)
                 self.loop.wake()
             case StartJob(request):
@@ -127,9 +169,23 @@ class Performer:
             case KillAllJobs(signum, note):
                 self.jobs.kill_all(signum, note=note)
                 self.loop.wake()
-            case ForgetWatches(route) if self.status is not None:
+            case ForgetWatches(route):
+                if self.status is None:
+                    raise self._cannot(action, "no status streams (rank 0 alone has them)")
                 self.status.forget(route)
             case ShutDown(end_program):
                 self.loop.shut_down(end_program, now)
             case Leave(exit_code):
                 self.loop.leave(exit_code)
+            case _:
+                assert_never(action)
+
+    def _children(self, action: Action) -> ChildLinks:
+        """The children's side, for an action that needs one."""
+        if self.children is None:
+            raise self._cannot(action, "no children")
+        return self.children
+
+    def _cannot(self, action: Action, lacking: str) -> CannotPerform:
+        name = type(action).__name__
+        return CannotPerform(f"{name} on a broker with {lacking} (rank {self.rank}): {action}")

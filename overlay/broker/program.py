@@ -11,7 +11,7 @@ import functools
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tbon.record import Record
 
@@ -155,7 +155,7 @@ def _host_elf() -> tuple[int, int, int] | None:
     head = _head("/proc/self/exe")
     if head is None or not head.startswith(b"\x7fELF") or len(head) < 20:
         return None
-    order = "little" if head[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
     return head[4], int.from_bytes(head[18:20], order), head[5]
 
 

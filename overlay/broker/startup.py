@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tbon.overlay.boot.config_file import BootConfig
     from tbon.overlay.links.children import Children
     from tbon.overlay.links.parent import ParentLink
+    from tbon.overlay.links.uplink import Uplink
 
 # Each bootstrap's module (config_file, flub with the client it joins through, pmi) is imported
 # by the broker that boots that way only: a broker's memory is mostly the modules it loaded.
@@ -214,7 +215,7 @@ class Links:
     """Every socket a broker holds, and the run directory of its local one."""
 
     children: Children | None
-    parent: ParentLink | None
+    parent: ParentLink | Uplink | None  # the first link up, until the broker wraps it in an Uplink
     local: LocalServer
     rundir: Rundir
     context: zmq.Context  # for the links up a broker opens later (seeking a parent, going home)

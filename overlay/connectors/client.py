@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
 from tbon.overlay.services.flow import ACK_EVERY
+from tbon.overlay.wire.frames import Buffer as Part
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode
 
@@ -192,7 +193,7 @@ class LocalTransport:
         except OSError:
             self._broken = True
 
-    def _sendmsg(self, parts: list[Buffer]) -> int:
+    def _sendmsg(self, parts: list[Part]) -> int:
         return self.socket.sendmsg(parts, (), socket.MSG_NOSIGNAL)
 
     def poll(self, timeout_ms: int | None) -> bool:

@@ -231,8 +231,8 @@ def serve(launch: Launch) -> int:
     for end in (reader, writer):
         end.setblocking(False)
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda signum, _frame: signals.append(signum))
+    for caught in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(caught, lambda signum, _frame: signals.append(signum))
     server = launch.start()
     selector = selectors.DefaultSelector()
     server.register(selector)
@@ -243,7 +243,7 @@ def serve(launch: Launch) -> int:
             timeout = None if launch.kill_at is None else max(0.0, launch.kill_at - now)
             for key, _ in selector.select(timeout):
                 if key.data is server:
-                    server.handle(key.fileobj)  # type: ignore[arg-type]
+                    server.handle(key.fileobj)
                 else:
                     _drain(reader)
             now = time.monotonic()

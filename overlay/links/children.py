@@ -263,7 +263,7 @@ class Children:
         elif message.topic == "moved":
             to = message.payload.get("to")
             if is_int(to):
-                inbound.reports.append(self._moved(session, int(to)))  # type: ignore[arg-type]
+                inbound.reports.append(self._moved(session, int(to)))
         elif message.topic == "report":
             self._report(sender, message, inbound)
         elif message.topic != "heartbeat":
@@ -278,7 +278,7 @@ class Children:
         if message.kind is Kind.CONTROL and message.topic == "hello":
             rank, incarnation = message.payload.get("rank"), message.payload.get("incarnation")
             if is_int(rank) and is_int(incarnation) and rank >= 0 and incarnation >= 0:
-                return Identity(int(rank), int(incarnation))  # type: ignore[arg-type]
+                return Identity(int(rank), int(incarnation))
             return None
         session = self._by_routing.get(routing_id)
         return session.identity if session is not None else None
@@ -312,11 +312,9 @@ class Children:
                     return
                 self._welcome(session, routing_id, connection, hello, now, inbound)
             case AskRankZero(rank, ended, replaces):
-                session = self.sessions.get(rank)
-                if replaces and session is not None:  # its host's old broker: the new one wins
-                    inbound.reports.append(
-                        self._end(session, "lost", "its host started a new broker")
-                    )
+                old = self.sessions.get(rank)
+                if replaces and old is not None:  # its host's old broker: the new one wins
+                    inbound.reports.append(self._end(old, "lost", "its host started a new broker"))
                 rejoin = Rejoin(rank, ended, routing_id, fd, hello, connection.generation)
                 inbound.rejoins.append(rejoin)
 
@@ -324,7 +322,7 @@ class Children:
         rank = hello.payload.get("rank")
         log.warning("refused hello from rank %s: %s", rank, refusal.reason)
         self._refuse(routing_id, refusal)
-        session = self.sessions.get(rank) if is_int(rank) else None  # type: ignore[arg-type]
+        session = self.sessions.get(rank) if is_int(rank) else None
         if session is not None and session.foster and refusal.exit_code == exitcodes.SHUTDOWN:
             self._forget_foster(session)  # told: it leaves, and nobody waits for it
 

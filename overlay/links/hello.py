@@ -173,8 +173,8 @@ def judge_hello(hello: dict[str, Any], key: Identity | None, parent: Parent) -> 
         )
     if standing is not None and standing.connected and not standing.shared:
         return Refusal(f"rank {rank} is held by a broker that joined by FLUB", exitcodes.REFUSED)
-    ended = standing.incarnation if standing is not None else 0
-    return AskRankZero(rank, ended, replaces=standing is not None and standing.connected)
+    here = standing.incarnation if standing is not None else 0
+    return AskRankZero(rank, here, replaces=standing is not None and standing.connected)
 
 
 def judge_stale(sender: Identity, parent: Parent) -> Refusal | None:

@@ -14,8 +14,8 @@ def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
-    """A JSON number, whole or not: again, bool is not one."""
+def is_number(value: object) -> TypeGuard[int | float]:
+    """A JSON number, whole or not: again, bool is not one (and again a TypeGuard)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.state.ranktable import Event
-from tbon.overlay.wire.message import Message
+from tbon.overlay.wire.message import Buffer, Message
 from tbon.record import Record
 
 if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
@@ -159,7 +159,7 @@ class StartJob(Record):
 class WriteStdin(Record):
     __slots__ = __match_args__ = ("job_id", "data", "eof")
 
-    def __init__(self, job_id: str, data: bytes, eof: bool) -> None:
+    def __init__(self, job_id: str, data: Buffer, eof: bool) -> None:
         self.job_id = job_id
         self.data = data
         self.eof = eof
@@ -243,6 +243,7 @@ Action = (
     | Readmit
     | StartJob
     | WriteStdin
+    | GrantCredit
     | SignalJob
     | KillJobsFrom
     | KillAllJobs

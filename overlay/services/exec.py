@@ -209,7 +209,7 @@ class ExecService:
         if reply.errnum or not reply.streaming:
             running.clear()  # the request itself failed
         elif "exit" in reply.payload or "error" in reply.payload:
-            running.discard(reply.payload.get("rank"))  # type: ignore[arg-type]
+            running.discard(reply.payload.get("rank"))
         if not running:
             del jobs[reply.tag]
             if not jobs:

@@ -196,7 +196,7 @@ class HealService:
             and is_key(key)
         ):
             return fail(request, errno.EINVAL, "heal.home needs this broker's parent's card")
-        return [GoHome(request, (int(rank), endpoint, key))]  # type: ignore[arg-type]
+        return [GoHome(request, (int(rank), endpoint, key))]
 
     # --- heal.wait ----------------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ class StatusService:
 
     def end(self) -> list[Action]:
         """Final responses that close every stream, as the instance shuts down."""
-        ended = [
+        ended: list[Action] = [
             Respond(w.request.fail(errno.ENODATA, "the instance shut down")) for w in self.watchers
         ]
         self.watchers = []

@@ -12,6 +12,9 @@ from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.ranktable import Departed, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.wire.message import MessageError
 
+Reported = Online | Lost | Departed | Torpid | Moved
+"""The events a report carries: what a parent sees of its children (each names that parent)."""
+
 
 def encode_event(event: Event) -> dict[str, Any]:
     shown: dict[str, Any]
@@ -34,7 +37,7 @@ def encode_event(event: Event) -> dict[str, Any]:
     return shown
 
 
-def decode_event(payload: dict[str, Any]) -> Event:
+def decode_event(payload: dict[str, Any]) -> Reported:
     """The event in a report payload, or MessageError if any field is missing or mistyped."""
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]

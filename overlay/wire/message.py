@@ -159,7 +159,7 @@ def decode(frames: Sequence[Buffer]) -> Message:
     if not is_int(version) or version < 1:
         raise MessageError(f"bad protocol version {version!r}")
     try:
-        kind = Kind(header.get("k"))
+        kind = Kind(header.get("k", ""))  # absent: unknown, as any other value
     except ValueError:
         raise MessageError(f"unknown message kind {header.get('k')!r}") from None
     topic, nodeid, tag = header.get("t"), header.get("n", ANY_RANK), header.get("g", 0)
