@@ -19,7 +19,7 @@ from contextlib import nullcontext
 import typer
 
 from tbon import tmpdir
-from tbon.cli.common import duration, interactive
+from tbon.cli.common import duration, interactive, python_module
 from tbon.errors import TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 
@@ -117,9 +117,7 @@ def run(
 
     rundir = tempfile.mkdtemp(prefix="tbon-start-", dir=tmpdir.parent())
     argv = [
-        sys.executable,
-        "-m",
-        "tbon.overlay.launch.local",
+        *python_module("tbon.overlay.launch.local"),
         "--size",
         str(size),
         "--rundir",

@@ -6,8 +6,9 @@ a socketpair as PMI_FD, exactly as Hydra's mpiexec would hand it. The launcher r
 that exit badly, kills what is left once the instance is over (after --exit-timeout), and exits
 with rank 0's status.
 
-Run as `python -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D] [--force]
-[-S ...] [CMD]`. It forks nothing for a size above MAX_SIZE (tbon/limits.py), nor, without
+Run as `python -P -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D]
+[--force] [-S ...] [CMD]` (`-P`: never from the working directory, which may be a checkout;
+cli/common.py). It forks nothing for a size above MAX_SIZE (tbon/limits.py), nor, without
 --force, for more brokers than this machine can hold (capacity.py).
 """
 
