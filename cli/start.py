@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
             "10s",
             "--test-exit-timeout",
             metavar="DURATION",
-            help="Once the instance is over, kill brokers still running after DURATION.",
+            help="Once the instance is over, stop brokers still running after DURATION.",
         ),
     ) -> None:
         """Start a local instance of N brokers and run COMMAND in it."""
@@ -141,9 +141,7 @@ def run(
             if _wait_up(launcher, uri, size):
                 print(uri, flush=True)
             elif launcher.poll() is None:
-                print(
-                    "tbon start: lost contact with rank 0; stopping the instance", file=sys.stderr
-                )
+                typer.echo("tbon start: lost contact with rank 0; stopping the instance", err=True)
                 launcher.send_signal(signal.SIGTERM)
         else:
             # Ctrl-C on the terminal belongs to COMMAND; the instance ends when it does.
