@@ -2,7 +2,7 @@
 
 The work is done by the launcher (tbon.overlay.launch.local), a lean process that serves PMI
 and forks the brokers; this command sets it up, waits, and owns the clean-up of everything it
-started.
+started. With --bg, a detached keeper (cli/detach.py) does this command's part.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,6 +23,9 @@ from tbon import tmpdir
 from tbon.cli.common import duration, interactive, python_module
 from tbon.errors import TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
+
+if TYPE_CHECKING:
+    from tbon.cli.detach import Announce
 
 
 def register(app: typer.Typer) -> None:
@@ -70,6 +74,12 @@ def register(app: typer.Typer) -> None:
             metavar="DURATION",
             help="Once the instance is over, stop brokers still running after DURATION.",
         ),
+        bg: bool = typer.Option(
+            False,
+            "--bg",
+            help="Print the URI once every broker is online, and return; the instance runs on, "
+            "detached, until `tbon shutdown URI`.",
+        ),
     ) -> None:
         """Start a local instance of N brokers and run COMMAND in it."""
         from tbon.overlay.broker.attributes import broker_config, parse_assignments
@@ -82,12 +92,21 @@ def register(app: typer.Typer) -> None:
             attributes.append("tbon.endpoint=tcp://127.0.0.1:*")
         broker_config(parse_assignments(attributes))  # a usage error starts nothing
         program = list(command or [])
+        if bg and program:
+            raise UsageError("--bg and COMMAND do not go together")
         waiting = not program
-        if waiting and sys.stdin.isatty() and sys.stdout.isatty():
+        if waiting and not bg and sys.stdin.isatty() and sys.stdout.isatty():
             program, waiting = [os.environ.get("SHELL", "/bin/sh")], False
         if not force:
             # Before anything is started; the launcher, which forks, checks again.
             check_room(test_size, "--test-size")
+        if bg:
+            from tbon.cli.detach import detach
+
+            def keep(announce: Announce) -> int:
+                return run(test_size, attributes, exit_timeout, [], True, force, announce)
+
+            raise typer.Exit(detach("start", keep, f"starting {test_size} brokers"))
         raise typer.Exit(run(test_size, attributes, exit_timeout, program, waiting, force))
 
 
@@ -112,7 +131,10 @@ def run(
     program: list[str],
     waiting: bool,
     force: bool = False,
+    announce: Announce | None = None,
 ) -> int:
+    """Run the instance until it ends; without a program (`waiting`), hand its URI to
+    `announce` (default: print it) once every broker is online."""
     from tbon.overlay.links.local import local_uri
 
     rundir = tempfile.mkdtemp(prefix="tbon-start-", dir=tmpdir.parent())
@@ -139,7 +161,10 @@ def run(
             signal.signal(signal.SIGINT, stop)
             uri = local_uri(os.path.join(rundir, "0"))
             if _wait_up(launcher, uri, size):
-                print(uri, flush=True)
+                if announce is None:
+                    print(uri, flush=True)
+                else:
+                    announce(uri)
             elif launcher.poll() is None:
                 typer.echo("tbon start: lost contact with rank 0; stopping the instance", err=True)
                 launcher.send_signal(signal.SIGTERM)
