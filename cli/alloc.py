@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from tbon.overlay.launch.allocation import Allocation
 
 LAUNCHERS = ("ssh", "mpiexec", "srun", "local")
-FAILED = 1  # a host unreachable, a broker that failed to start, or the instance not up in time
 
 
 def register(app: typer.Typer) -> None:
@@ -185,52 +184,28 @@ def _status(code: int) -> int:
 
 
 def _background(launcher: str, hosts: list[str], attributes: list[str], limit: float) -> int:
-    """Fork a keeper that runs the allocation until the instance is shut down; print the URI
-    once it is up (or the keeper's error) and return."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the keeper: detached from the terminal, reporting once through the pipe
-        os.close(reader)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        code = _keep(launcher, hosts, attributes, limit, writer)
-        os._exit(code)
-    os.close(writer)
-    with os.fdopen(reader) as report:
-        line = report.readline().rstrip("\n")
-    if line.startswith("uri "):
-        print(line[4:])
-        return 0
-    os.waitpid(pid, 0)
-    raise TbonError(line[6:] if line.startswith("error ") else "the instance did not start")
+    """Leave the allocation to a detached keeper (cli/detach.py) that runs it until the
+    instance is shut down; print the URI once every broker is online (or say why not), and
+    return."""
+    from tbon.cli.detach import Announce, detach
 
-
-def _keep(launcher: str, hosts: list[str], attributes: list[str], limit: float, fd: int) -> int:
-    def report(text: str) -> None:
-        os.write(fd, (text.replace("\n", " ") + "\n").encode())
-        os.close(fd)
-
-    try:
+    def keep(announce: Announce) -> int:
         from tbon.overlay.launch.allocation import allocate
 
         allocation = allocate(launcher, hosts, attributes)
         allocation.quiet()
         try:
             allocation.wait_up(limit)
-        except TbonError as error:
+        except TbonError:
             allocation.end(grace=2.0)
-            report(f"error {error}")
-            return FAILED
-        report(f"uri {allocation.uri}")
+            raise
+        announce(allocation.uri)
         while allocation.running:
             time.sleep(0.2)
         allocation.end(grace=1.0)
         return 0
-    except Exception as error:  # the keeper has no terminal: its one report is all
-        report(f"error {error}")
-        return FAILED
+
+    return detach("alloc", keep, f"starting {len(hosts)} brokers")
 
 
 def _write_config(path: str, hosts: list[str]) -> None:

@@ -29,6 +29,13 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=None, separators=(",", ":")))
 
 
+def python_module(name: str) -> list[str]:
+    """The command that runs tbon's module `name` in this interpreter. `-P` (Python 3.11) keeps
+    the working directory off sys.path, where `-m` would put it first: run from a checkout's
+    root, the checkout's own tbon/ folder would hide the installed package (issue 22)."""
+    return [sys.executable, "-P", "-m", name]
+
+
 def interactive() -> bool:
     """Progress and colour only for a person at a terminal, never in a pipe or a batch log."""
     return sys.stderr.isatty()

@@ -22,7 +22,7 @@ from typing import Any
 import typer
 
 from tbon import exitcodes
-from tbon.cli.common import URI_HELP, duration, interactive, print_json
+from tbon.cli.common import URI_HELP, duration, interactive, print_json, python_module
 from tbon.errors import TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
@@ -176,7 +176,7 @@ def _tbon_command() -> list[str]:
     from tbon.overlay.connectors.ssh import tbon_script
 
     found = tbon_script() or shutil.which("tbon")
-    return [found] if found else [sys.executable, "-m", "tbon.cli"]
+    return [found] if found else python_module("tbon.cli")
 
 
 def _boot_servers(

@@ -2,7 +2,7 @@
 
 The work is done by the launcher (tbon.overlay.launch.local), a lean process that serves PMI
 and forks the brokers; this command sets it up, waits, and owns the clean-up of everything it
-started.
+started. With --bg, a detached keeper (cli/detach.py) does this command's part.
 """
 
 from __future__ import annotations
@@ -14,14 +14,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import typer
 
 from tbon import tmpdir
-from tbon.cli.common import duration, interactive
+from tbon.cli.common import duration, interactive, python_module
 from tbon.errors import TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tbon.cli.detach import Announce
+
+    Show = Callable[[int | None], None]
 
 
 def register(app: typer.Typer) -> None:
@@ -68,7 +75,13 @@ def register(app: typer.Typer) -> None:
             "10s",
             "--test-exit-timeout",
             metavar="DURATION",
-            help="Once the instance is over, kill brokers still running after DURATION.",
+            help="Once the instance is over, stop brokers still running after DURATION.",
+        ),
+        bg: bool = typer.Option(
+            False,
+            "--bg",
+            help="Print the URI once every broker is online, and return; the instance runs on, "
+            "detached, until `tbon shutdown URI`.",
         ),
     ) -> None:
         """Start a local instance of N brokers and run COMMAND in it."""
@@ -82,12 +95,21 @@ def register(app: typer.Typer) -> None:
             attributes.append("tbon.endpoint=tcp://127.0.0.1:*")
         broker_config(parse_assignments(attributes))  # a usage error starts nothing
         program = list(command or [])
+        if bg and program:
+            raise UsageError("--bg and COMMAND do not go together")
         waiting = not program
-        if waiting and sys.stdin.isatty() and sys.stdout.isatty():
+        if waiting and not bg and sys.stdin.isatty() and sys.stdout.isatty():
             program, waiting = [os.environ.get("SHELL", "/bin/sh")], False
         if not force:
             # Before anything is started; the launcher, which forks, checks again.
             check_room(test_size, "--test-size")
+        if bg:
+            from tbon.cli.detach import detach
+
+            def keep(announce: Announce) -> int:
+                return run(test_size, attributes, exit_timeout, [], True, force, announce)
+
+            raise typer.Exit(detach("start", keep, f"starting {test_size} brokers"))
         raise typer.Exit(run(test_size, attributes, exit_timeout, program, waiting, force))
 
 
@@ -112,14 +134,15 @@ def run(
     program: list[str],
     waiting: bool,
     force: bool = False,
+    announce: Announce | None = None,
 ) -> int:
+    """Run the instance until it ends; without a program (`waiting`), hand its URI to
+    `announce` (default: print it) once every broker is online."""
     from tbon.overlay.links.local import local_uri
 
     rundir = tempfile.mkdtemp(prefix="tbon-start-", dir=tmpdir.parent())
     argv = [
-        sys.executable,
-        "-m",
-        "tbon.overlay.launch.local",
+        *python_module("tbon.overlay.launch.local"),
         "--size",
         str(size),
         "--rundir",
@@ -140,16 +163,19 @@ def run(
         if waiting:
             signal.signal(signal.SIGINT, stop)
             uri = local_uri(os.path.join(rundir, "0"))
-            if _wait_up(launcher, uri, size):
-                print(uri, flush=True)
+            if _wait_with_spinner(launcher, uri, size):
+                if announce is None:
+                    print(uri, flush=True)
+                else:
+                    announce(uri)
             elif launcher.poll() is None:
-                print(
-                    "tbon start: lost contact with rank 0; stopping the instance", file=sys.stderr
-                )
+                typer.echo("tbon start: lost contact with rank 0; stopping the instance", err=True)
                 launcher.send_signal(signal.SIGTERM)
         else:
             # Ctrl-C on the terminal belongs to COMMAND; the instance ends when it does.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if interactive():
+                _show_progress(launcher, local_uri(os.path.join(rundir, "0")), size)
         return _wait(launcher)
     finally:
         for signum, handler in previous.items():
@@ -179,31 +205,85 @@ def _wait(launcher: subprocess.Popen[bytes]) -> int:
             continue
 
 
-def _wait_up(launcher: subprocess.Popen[bytes], uri: str, size: int) -> bool:
-    """Wait for every broker to be online; False if the launcher gave up first, or rank 0
-    stopped answering."""
-    from rich.console import Console
-
+def _wait_up(
+    launcher: subprocess.Popen[bytes], uri: str, size: int, show: Show = lambda _online: None
+) -> bool:
+    """Wait for every broker to be online, telling `show` how many are (None: no news, the
+    clock only); False if the launcher gave up first, or rank 0 stopped answering."""
     from tbon.overlay.connectors.client import Client
 
-    console = Console(stderr=True)
     path = uri[len("local://") :]
-    with console.status(f"starting {size} brokers") if interactive() else nullcontext():
-        while not os.path.exists(path):
-            if launcher.poll() is not None:
-                return False
-            time.sleep(0.01)  # the socket appears within the launcher's first second
-        try:
-            with Client(uri) as client:
-                tag = client.send("status.watch", {}, nodeid=0)
-                while launcher.poll() is None:
-                    reply = client.receive(0.5)
-                    if reply is None or reply.tag != tag:
-                        continue
-                    if reply.errnum:
-                        return False
-                    if not any(r["state"] == "offline" for r in reply.payload["ranks"]):
-                        return True
-        except TbonError:
+    while not os.path.exists(path):
+        if launcher.poll() is not None:
             return False
+        show(None)
+        time.sleep(0.01)  # the socket appears within the launcher's first second
+    try:
+        with Client(uri) as client:
+            tag = client.send("status.watch", {}, nodeid=0)
+            while launcher.poll() is None:
+                reply = client.receive(0.5)
+                if reply is None or reply.tag != tag:
+                    show(None)
+                    continue
+                if reply.errnum:
+                    return False
+                ranks = reply.payload["ranks"]
+                show(sum(r["state"] == "online" for r in ranks))
+                if not any(r["state"] == "offline" for r in ranks):
+                    return True
+    except TbonError:
+        return False
     return False
+
+
+def _wait_with_spinner(launcher: subprocess.Popen[bytes], uri: str, size: int) -> bool:
+    """_wait_up, with a spinner on a terminal: nothing else is written meanwhile."""
+    if not interactive():
+        return _wait_up(launcher, uri, size)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"starting {size} brokers") as spinner:
+
+        def show(online: int | None) -> None:
+            if online is not None:
+                spinner.update(f"starting {size} brokers: {online} online")
+
+        return _wait_up(launcher, uri, size, show)
+
+
+class Progress:
+    """Plain lines on a COMMAND's terminal while the brokers come up, `tbon start: K of N
+    brokers online`: none for a start that takes under DELAY, then one per PERIOD. Not a spinner,
+    which would have to be erased just as COMMAND starts writing to the same terminal: a line,
+    written whole, cannot be cut into."""
+
+    DELAY = 1.0
+    PERIOD = 1.0
+
+    def __init__(self, size: int, now: float) -> None:
+        self.size = size
+        self.online = 0
+        self.due = now + self.DELAY
+
+    def line(self, online: int | None, now: float) -> str | None:
+        """The line to write now, if any."""
+        if online is not None:
+            self.online = online
+        if now < self.due or self.online >= self.size:
+            return None
+        self.due = now + self.PERIOD
+        return f"tbon start: {self.online} of {self.size} brokers online"
+
+
+def _show_progress(launcher: subprocess.Popen[bytes], uri: str, size: int) -> None:
+    """While COMMAND waits for the brokers, tell its terminal how they come up."""
+    progress = Progress(size, time.monotonic())
+
+    def show(online: int | None) -> None:
+        line = progress.line(online, time.monotonic())
+        if line is not None:
+            sys.stderr.write(f"{line}\n")
+            sys.stderr.flush()
+
+    _wait_up(launcher, uri, size, show)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,3 +132,89 @@ def test_pip_install_puts_the_man_pages_where_man_finds_them(tmp_path: Path) -> 
     found = subprocess.run([man, "-w", "tbon-status"], capture_output=True, text=True, env=env)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == str(venv / "share" / "man" / "man1" / "tbon-status.1")
+
+
+def _dependencies_of_this_environment(into: Path) -> Path:
+    """A folder of links to everything this test environment has installed but tbon itself
+    (neither its editable finder nor its metadata, nor any .pth file): what a new environment
+    needs to install and run tbon without a package index."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    into.mkdir()
+    for entry in site.iterdir():
+        if entry.name.startswith(("tbon", "__editable__", "__pycache__")) or entry.suffix == ".pth":
+            continue
+        (into / entry.name).symlink_to(entry)
+    return into
+
+
+def _copy_working_tree(clone: Path) -> None:
+    """This checkout's changes not yet committed, copied over the clone: the files git tracks
+    or would track (nothing it ignores, such as .venv or build output)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / name)
+
+
+def test_readme_first_command_runs_in_a_fresh_clone_root(tmp_path: Path) -> None:
+    """README's first command, in the root of a fresh clone, with tbon installed by `pip install
+    .` (not editable): the clone's own top-level tbon/ folder, first on sys.path for `python -m`
+    run from there, must not hide the installed package from the processes tbon starts. The
+    dependencies and the build backend come from this environment (no package index: a .pth
+    file in the new environment names a folder of links to them), and pip is run as a module of
+    the new environment's interpreter; the last step is README's, word for word. The clone has this
+    checkout's uncommitted changes too, so that the test checks the tree it runs in."""
+    git = shutil.which("git")
+    assert git, "git is needed to clone the checkout"
+    clone = tmp_path / "clone"
+    venv = clone / ".venv"
+    done = subprocess.run(
+        [git, "clone", "--quiet", str(ROOT), str(clone)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    _copy_working_tree(clone)
+    done = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    deps = _dependencies_of_this_environment(tmp_path / "deps")
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "dependencies.pth").write_text(f"{deps}\n")
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    install = [*pip, "install", "--no-deps", "--no-build-isolation", "--no-index", "."]
+    done = subprocess.run(install, capture_output=True, text=True, cwd=clone, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (venv / "bin" / "tbon").exists()
+    assert list(site.glob("tbon/overlay/launch/local.py")), "installed as files, not editable"
+
+    command = readme_commands()[0].split("&&")[-1].strip()
+    assert command == "PATH=$PWD/.venv/bin:$PATH tbon start --test-size=4 tbon status"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TBON_", "PMI_", "PYTHON"))}
+    env.update(PWD=str(clone), PATH="/usr/bin:/bin")
+    run = subprocess.Popen(
+        command,
+        shell=True,
+        cwd=clone,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 0, err
+    assert "Error while finding module" not in err
+    ranks = re.findall(r"^\W*(\d+) \S+: full$", out, flags=re.MULTILINE)
+    assert sorted(ranks) == ["0", "1", "2", "3"], out

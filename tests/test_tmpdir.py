@@ -52,3 +52,23 @@ def test_tbon_start_makes_its_run_directory_there(tmp_path: os.PathLike[str]) ->
     uri = done.stdout.strip()
     assert uri.startswith(f"local://{tmp_path}/tbon-start-"), uri
     assert os.listdir(tmp_path) == []
+
+
+def test_tbon_alloc_here_makes_its_run_directories_there(tmp_path: os.PathLike[str]) -> None:
+    """`tbon alloc` with the local launcher puts its brokers' run directories where `tbon start`
+    puts its own: under $TMPDIR, and nothing is left there once the instance has ended."""
+    done = tbon(
+        "alloc",
+        "-N",
+        "2",
+        "--launcher",
+        "local",
+        "sh",
+        "-c",
+        'echo "$TBON_URI"',
+        env=child_env(TMPDIR=str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stderr
+    uri = done.stdout.strip()
+    assert uri.startswith(f"local://{tmp_path}/tbon-alloc-"), uri
+    assert os.listdir(tmp_path) == []

@@ -21,7 +21,37 @@ CHUNK = 256 << 10
 GONE = "the broker ended it"
 
 
+def help_text() -> str:
+    """`tbon relay --help`, laid out as every command's (tbon/helptext.py)."""
+    from tbon.helptext import HelpPage, Section, render
+
+    return render(
+        HelpPage(
+            "tbon relay PATH",
+            "Carry a client's messages between this ssh session (standard input and output) "
+            "and the broker socket PATH. A command given an ssh://HOST/PATH URI runs it on HOST "
+            "over ssh; it is not meant to be run by hand.",
+            [
+                Section("Arguments", [("PATH", "A broker's local socket (absolute).")]),
+                Section("Options", [("-h, --help", "Show this message and exit.")]),
+                Section(
+                    "Exit status",
+                    [
+                        ("0", "The client went away."),
+                        ("1", "The socket could not be reached, or the broker ended it."),
+                        ("2", "A usage error."),
+                    ],
+                ),
+            ],
+            "See tbon-relay(1).",
+        )
+    )
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(help_text())
+        return 0
     if argv[:1] == ["--pmi"]:  # a broker of tbon alloc --launcher ssh, PMI over this session
         from tbon.overlay.launch.pmi_shim import main as shim_main
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -103,11 +104,12 @@ def resolve_target(target: str) -> Uri:
 
 
 def uri_of_pid(pid: int) -> Uri:
-    """The instance a process belongs to: a broker's own socket, the TBON_URI in the
-    process's environment, or else the first broker among its descendants (`tbon start`)."""
+    """The instance a process belongs to: a broker's own socket; for `tbon start` (or its
+    launcher), its rank 0's, or an error that says the instance is not up yet; the TBON_URI in
+    the process's environment; or else the first broker among its descendants."""
     if not os.path.exists(f"/proc/{pid}"):
         raise TbonError(f"pid {pid}: no such process")
-    found = _broker_socket(pid) or _environment_uri(pid)
+    found = _broker_socket(pid) or _started_instance(pid) or _environment_uri(pid)
     if found is None:
         for child in _descendants(pid):
             found = _broker_socket(child)
@@ -116,6 +118,62 @@ def uri_of_pid(pid: int) -> Uri:
     if found is None:
         raise TbonError(f"pid {pid} is not a broker and does not run inside a tbon instance")
     return found
+
+
+LAUNCHER_MODULE = "tbon.overlay.launch.local"
+"""The launcher that `tbon start` runs (cli/start.py), its run directory given as --rundir."""
+
+
+def _started_instance(pid: int) -> Uri | None:
+    """Rank 0's URI if `pid` is `tbon start` or its launcher (None if it is neither): the
+    launcher names the instance's run directory, whose rank 0 socket is DIR/0/SOCKET_NAME.
+    Right after `tbon start ... &` there may be no launcher yet, or no socket: that is said."""
+    args = _cmdline(pid)
+    if _runs_module(args, LAUNCHER_MODULE):
+        launchers = [args]
+    elif _is_tbon_start(args):
+        below = (_cmdline(child) for child in _descendants(pid))
+        launchers = [args for args in below if _runs_module(args, LAUNCHER_MODULE)]
+    else:
+        return None
+    for launcher in launchers[:1]:
+        rundir = _option(launcher, "--rundir")
+        path = os.path.join(rundir, "0", SOCKET_NAME) if rundir else ""
+        if path and os.path.exists(path):
+            return Uri("local", path)
+    raise TbonError(
+        f"pid {pid} is tbon start, whose instance is not up yet (rank 0 has no socket): "
+        "try again in a moment"
+    )
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _runs_module(args: list[str], module: str) -> bool:
+    return any(a == "-m" and b == module for a, b in itertools.pairwise(args))
+
+
+def _is_tbon_start(args: list[str]) -> bool:
+    """`.../tbon start ...` (the console script) or `python -m tbon.cli start ...`."""
+    if _runs_module(args, "tbon.cli"):
+        return args[args.index("tbon.cli") + 1 : args.index("tbon.cli") + 2] == ["start"]
+    for at, word in enumerate(args[:-1]):
+        if os.path.basename(word) == "tbon" and args[at + 1] == "start":
+            return True
+    return False
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for at, word in enumerate(args[:-1]):
+        if word == name:
+            return args[at + 1]
+    return None
 
 
 def _broker_socket(pid: int) -> Uri | None:

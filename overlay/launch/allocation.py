@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from tbon import tmpdir
 from tbon.errors import TbonError
 from tbon.overlay.connectors.client import Client
 from tbon.overlay.connectors.ssh import endpoint_on, remote_tbon
@@ -108,7 +109,8 @@ class SessionAllocation(Allocation):
 
     def __init__(self, launcher: str, hosts: list[str], attributes: list[str]) -> None:
         token = secrets.token_hex(4)
-        self.rundirs = [f"/tmp/tbon-alloc-{token}-{rank}" for rank in range(len(hosts))]
+        parent = rundir_parent(launcher)
+        self.rundirs = [f"{parent}/tbon-alloc-{token}-{rank}" for rank in range(len(hosts))]
         self.nodes = len(hosts)
         remote = launcher == "ssh"
 
@@ -175,7 +177,7 @@ class LauncherAllocation(Allocation):
             head = ["srun", "--mpi=pmi2", "-N", str(nodes), "--ntasks-per-node=1"]
         if shutil.which(head[0]) is None:
             raise TbonError(f"--launcher {launcher}: {head[0]} is not on PATH")
-        rundir = f"/tmp/tbon-alloc-{secrets.token_hex(4)}-%r"
+        rundir = f"{rundir_parent(launcher)}/tbon-alloc-{secrets.token_hex(4)}-%r"
         argv = [*head, remote_tbon(), "broker", "-S", f"broker.rundir={rundir}"]
         for attribute in attributes:
             argv += ["-S", attribute]
@@ -203,6 +205,18 @@ class LauncherAllocation(Allocation):
         if self.running:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+def rundir_parent(launcher: str) -> str:
+    """Where the brokers' run directories go. Here (`local`), wherever `tbon start` puts its
+    own (tbon/tmpdir.py: $TMPDIR, else in memory); under mpiexec and srun, $TMPDIR as this
+    command sees it (the launcher passes the environment on), else /tmp; over ssh, /tmp on
+    every host, whose own temporary directories are not known here."""
+    if launcher == "local":
+        return tmpdir.parent().rstrip("/") or "/"
+    if launcher == "ssh":
+        return "/tmp"
+    return (os.environ.get("TMPDIR") or "/tmp").rstrip("/") or "/"
 
 
 def _first_node(launcher: str) -> str:

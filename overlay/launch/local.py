@@ -3,11 +3,13 @@
 A broker's start-up is mostly interpreter and import time (~0.1 s), so the launcher imports the
 broker once and forks it N times: 64 brokers start about as fast as one. Each child gets one end of
 a socketpair as PMI_FD, exactly as Hydra's mpiexec would hand it. The launcher reports brokers
-that exit badly, kills what is left once the instance is over (after --exit-timeout), and exits
-with rank 0's status.
+that exit badly (one line for all that ended alike, and nothing for rank 0 passing on the initial
+program's status), stops what is left once the instance is over (SIGTERM after --exit-timeout,
+SIGKILL KILL_GRACE later, each once), and exits with rank 0's status.
 
-Run as `python -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D] [--force]
-[-S ...] [CMD]`. It forks nothing for a size above MAX_SIZE (tbon/limits.py), nor, without
+Run as `python -P -m tbon.overlay.launch.local --size N --rundir DIR [--exit-timeout D]
+[--force] [-S ...] [CMD]` (`-P`: never from the working directory, which may be a checkout;
+cli/common.py). It forks nothing for a size above MAX_SIZE (tbon/limits.py), nor, without
 --force, for more brokers than this machine can hold (capacity.py).
 """
 
@@ -40,6 +42,7 @@ from tbon.overlay.broker.broker import run_broker
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.parse.duration import parse_duration
+from tbon.overlay.parse.idset import format_idset
 from tbon.proctitle import name_broker
 
 PROG = "tbon start"
@@ -79,11 +82,17 @@ def die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+KILL_GRACE = 2.0
+"""Seconds between the SIGTERM a broker gets for outliving the instance and the SIGKILL."""
+
+
 @dataclass
 class BrokerProcess:
     rank: int
     pid: int
     status: int | None = None  # exit code, or 128+signal
+    stopped_at: float | None = None  # when the launcher sent it SIGTERM for outliving the instance
+    killed: bool = False  # and SIGKILL, KILL_GRACE later
 
     @property
     def running(self) -> bool:
@@ -135,52 +144,89 @@ class Launch:
             config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
             code = run_broker(config, self.command if rank == 0 else [])
         except BaseException as error:  # a forked child must never return into the launcher
-            print(f"tbon-broker[{rank}]: internal error: {error!r}", file=sys.stderr)
+            sys.stderr.write(f"tbon-broker[{rank}]: internal error: {error!r}\n")
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
 
     def reap(self, now: float) -> None:
+        """Collect every broker that has exited; one line for all those that ended the same
+        way (hundreds of brokers that lose their parent at once would each have had one)."""
+        news: dict[str, list[BrokerProcess]] = {}
         while True:
             try:
                 pid, wait_status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
             broker = self.brokers.get(pid)
             if broker is None:
                 continue
             broker.status = _exit_status(wait_status)
-            if broker.status != 0:
-                print(
-                    f"{PROG}: rank {broker.rank} (pid {pid}) {_describe(wait_status)}",
-                    file=sys.stderr,
-                )
+            if self._worth_telling(broker, wait_status):
+                news.setdefault(_describe(wait_status), []).append(broker)
             if broker.status != 0 and not self.started and self.kill_at is None:
                 self.failed = True
                 self.kill_at = now  # nothing to wait for: the instance never came up
             elif broker.rank == 0:
                 self.end(now)
+        for how, brokers in news.items():
+            say(f"{_ranks(brokers)} {how}")
 
     def end(self, now: float, grace: float = 0.0) -> None:
         """The instance is over: give the brokers exit_timeout (plus `grace`) to finish."""
         deadline = now + self.exit_timeout + grace
         self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
 
-    def kill_stragglers(self, now: float) -> None:
+    def _worth_telling(self, broker: BrokerProcess, wait_status: int) -> bool:
+        """Whether a broker's end is news to the user: not a success, not the end of one the
+        launcher stopped itself (it said so then), and not rank 0 passing on the status of the
+        initial program (that status is the command's, and tbon start's own)."""
+        if broker.status == 0 or broker.stopped_at is not None:
+            return False
+        return not (
+            broker.rank == 0 and self.command and self.started and os.WIFEXITED(wait_status)
+        )
+
+    def stragglers(self, now: float) -> list[tuple[BrokerProcess, signal.Signals]]:
+        """The signals due now, each sent once to each broker: SIGTERM to those still running at
+        kill_at, SIGKILL to those still running KILL_GRACE after their SIGTERM."""
         if self.kill_at is None or now < self.kill_at:
-            return
+            return []
+        due = []
         for broker in self.brokers.values():
-            if broker.running:
-                if not self.failed:
-                    print(
-                        f"{PROG}: killing rank {broker.rank} (pid {broker.pid}): it did not "
-                        "exit in time",
-                        file=sys.stderr,
-                    )
-                os.kill(broker.pid, signal.SIGKILL)
+            if not broker.running or broker.killed:
+                continue
+            if broker.stopped_at is None:
+                broker.stopped_at = now
+                due.append((broker, signal.SIGTERM))
+            elif now >= broker.stopped_at + KILL_GRACE:
+                broker.killed = True
+                due.append((broker, signal.SIGKILL))
+        return due
+
+    def next_deadline(self) -> float | None:
+        """When stragglers() next has something to do; None: only a broker's exit can matter."""
+        if self.kill_at is None:
+            return None
+        times = [
+            self.kill_at if b.stopped_at is None else b.stopped_at + KILL_GRACE
+            for b in self.brokers.values()
+            if b.running and not b.killed
+        ]
+        return min(times, default=None)
+
+    def kill_stragglers(self, now: float) -> None:
+        due = self.stragglers(now)
+        stopped = [broker for broker, signum in due if signum == signal.SIGTERM]
+        if stopped and not self.failed:
+            verb = "it" if len(stopped) == 1 else "they"
+            say(f"stopping {_ranks(stopped)}: {verb} did not exit in time")
+        for broker, signum in due:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(broker.pid, signum)
 
     def terminate(self, now: float) -> None:
         """Shut the instance down through rank 0, which takes its subtree down leaves first."""
@@ -213,6 +259,20 @@ def _fd_floor(size: int) -> int | None:
     return floor
 
 
+def say(message: str) -> None:
+    """One line on stderr, `tbon start: message`, in one write: the brokers share this stderr,
+    and a line written in pieces lets their log lines land inside it."""
+    sys.stderr.write(f"{PROG}: {message}\n")
+    sys.stderr.flush()
+
+
+def _ranks(brokers: list[BrokerProcess]) -> str:
+    """`rank 3 (pid 812)`, or for several `ranks 1-3,7`."""
+    if len(brokers) == 1:
+        return f"rank {brokers[0].rank} (pid {brokers[0].pid})"
+    return f"ranks {format_idset([b.rank for b in brokers])}"
+
+
 def _exit_status(wait_status: int) -> int:
     if os.WIFSIGNALED(wait_status):
         return 128 + os.WTERMSIG(wait_status)
@@ -240,7 +300,8 @@ def serve(launch: Launch) -> int:
     try:
         while launch.running():
             now = time.monotonic()
-            timeout = None if launch.kill_at is None else max(0.0, launch.kill_at - now)
+            deadline = launch.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - now)
             for key, _ in selector.select(timeout):
                 if key.data is server:
                     server.handle(key.fileobj)
@@ -266,7 +327,7 @@ def serve(launch: Launch) -> int:
         # The run directory is this instance's alone; remove it even if tbon start was killed.
         shutil.rmtree(launch.rundir, ignore_errors=True)
     if launch.failed:
-        print(f"{PROG}: the instance failed to start", file=sys.stderr)
+        say("the instance failed to start")
         return exitcodes.INTERNAL
     return launch.root_status()
 
@@ -281,7 +342,7 @@ def _drain(sock: socket.socket) -> None:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: {message}", file=sys.stderr)
+        say(message)
         sys.exit(exitcodes.USAGE)
 
 
@@ -317,7 +378,7 @@ def main(argv: list[str]) -> int:
             ),
         )
     except TbonError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
+        say(str(error))
         return error.exit_code
     return serve(launch)
 
