@@ -29,6 +29,7 @@ NEVER = (
     "tbon.overlay.links.sessions",
     "tbon.overlay.links.parent",  # rank 0: no link up
     "tbon.overlay.links.uplink",
+    "tbon.overlay.links.upward",
     "tbon.overlay.boot.flub",  # bootstraps it did not use
     "tbon.overlay.boot.config_file",
 )

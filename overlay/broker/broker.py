@@ -94,7 +94,6 @@ class Broker:
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None
         self._cut = False
-        self._attached_once = False
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self._seen_generation = -1
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
@@ -182,7 +181,12 @@ class Broker:
     def go_home(self, card: tuple[int, str, str]) -> str:
         if self.parent is None:
             return "rank 0 has no parent"
-        return self.parent.move_home(card)
+        now, parent = time.monotonic(), self.parent
+        news = parent.move_home(card, now)
+        self._uplink_news(news, now)
+        if not news.declined and parent.peer != card[0]:
+            log.info("going home to rank %d", card[0])
+        return news.declined
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -212,9 +216,10 @@ class Broker:
         if self.children is not None:
             handlers[self.children.zap.socket] = self._read_zap
             handlers[self.children.monitor] = self._read_children
-            handlers[self.children.socket] = self._read_children
         for sock in handlers:
             poller.register(sock, zmq.POLLIN)
+        if self.parent is None or self.parent.admits_children:
+            self._admit_children()
         self._handle_signals(time.monotonic())
         while True:
             now = time.monotonic()
@@ -235,6 +240,15 @@ class Broker:
                 handler = handlers.get(sock)  # exec jobs' pipes come and go
                 if handler is not None and self.exit_code is None:
                     handler(now)
+
+    def _admit_children(self) -> None:
+        """Read the children's hellos from now on: a broker welcomes no child before it is
+        itself welcomed (upward.py), so that each child's welcome carries a lineage."""
+        children = self.children
+        if children is None or children.socket in self._handlers:
+            return
+        self._handlers[children.socket] = self._read_children
+        self._poller.register(children.socket, zmq.POLLIN)
 
     def _next_deadline(self, now: float) -> float | None:
         deadlines = [
@@ -380,18 +394,21 @@ class Broker:
         parent = self.parent
         assert parent is not None
         if news.attached:
-            first = not self._attached_once
-            self._attached_once = True
             self.incarnation = parent.incarnation
-            if first:
+            if news.first:
                 log.info("welcomed by the parent")
                 self.perform(self.services.flub.welcomed())
                 self._finalize_pmi()
+                self._admit_children()
             self._due = 0.0  # heartbeats to the parent start now
         if news.lineage and self.children is not None:
             self.children.lineage = [*map(list, parent.lineage), self._card()]
             self.children.send_lineage()
-        if news.detached:
+        if news.seeking_until is not None and self.children is not None:
+            self._tell_children_seeking(news.seeking_until, now)
+        if news.declined:
+            log.warning("%s", news.declined)
+        if news.detached or news.declined:
             self._due = 0.0
         if news.ended is not None:
             self._cut_off(news.ended)
@@ -406,6 +423,16 @@ class Broker:
         came_from = f"p{news.peer}"
         for message in news.messages:
             self.router.route(message, came_from, now)
+
+    def _tell_children_seeking(self, until: float, now: float) -> None:
+        """This broker (or its parent) seeks a parent until `until`: each child's own search,
+        should this broker go, ends no later (docs/protocol.md §12.1)."""
+        from tbon.overlay.links.uplink import seeking_seconds
+
+        assert self.children is not None
+        seeking = Message(Kind.CONTROL, "seeking", {"for": seeking_seconds(until, now)})
+        for rank in self.children.connected():
+            self.children.send(rank, seeking)
 
     def _watch_client(self, fd: int, writing: bool | None) -> None:
         """Poll a local client's connection for input, and for output while some waits for it
@@ -490,7 +517,7 @@ class Broker:
             return
         self.lifecycle.stopping = True
         if self.parent is not None:
-            self.parent.stopping = True  # a parent lost now is not sought again
+            self.parent.stop(now)  # a parent lost now is not sought again
         self.stop_deadline = now + self.config.shutdown_timeout
         self._due = 0.0
         self.jobs.kill_all(signal.SIGTERM)

@@ -3,7 +3,7 @@
 The link is CURVE-encrypted with the parent's public key as the server key. After the handshake the
 child says hello and waits to be welcomed or refused; from then on both ends send heartbeats, and a
 dropped connection or a silent parent ends the link (`LinkEnded`). What the broker does then (seek
-a live ancestor, or exit) is decided in uplink.py, which may hold several of these at once.
+a live ancestor, or exit) is decided in upward.py; uplink.py holds several of these at once.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class ParentInbound:
     lineage: list[Any] | None = None  # the ancestors' cards, from a welcome or a `lineage`
     shutdown: bool = False
     retire: dict[str, Any] | None = None  # the parent's order to retire: force, timeout
+    seeking: float | None = None  # the parent seeks a parent of its own for so many seconds
     ended: LinkEnded | None = None
     messages: list[Message] = field(default_factory=list)
 
@@ -166,6 +167,8 @@ class ParentLink:
             inbound.shutdown = True
         elif message.topic == "retire":
             inbound.retire = dict(message.payload)
+        elif message.topic == "seeking":
+            inbound.seeking = _seconds(message.payload.get("for"))
         elif message.topic != "heartbeat":
             log.warning("unknown control message %r from the parent", message.topic)
         return inbound
@@ -211,6 +214,13 @@ class ParentLink:
 
 def _control(topic: str, **payload: Any) -> Message:
     return Message(Kind.CONTROL, topic, payload)
+
+
+def _seconds(value: Any) -> float | None:
+    """A `seeking` message's seconds left, or None if they are not a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < float("inf") else None
 
 
 MAX_LINEAGE = 64

@@ -1,0 +1,637 @@
+"""A broker's way up the tree as a plain state machine: which link is its parent, what it does
+when that link is lost, and when it gives up (docs/protocol.md §12). No sockets: stimuli in,
+instructions out; uplink.py carries the instructions out on real links.
+
+States.
+- `Waiting`: bootstrap opened the first link and said hello; no welcome yet. Nothing goes up
+  but the hello: what would is held (uplink.py) until the welcome.
+- `Home`: attached to the topology parent. `Fostered`: attached to another ancestor, one rank 0
+  told to take it in. `GoingHome`: fostered, with a link open (or about to be opened again) to
+  the home parent's broker that rank 0 named. In all three the welcoming link is the parent,
+  and nothing else is.
+- `Seeking`: the parent link was lost; a link is open to each ancestor in the lineage (but this
+  broker) that has not refused it lately, until a deadline.
+- `Ended`: the broker must exit with a code and a reason. It is final.
+
+Links are named by an id (`LinkId`) that the machine hands out in its `Open` instructions. A
+stimulus names the link it came on; the table is keyed by (state, stimulus type, the link's role
+in that state): `parent`, `home` (the link home), `candidate` (an ancestor asked while seeking),
+or `-` for a stimulus of no link (an order, the clock).
+
+Rules.
+- The first welcome attaches (Home or Fostered by the welcoming rank) and flushes the hold.
+- A loss of the parent link (connection dropped, link full, the parent silent, or a `refuse` of
+  75) starts a search if the broker may seek (`may_seek`): it is not stopping and its lineage
+  names an ancestor. Otherwise the broker ends with 75. Any other `refuse` ends it with its code.
+- While seeking, the first candidate to welcome it is its parent; every other candidate is told
+  `moved` and closed after a brief linger. A candidate that refused the key at the handshake is
+  asked again after RETRY_AFTER_KEY (rank 0's admission reaches it within a round trip); one
+  that refused the hello with 75, or with 77 when this broker holds the instance's shared key
+  (config bootstrap: every handshake lets it through), or that dropped, after RETRY_AFTER. A
+  `refuse` of 0 (shutting down) ends the broker with 0; any other 77 ends it with 77.
+- The search ends (75) at its deadline: `reattach_timeout` after the loss, or sooner if the
+  parent had said it was itself seeking (below).
+- A broker that starts seeking tells its children when its search ends (`TellChildren`); a
+  child attached to a seeking parent keeps that deadline (`parent_until`) and passes it on to its
+  own children. Should its parent then go, its own search ends no later than the parent's did:
+  the parent had tried every ancestor the child would try, for the whole window. So rank 0's
+  death takes the whole tree within `tbon.timeout` + `broker.reattach-timeout`, whatever its
+  depth. A `lineage` message (the parent attached again) clears the deadline.
+- The lineage is what the parent last said: a welcome's or a `lineage` message's. Each change
+  is passed on to the children (`LineageChanged`). A parent welcomes no child before it is itself
+  welcomed (`admits_children`), so that no child is given an empty lineage by a parent that has
+  one coming.
+- A home order while fostered opens a link home (GoingHome). Once welcomed there, the foster
+  parent is told `moved` and closed (lingering, so that it reads it). A key refused at home is
+  asked again after RETRY_AFTER_KEY; any other end of the link home gives up going home (rank 0
+  will order it again). A home order naming the current parent is ignored; one while waiting,
+  seeking, stopping or already going home elsewhere is declined with a reason.
+- Stop (the broker's shutdown began) is a mode, not a state: a parent lost from then on is not
+  sought; a search under way goes on (a parent found is told goodbye); a way home is abandoned.
+- Ignored: anything once ended; a stimulus about a link the machine no longer holds (its socket
+  may still hold input read in the same batch); Tick where no deadline is kept.
+- A pair the table does not list is a peer or adapter at fault: `handle` raises `Unexpected`,
+  naming state, stimulus and role; uplink.py logs it and drops the stimulus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from tbon import exitcodes
+
+Card = tuple[int, str, str]
+"""An ancestor as its child knows it: rank, endpoint, public key (Z85)."""
+
+LinkId = int
+
+RETRY_AFTER = 0.25
+"""Seconds before an ancestor that refused a hello (not yet told to expect it) is asked again."""
+
+RETRY_AFTER_KEY = 0.05
+"""Seconds before an ancestor that refused this broker's key is tried again: rank 0 tells the
+foster parent to expect it within a round trip of the loss."""
+
+
+# --- states -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    link: LinkId
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    link: LinkId
+    peer: int
+    parent_until: float | None = None  # the parent's own search ends then (it said so)
+
+
+@dataclass(frozen=True, slots=True)
+class Fostered:
+    link: LinkId
+    peer: int
+    parent_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GoingHome:
+    link: LinkId
+    peer: int
+    card: Card  # where rank 0 sent it
+    trying: LinkId | None  # the link home; None while waiting for `retry_at`
+    retry_at: float | None = None
+    parent_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Seeking:
+    until: float
+    candidates: dict[int, LinkId] = field(default_factory=dict)  # ancestor rank -> link
+    retries: dict[int, float] = field(default_factory=dict)  # ancestor rank -> ask again at
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    code: int
+    reason: str
+
+
+State = Waiting | Home | Fostered | GoingHome | Seeking | Ended
+Attached = Home | Fostered | GoingHome
+
+
+# --- stimuli ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Welcomed:
+    link: LinkId
+    peer: int
+    incarnation: int
+    lineage: tuple[Card, ...] | None  # None: the welcome carried none (malformed)
+
+
+@dataclass(frozen=True, slots=True)
+class LineageSaid:
+    """The parent sent its lineage again: it was welcomed anew, by whomever."""
+
+    link: LinkId
+    lineage: tuple[Card, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLost:
+    """The connection dropped, or the link is full (its broker stopped reading)."""
+
+    link: LinkId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Silent:
+    """The peer said nothing for tbon.timeout (or never answered the hello)."""
+
+    link: LinkId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The peer refused this broker: its key at the CURVE handshake (`key`), or by `refuse`."""
+
+    link: LinkId
+    code: int
+    reason: str
+    key: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ParentSeeking:
+    """The parent lost its own parent, and its search ends in `seconds`."""
+
+    link: LinkId
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class HomeOrder:
+    card: Card
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    pass
+
+
+Loss = LinkLost | Silent | Refused
+Stimulus = Welcomed | LineageSaid | Loss | ParentSeeking | HomeOrder | Stop | Tick
+
+
+# --- instructions -------------------------------------------------------------------------------
+
+
+class Linger(Enum):
+    NONE = "none"  # drop what is queued
+    BRIEF = "brief"  # long enough for a "moved" to leave (DISMISS_LINGER_MS)
+    FULL = "full"  # the socket's own linger: what is queued is delivered
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    link: LinkId
+    card: Card
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    link: LinkId
+    linger: Linger
+
+
+@dataclass(frozen=True, slots=True)
+class SendMoved:
+    link: LinkId
+    to: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Send what was held to the parent now attached."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedTo:
+    peer: int
+    first: bool  # the first welcome of this broker's life
+    why: str  # for the log
+
+
+@dataclass(frozen=True, slots=True)
+class Detached:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LineageChanged:
+    lineage: tuple[Card, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TellChildren:
+    """Tell every child this broker is seeking a parent until `until`."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decline:
+    """An order this broker cannot follow now (or gave up following), and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    code: int
+    reason: str
+
+
+Instruction = (
+    Open
+    | Close
+    | SendMoved
+    | Flush
+    | AttachedTo
+    | Detached
+    | LineageChanged
+    | TellChildren
+    | Decline
+    | Exit
+)
+
+
+class Unexpected(Exception):
+    """A stimulus the table does not list for the state it arrived in."""
+
+
+# --- the machine --------------------------------------------------------------------------------
+
+Handler = Callable[["Upward", Any, str, float], list[Instruction]]
+
+
+class Upward:
+    def __init__(
+        self,
+        rank: int,
+        home: int,
+        incarnation: int,
+        reattach_timeout: float,
+        shared_key: bool = False,
+    ) -> None:
+        """A broker of `rank` whose topology parent is `home`, its first link (id 0) opened and
+        the hello said on it as `incarnation`."""
+        self.rank, self.home = rank, home
+        self.incarnation = incarnation
+        self.reattach_timeout = reattach_timeout
+        self.shared_key = shared_key
+        self.lineage: tuple[Card, ...] = ()
+        self.stopping = False
+        self.state: State = Waiting(0)
+        self._next_link = 1
+        self.open_links: set[LinkId] = {0}
+
+    # --- what the adapter asks ------------------------------------------------------------
+
+    @property
+    def parent_link(self) -> LinkId | None:
+        """The link to the parent, while attached: the one link anything is sent up on."""
+        return self.state.link if isinstance(self.state, Attached) else None
+
+    @property
+    def peer(self) -> int | None:
+        return self.state.peer if isinstance(self.state, Attached) else None
+
+    @property
+    def admits_children(self) -> bool:
+        """Whether this broker has been welcomed once (so its children get a lineage)."""
+        return not isinstance(self.state, Waiting)
+
+    def role(self, link: LinkId) -> str | None:
+        """What `link` is to this broker now; None: not one it holds."""
+        state = self.state
+        if isinstance(state, Waiting | Home | Fostered | GoingHome) and link == state.link:
+            return "parent"
+        if isinstance(state, GoingHome) and link == state.trying:
+            return "home"
+        if isinstance(state, Seeking) and link in state.candidates.values():
+            return "candidate"
+        return None
+
+    def next_deadline(self) -> float | None:
+        state = self.state
+        if isinstance(state, Seeking):
+            return min([state.until, *state.retries.values()])
+        if isinstance(state, GoingHome):
+            return state.retry_at
+        return None
+
+    def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
+        """Apply one stimulus at `now`; returns what to do."""
+        if isinstance(self.state, Ended):
+            return []
+        link = getattr(stimulus, "link", None)
+        role = "-" if link is None else self.role(link)
+        if role is None:
+            return []  # a link closed already: late input from it
+        rule = TRANSITIONS.get((type(self.state), type(stimulus), role))
+        if rule is None:
+            raise Unexpected(
+                f"can't handle {type(stimulus).__name__} on a {role} link"
+                f" when state={type(self.state).__name__}"
+            )
+        return rule(self, stimulus, role, now)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _open(self, card: Card) -> Open:
+        link = self._next_link
+        self._next_link += 1
+        self.open_links.add(link)
+        return Open(link, card, self.incarnation)
+
+    def _close(self, link: LinkId, linger: Linger) -> Close:
+        self.open_links.discard(link)
+        return Close(link, linger)
+
+    def _cards(self) -> list[Card]:
+        return [card for card in self.lineage if card[0] != self.rank]
+
+    def _end(self, code: int, reason: str) -> list[Instruction]:
+        closing = [self._close(link, Linger.NONE) for link in sorted(self.open_links)]
+        self.state = Ended(code, reason)
+        return [*closing, Exit(code, reason)]
+
+    def _attach(self, link: LinkId, peer: int) -> Home | Fostered:
+        return Home(link, peer) if peer == self.home else Fostered(link, peer)
+
+
+# --- guards -------------------------------------------------------------------------------------
+
+
+def may_seek(machine: Upward) -> str | None:
+    """A lost parent is sought again unless the broker is stopping or knows no ancestor."""
+    if machine.stopping:
+        return "shutting down"
+    if not machine._cards():
+        return "no ancestor known to ask"
+    return None
+
+
+def asks_again(machine: Upward, refused: Refused) -> bool:
+    """A candidate's refusal that a retry may turn: its key not yet admitted, a lost broker told
+    so (75), or a shared-key broker whose hello was not yet expected."""
+    if refused.key or refused.code == exitcodes.LOST:
+        return True
+    return refused.code == exitcodes.REFUSED and machine.shared_key
+
+
+# --- transitions --------------------------------------------------------------------------------
+
+
+def welcome_first(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruction]:
+    m.incarnation = s.incarnation
+    m.state = m._attach(s.link, s.peer)
+    return [AttachedTo(s.peer, True, "welcomed by the parent"), *_adopt(m, s.lineage), Flush()]
+
+
+def lineage_said(m: Upward, s: LineageSaid, role: str, now: float) -> list[Instruction]:
+    """The parent was welcomed again: its search is over, and its ancestors may have changed."""
+    assert isinstance(m.state, Attached)
+    m.state = replace(m.state, parent_until=None)
+    return _adopt(m, s.lineage)
+
+
+def _adopt(m: Upward, lineage: tuple[Card, ...] | None) -> list[Instruction]:
+    if lineage is None:
+        return []
+    m.lineage = lineage
+    return [LineageChanged(lineage)]
+
+
+def parent_lost(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
+    """The parent link is over: seek, or end."""
+    if isinstance(s, Refused) and s.code != exitcodes.LOST:
+        return m._end(s.code, s.reason)
+    if may_seek(m) is not None:
+        return m._end(exitcodes.LOST, s.reason)
+    state = m.state
+    assert isinstance(state, Attached)
+    out: list[Instruction] = [m._close(state.link, Linger.NONE)]
+    if isinstance(state, GoingHome) and state.trying is not None:
+        out.append(m._close(state.trying, Linger.NONE))
+    until = now + m.reattach_timeout
+    if state.parent_until is not None:
+        until = min(until, state.parent_until)
+    if until <= now:
+        return out + m._end(
+            exitcodes.LOST, f"{s.reason}; the parent's own search for a parent had ended"
+        )
+    opens = [m._open(card) for card in m._cards()]
+    m.state = Seeking(until, {o.card[0]: o.link for o in opens})
+    return [*out, Detached(s.reason), TellChildren(until), *opens]
+
+
+def waiting_ended(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
+    """No welcome: the first link's end is the broker's."""
+    code = s.code if isinstance(s, Refused) else exitcodes.LOST
+    return m._end(code, s.reason)
+
+
+def parent_seeking(m: Upward, s: ParentSeeking, role: str, now: float) -> list[Instruction]:
+    assert isinstance(m.state, Attached)
+    until = now + max(0.0, s.seconds)
+    m.state = replace(m.state, parent_until=until)
+    return [TellChildren(until)]
+
+
+def candidate_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruction]:
+    """The first ancestor to welcome it is its parent; the others are dismissed."""
+    state = m.state
+    assert isinstance(state, Seeking)
+    out: list[Instruction] = []
+    for _rank, link in sorted(state.candidates.items()):
+        if link != s.link:
+            out += [SendMoved(link, s.peer), m._close(link, Linger.BRIEF)]
+    m.incarnation = s.incarnation
+    m.state = m._attach(s.link, s.peer)
+    out.append(AttachedTo(s.peer, False, f"reattached under rank {s.peer}"))
+    return [*out, *_adopt(m, s.lineage or m.lineage), Flush()]
+
+
+def candidate_refused(m: Upward, s: Refused, role: str, now: float) -> list[Instruction]:
+    if s.code == exitcodes.SHUTDOWN or not asks_again(m, s):
+        return m._end(s.code, s.reason)
+    return _drop(m, s.link, now + (RETRY_AFTER_KEY if s.key else RETRY_AFTER))
+
+
+def candidate_gone(m: Upward, s: LinkLost | Silent, role: str, now: float) -> list[Instruction]:
+    return _drop(m, s.link, now + RETRY_AFTER)
+
+
+def _drop(m: Upward, link: LinkId, retry_at: float) -> list[Instruction]:
+    state = m.state
+    assert isinstance(state, Seeking)
+    rank = next(r for r, candidate in state.candidates.items() if candidate == link)
+    candidates = {r: c for r, c in state.candidates.items() if r != rank}
+    m.state = replace(state, candidates=candidates, retries={**state.retries, rank: retry_at})
+    return [m._close(link, Linger.NONE)]
+
+
+def seeking_tick(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]:
+    """The search's deadline, then its retries."""
+    state = m.state
+    assert isinstance(state, Seeking)
+    if now >= state.until:
+        return m._end(
+            exitcodes.LOST, "lost the parent, and no live ancestor took this broker back in time"
+        )
+    due = [rank for rank, when in state.retries.items() if now >= when]
+    if not due:
+        return []
+    cards = {card[0]: card for card in m._cards()}
+    opens = [m._open(cards[rank]) for rank in sorted(due) if rank in cards]
+    retries = {r: w for r, w in state.retries.items() if r not in due}
+    candidates = {**state.candidates, **{o.card[0]: o.link for o in opens}}
+    m.state = replace(state, candidates=candidates, retries=retries)
+    return list(opens)
+
+
+def home_order(m: Upward, s: HomeOrder, role: str, now: float) -> list[Instruction]:
+    state = m.state
+    assert isinstance(state, Attached)
+    if s.card[0] == state.peer:
+        return []  # home already
+    if m.stopping:
+        return [Decline("this broker is shutting down")]
+    if s.card[0] != m.home:
+        return [Decline(f"rank {s.card[0]} is not this broker's parent")]
+    out: list[Instruction] = []
+    if isinstance(state, GoingHome) and state.trying is not None:
+        out.append(m._close(state.trying, Linger.NONE))
+    opened = m._open(s.card)
+    m.state = GoingHome(state.link, state.peer, s.card, opened.link, None, state.parent_until)
+    return [*out, opened]
+
+
+def declined(reason: str) -> Handler:
+    def decline(m: Upward, s: HomeOrder, role: str, now: float) -> list[Instruction]:
+        return [Decline(reason)]
+
+    return decline
+
+
+def home_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruction]:
+    state = m.state
+    assert isinstance(state, GoingHome)
+    out: list[Instruction] = [SendMoved(state.link, s.peer), m._close(state.link, Linger.FULL)]
+    m.incarnation = s.incarnation
+    m.state = m._attach(s.link, s.peer)
+    out.append(AttachedTo(s.peer, False, f"home again under rank {s.peer}"))
+    return [*out, *_adopt(m, s.lineage or m.lineage)]
+
+
+def home_refused(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
+    """A key refused at home is tried again soon; anything else gives up going home."""
+    state = m.state
+    assert isinstance(state, GoingHome) and state.trying is not None
+    out: list[Instruction] = [m._close(state.trying, Linger.NONE)]
+    if isinstance(s, Refused) and s.key:
+        m.state = replace(state, trying=None, retry_at=now + RETRY_AFTER_KEY)
+        return out
+    m.state = Fostered(state.link, state.peer, state.parent_until)
+    return [*out, Decline(f"going home to rank {state.card[0]}: {s.reason}")]
+
+
+def home_retry(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]:
+    state = m.state
+    assert isinstance(state, GoingHome)
+    if state.trying is not None or state.retry_at is None or now < state.retry_at:
+        return []
+    opened = m._open(state.card)
+    m.state = replace(state, trying=opened.link, retry_at=None)
+    return [opened]
+
+
+def stop(m: Upward, s: Stop, role: str, now: float) -> list[Instruction]:
+    m.stopping = True
+    state = m.state
+    if isinstance(state, GoingHome):
+        out = [] if state.trying is None else [m._close(state.trying, Linger.NONE)]
+        m.state = Fostered(state.link, state.peer, state.parent_until)
+        return out
+    return []
+
+
+def nothing(m: Upward, s: Stimulus, role: str, now: float) -> list[Instruction]:
+    return []
+
+
+SEEKING_NOW = "this broker is seeking a parent"
+
+TRANSITIONS: dict[tuple[type, type, str], Handler] = {
+    # waiting for the first welcome
+    (Waiting, Welcomed, "parent"): welcome_first,
+    (Waiting, LinkLost, "parent"): waiting_ended,
+    (Waiting, Silent, "parent"): waiting_ended,
+    (Waiting, Refused, "parent"): waiting_ended,
+    (Waiting, HomeOrder, "-"): declined("this broker has not been welcomed yet"),
+    (Waiting, Stop, "-"): stop,
+    (Waiting, Tick, "-"): nothing,
+    # attached: home, fostered, going home (the parent link alike in all three)
+    **{
+        (state, stimulus, "parent"): handler
+        for state in (Home, Fostered, GoingHome)
+        for stimulus, handler in (
+            (LineageSaid, lineage_said),
+            (LinkLost, parent_lost),
+            (Silent, parent_lost),
+            (Refused, parent_lost),
+            (ParentSeeking, parent_seeking),
+        )
+    },
+    (Home, HomeOrder, "-"): home_order,
+    (Fostered, HomeOrder, "-"): home_order,
+    (GoingHome, HomeOrder, "-"): home_order,
+    (Home, Stop, "-"): stop,
+    (Fostered, Stop, "-"): stop,
+    (GoingHome, Stop, "-"): stop,
+    (Home, Tick, "-"): nothing,
+    (Fostered, Tick, "-"): nothing,
+    (GoingHome, Tick, "-"): home_retry,
+    # the link home
+    (GoingHome, Welcomed, "home"): home_welcomed,
+    (GoingHome, Refused, "home"): home_refused,
+    (GoingHome, LinkLost, "home"): home_refused,
+    (GoingHome, Silent, "home"): home_refused,
+    # seeking
+    (Seeking, Welcomed, "candidate"): candidate_welcomed,
+    (Seeking, Refused, "candidate"): candidate_refused,
+    (Seeking, LinkLost, "candidate"): candidate_gone,
+    (Seeking, Silent, "candidate"): candidate_gone,
+    (Seeking, Tick, "-"): seeking_tick,
+    (Seeking, Stop, "-"): stop,
+    (Seeking, HomeOrder, "-"): declined(SEEKING_NOW),
+}
+"""Every transition: (state, stimulus, role of its link) -> handler. Ended is absent: it ignores
+everything (see the rules)."""
