@@ -577,7 +577,9 @@ def stop(m: Upward, s: Stop, role: str, now: float) -> list[Instruction]:
     m.stopping = True
     state = m.state
     if isinstance(state, GoingHome):
-        out = [] if state.trying is None else [m._close(state.trying, Linger.NONE)]
+        out: list[Instruction] = []
+        if state.trying is not None:
+            out.append(m._close(state.trying, Linger.NONE))
         m.state = Fostered(state.link, state.peer, state.parent_until)
         return out
     return []
