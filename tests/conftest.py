@@ -59,6 +59,27 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+def launcher_said(log: str, rank: int, pid: int, how: str) -> bool:
+    """Whether `tbon start` reported that broker's end (`how`: "exited with status 75", "killed
+    by signal SIGKILL"), alone (`rank 3 (pid 812) ...`) or with others that ended the same way
+    (`ranks 1,3 (pids 811,812) ...`, pids in rank order)."""
+    if f"rank {rank} (pid {pid}) {how}" in log:
+        return True
+    for ranks, pids in re.findall(r"ranks (\S+) \(pids ([\d,]+)\) " + re.escape(how), log):
+        listed = [int(p) for p in pids.split(",")]
+        if pid in listed and rank in _idset(ranks):
+            return True
+    return False
+
+
+def _idset(text: str) -> set[int]:
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        ranks.update(range(int(low), int(high or low) + 1))
+    return ranks
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
     """Wait for a condition that only the passage of events can make true (process exits)."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ import signal
 import subprocess
 
 import zmq
-from conftest import DEADLINE, TBON, child_env, process_gone, tbon, wait_for
+from conftest import DEADLINE, TBON, child_env, launcher_said, process_gone, tbon, wait_for
 
 from tbon.keys.cert import generate_keypair
 from tbon.overlay.connectors.client import Client, RequestError
@@ -291,7 +291,7 @@ def test_stopped_broker_woken_after_replacement_exits_77(instance) -> None:
     assert status["ranks"][2]["pid"] == new.pid and status["ranks"][2]["state"] == "online"
     assert tbon("ping", inst.uri, "2").returncode == 0
     inst.stop()
-    assert f"rank 2 (pid {old}) exited with status 77" in inst.stderr()
+    assert launcher_said(inst.stderr(), 2, old, "exited with status 77")
     assert new.returncode == 0
 
 

@@ -8,7 +8,7 @@ import re
 import signal
 from typing import Any
 
-from conftest import process_gone, start_exec, tbon, wait_for
+from conftest import launcher_said, process_gone, start_exec, tbon, wait_for
 
 QUICK = ("tbon.heartbeat=100ms", "tbon.torpid=0", "tbon.timeout=1500ms")
 """Liveness settings short enough for a stopped broker to be judged within a test."""
@@ -133,7 +133,7 @@ def test_a_stopped_parent_replaced_meanwhile_is_refused_when_woken(instance) -> 
         os.kill(before[1], signal.SIGCONT)
     wait_for(lambda: process_gone(before[1]), "the superseded broker to exit")
     inst.stop()
-    assert f"rank 1 (pid {before[1]}) exited with status 77" in inst.stderr()
+    assert launcher_said(inst.stderr(), 1, before[1], "exited with status 77")
 
 
 def test_when_rank0_dies_the_rest_exit_75_after_the_reattach_timeout(instance) -> None:
@@ -144,7 +144,7 @@ def test_when_rank0_dies_the_rest_exit_75_after_the_reattach_timeout(instance) -
     inst.stop()
     log = inst.stderr()
     for rank in range(1, 7):
-        assert f"rank {rank} (pid {before[rank]}) exited with status 75" in log, log
+        assert launcher_said(log, rank, before[rank], "exited with status 75"), log
 
 
 def test_a_fostered_broker_can_be_retired_where_it_is(instance) -> None:

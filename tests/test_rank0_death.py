@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from conftest import process_gone, wait_for
+from conftest import launcher_said, process_gone, wait_for
 
 TIMEOUT, REATTACH = 1.5, 4.0
 
@@ -36,4 +36,4 @@ def test_rank0_s_death_ends_a_tree_three_levels_deep_within_one_reattach_timeout
     inst.stop()
     log = inst.stderr()
     for rank in range(1, 15):
-        assert f"rank {rank} (pid {before[rank]}) exited with status 75" in log, log
+        assert launcher_said(log, rank, before[rank], "exited with status 75"), log

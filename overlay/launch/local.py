@@ -267,10 +267,13 @@ def say(message: str) -> None:
 
 
 def _ranks(brokers: list[BrokerProcess]) -> str:
-    """`rank 3 (pid 812)`, or for several `ranks 1-3,7`."""
+    """`rank 3 (pid 812)`, or for several `ranks 1-3,7 (pids 812,813,814,820)`, pids in rank
+    order: a user matches them with the brokers' own log lines."""
     if len(brokers) == 1:
         return f"rank {brokers[0].rank} (pid {brokers[0].pid})"
-    return f"ranks {format_idset([b.rank for b in brokers])}"
+    ordered = sorted(brokers, key=lambda b: b.rank)
+    pids = ",".join(str(b.pid) for b in ordered)
+    return f"ranks {format_idset([b.rank for b in ordered])} (pids {pids})"
 
 
 def _exit_status(wait_status: int) -> int:
