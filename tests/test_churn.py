@@ -95,6 +95,8 @@ class Soak:
     violations: dict[tuple[str, int, int], str] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)  # every broker pid of this instance, ever
     rank_of: dict[int, int] = field(default_factory=dict)  # pid -> the rank status showed it in
+    incarnation_of: dict[int, int] = field(default_factory=dict)  # pid -> its incarnation, so
+    open_violations: dict[tuple[str, int, int], float] = field(default_factory=dict)  # -> start
     stopped: dict[int, float] = field(default_factory=dict)  # pid -> when to wake it
     died: dict[int, float] = field(default_factory=dict)  # pid -> when it was killed/seen dead
     duplicate_since: dict[int, float] = field(default_factory=dict)  # rank -> first seen
@@ -129,19 +131,25 @@ class Soak:
         for entry in self.status["ranks"]:
             if entry["pid"]:
                 self.rank_of[entry["pid"]] = entry["rank"]
+                self.incarnation_of[entry["pid"]] = entry["incarnation"]
                 self.seen.add(entry["pid"])
         for pid in self.seen:
             if pid not in self.died and not alive(pid):
                 self.died[pid] = self.now()
-        self.check_one_holder()
-        self.check_truthful()
+        still = self.check_one_holder() | self.check_truthful()
+        for key, since in list(self.open_violations.items()):
+            if key not in still:  # the episode is over: say how long it lasted in all
+                del self.open_violations[key]
+                self.violations[key] += f"; it lasted {self.now() - since:.1f}s in all"
 
     def claim(self, pid: int) -> int | None:
         rank = claimed_rank(pid)
         return rank if rank is not None else self.rank_of.get(pid)
 
-    def check_one_holder(self) -> None:
+    def check_one_holder(self) -> set[tuple[str, int, int]]:
+        """Ranks claimed by two running brokers; the keys of those past their grace."""
         now = self.now()
+        going: set[tuple[str, int, int]] = set()
         holders: dict[int, list[int]] = {}
         for pid, proc in self.procs.items():
             if proc.stopped or not alive(pid):
@@ -159,18 +167,23 @@ class Soak:
             self.note_longest("two holders", now - since)
             if now - since > DUPLICATE_GRACE_S:
                 entry = self.status["ranks"][rank] if self.status else {}
+                named = [f"{pid} (inc {self.incarnation_of.get(pid, '?')})" for pid in sorted(pids)]
+                key = ("two holders", rank, min(pids))
+                going.add(key)
                 self.violate(
-                    "two holders",
-                    rank,
-                    min(pids),
+                    key,
+                    since,
                     f"t={now:.1f}s: rank {rank} claimed by {len(pids)} running brokers "
-                    f"{sorted(pids)} for {now - since:.1f}s (> {DUPLICATE_GRACE_S:g}s); status "
-                    f"shows pid {entry.get('pid')} incarnation {entry.get('incarnation')} "
-                    f"{entry.get('state')}",
+                    f"{', '.join(named)} for {now - since:.1f}s (> {DUPLICATE_GRACE_S:g}s); "
+                    f"status shows pid {entry.get('pid')} incarnation "
+                    f"{entry.get('incarnation')} {entry.get('state')}",
                 )
+        return going
 
-    def check_truthful(self) -> None:
+    def check_truthful(self) -> set[tuple[str, int, int]]:
+        """Ranks shown online with a dead pid; the keys of those past their grace."""
         now = self.now()
+        going: set[tuple[str, int, int]] = set()
         for entry in self.status["ranks"]:
             rank, pid = entry["rank"], entry["pid"]
             if entry["state"] != "online" or not pid:
@@ -178,10 +191,11 @@ class Soak:
             if alive(pid):
                 claimed = claimed_rank(pid)
                 if claimed is not None and claimed != rank:
+                    key = ("wrong pid", rank, pid)
+                    going.add(key)
                     self.violate(
-                        "wrong pid",
-                        rank,
-                        pid,
+                        key,
+                        now,
                         f"t={now:.1f}s: rank {rank} shown online with pid {pid}, whose title "
                         f"claims rank {claimed}",
                     )
@@ -191,13 +205,16 @@ class Soak:
             grace = ADRIFT_GRACE_S if adrift else DEAD_GRACE_S
             self.note_longest("online but dead" + (" (adrift)" if adrift else ""), now - death)
             if now - death > grace:
+                key = ("online but dead", rank, pid)
+                going.add(key)
                 self.violate(
-                    "online but dead",
-                    rank,
-                    pid,
-                    f"t={now:.1f}s: rank {rank} still shown online with pid {pid}, dead since "
-                    f"t={death:.1f}s ({now - death:.1f}s > {grace:g}s)",
+                    key,
+                    death,
+                    f"t={now:.1f}s: rank {rank} still shown online with pid {pid} (inc "
+                    f"{entry['incarnation']}), dead since t={death:.1f}s ({now - death:.1f}s > "
+                    f"{grace:g}s)",
                 )
+        return going
 
     def above_disturbed(self, rank: int, death: float) -> bool:
         """Whether a broker above `rank` was killed or stopped near its death or since."""
@@ -210,10 +227,12 @@ class Soak:
     def note_longest(self, what: str, seconds: float) -> None:
         self.longest[what] = max(self.longest.get(what, 0.0), seconds)
 
-    def violate(self, kind: str, rank: int, pid: int, text: str) -> None:
-        if (kind, rank, pid) not in self.violations:
-            self.violations[(kind, rank, pid)] = text
-            self.log("violation", rank, pid, text)
+    def violate(self, key: tuple[str, int, int], since: float, text: str) -> None:
+        """Record a violation once, when it is first seen past its grace."""
+        if key not in self.violations:
+            self.violations[key] = text
+            self.open_violations[key] = since
+            self.log("violation", key[1], key[2], text)
 
     # --- acting -------------------------------------------------------------------------------
 
@@ -239,23 +258,36 @@ class Soak:
         candidates = self.running_ranks()
         if kind == "expand":
             self.start_expand(holes)
-        elif candidates:
-            rank, pid = self.rng.choice(candidates)
-            incarnation = self.status["ranks"][rank]["incarnation"]
-            if kind == "kill":
-                os.kill(pid, signal.SIGKILL)
-                self.died.setdefault(pid, self.now())
-                self.log("kill", rank, pid, f"kill -9 rank {rank} pid {pid} inc {incarnation}")
-            else:
-                pause = self.rng.uniform(0.3, 3 * TIMEOUT_S)
-                os.kill(pid, signal.SIGSTOP)
-                self.stopped[pid] = time.monotonic() + pause
-                self.log(
-                    "stop",
-                    rank,
-                    pid,
-                    f"SIGSTOP rank {rank} pid {pid} inc {incarnation} for {pause:.1f}s",
-                )
+            return
+        if not candidates:
+            return
+        # Half the time, aim where healing is under way: kill a broker with children, stop a
+        # fostered one (attached away from home), as a cluster's failures cluster.
+        ranks = self.status["ranks"]
+        if kind == "kill":
+            aimed = [(r, p) for r, p in candidates if ranks[r]["children"]]
+        else:
+            aimed = [
+                (r, p) for r, p in candidates if ranks[r].get("attached_to") != ranks[r]["parent"]
+            ]
+        rank, pid = self.rng.choice(aimed if aimed and self.rng.random() < 0.5 else candidates)
+        incarnation = ranks[rank]["incarnation"]
+        if kind == "kill":
+            os.kill(pid, signal.SIGKILL)
+            self.died.setdefault(pid, self.now())
+            self.log("kill", rank, pid, f"kill -9 rank {rank} pid {pid} inc {incarnation}")
+            return
+        pause = self.rng.uniform(0.3, 3 * TIMEOUT_S)
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped[pid] = time.monotonic() + pause
+        where = ranks[rank].get("attached_to")
+        self.log(
+            "stop",
+            rank,
+            pid,
+            f"SIGSTOP rank {rank} pid {pid} inc {incarnation} (attached to {where}) "
+            f"for {pause:.1f}s",
+        )
 
     def wake_due(self, everyone: bool = False) -> None:
         now = time.monotonic()
@@ -353,14 +385,14 @@ def test_churn_keeps_one_broker_per_rank_and_status_truthful() -> None:
     try:
         soak.look()
         end = time.monotonic() + seconds
-        next_step = time.monotonic() + soak.rng.uniform(0.4, 1.6)
+        next_step = time.monotonic() + soak.rng.uniform(0.3, 1.2)
         while time.monotonic() < end:
             soak.wake_due()
             soak.reap_expand()
             soak.look()
             if time.monotonic() >= next_step and len(soak.seen) < MAX_BROKERS:
                 soak.step()
-                next_step = time.monotonic() + soak.rng.uniform(0.4, 1.6)
+                next_step = time.monotonic() + soak.rng.uniform(0.3, 1.2)
             time.sleep(POLL_S)
     finally:
         problems = soak.finish()
@@ -370,6 +402,8 @@ def test_churn_keeps_one_broker_per_rank_and_status_truthful() -> None:
         f"rerun with {rerun} .venv/bin/python -m pytest -s tests/test_churn.py"
     )
     print(summary)
+    for key, since in soak.open_violations.items():
+        soak.violations[key] += f"; still so at the end, {soak.now() - since:.1f}s in all"
     found = list(soak.violations.values()) + problems
     assert not found, (
         f"{len(found)} violations ({summary}):\n"
