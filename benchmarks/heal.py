@@ -3,7 +3,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/heal.py [--rounds R] [--size N] [--topo kary:K] [--sleep S]
-        [--markdown | --json]
+        [--sections kill,double,rank0,shutdown] [--markdown | --json]
 
 Each round is a fresh `tbon start --test-size=N -S tbon.topo=TOPO` in wait mode (defaults: 64
 ranks, kary:4, so rank 1's children are 5-8 and its grandchildren 21-36). Once rank 0 pushes
@@ -23,12 +23,26 @@ every rank online, the round:
   5. waits for the job of step 2 (it must exit 0 having printed "started" then "done"), and
      reads `tbon status URI --json` again: every rank but 1 must have kept its pid.
 
+Issue 20's sections (`double`, `rank0`, `shutdown`), R rounds of each, every measure on a fresh
+15-rank kary:2 instance (depth 3) with tbon.timeout=2s, broker.reattach-timeout=3s and
+broker.shutdown-timeout=5s, its launcher told to kill nothing for 2 minutes:
+
+  double    SIGKILL rank 1 and its child rank 3 together: until rank 0 pushes both `lost`
+            (target: tbon.timeout);
+  rank0     SIGKILL rank 0: until every other broker process has exited, each exit seen on its
+            pidfd, and the last exit at each depth (target: tbon.timeout +
+            broker.reattach-timeout, whatever the depth);
+  shutdown  SIGTERM to `tbon start` until it exits, on a healthy instance, then on one healed
+            (rank 1 killed, its children fostered, `tbon expand --fill`, every rank home again):
+            the ratio of the two (target: at most 1.5).
+
 Rank 0's status snapshots (a status.watch stream from an in-process Client) and the exits of the
 CLIs (their pidfds) are waited on together, so each event is timed when it happens, not at the
 next turn of a polling loop. Nothing here sleeps and hopes: every wait has a deadline, and every
-process this script starts is reaped by PID whether the round passes or fails. The only broker it
-signals is the one it kills (by PID) and, should the instance's shutdown leave it running, the
-joiner started by its own `tbon expand` (by pidfd, so never a recycled PID). Progress goes to
+process this script starts is reaped by PID whether the round passes or fails. The only brokers
+it signals are the ones it kills (by PID, each checked to descend from our `tbon start`) and,
+should the instance's shutdown leave them running, the joiners started by its own `tbon expand`
+(by pidfd, so never a recycled PID). Progress goes to
 stderr; a table per measure and round goes to stdout (`--markdown` for GitHub tables, `--json`
 for a machine-readable object instead). No assertion is timed: a missed target is reported.
 """
