@@ -13,7 +13,8 @@ random on 31 ranks (kary:2), with the two promises of docs/protocol.md §12 poll
     adrift, and rank 0's own rule (lost after tbon.timeout + broker.reattach-timeout adrift,
     counted once its parent's loss is known) gives it 2 x tbon.timeout + reattach + MARGIN.
 
-The run is seeded (TBON_SOAK_SEED, else random, printed), lasts TBON_SOAK_SECONDS (default 60,
+The run is seeded (TBON_SOAK_SEED, else random, printed: the same seed makes the same choices,
+though the machine's timing may not repeat), lasts TBON_SOAK_SECONDS (default 60,
 at most SOAK_CAP_S) and starts at most MAX_BROKERS brokers in all. At the end every stopped
 broker is woken, the instance shut down, and every broker it ever had (those `tbon start` forked
 and those our `tbon expand` started in their own sessions) must be gone; the ones left are killed
@@ -32,7 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from brokers import Proc, alive, claimed_rank, instance_brokers, instance_rundir, read_proc
+from brokers import (
+    BROKER_COMM,
+    Proc,
+    alive,
+    claimed_rank,
+    instance_brokers,
+    instance_rundir,
+    read_proc,
+)
 from conftest import TBON, Instance, child_env
 
 from tbon.errors import TbonError
@@ -77,6 +86,16 @@ def ancestors(rank: int) -> set[int]:
     return found
 
 
+def signal_broker(pid: int, signum: int) -> bool:
+    """Signal one of this instance's brokers by PID, unless it has gone (False then): a pid we
+    found as a broker is still one while it is not reaped, and is never reused before."""
+    proc = read_proc(pid)
+    if proc is None or proc.gone or proc.comm != BROKER_COMM:
+        return False
+    os.kill(pid, signum)
+    return True
+
+
 @dataclass
 class Step:
     at: float
@@ -95,8 +114,8 @@ class Soak:
     violations: dict[tuple[str, int, int], str] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)  # every broker pid of this instance, ever
     rank_of: dict[int, int] = field(default_factory=dict)  # pid -> the rank status showed it in
-    incarnation_of: dict[int, int] = field(default_factory=dict)  # pid -> its incarnation, so
-    open_violations: dict[tuple[str, int, int], float] = field(default_factory=dict)  # -> start
+    incarnation_of: dict[int, int] = field(default_factory=dict)  # pid -> status's incarnation
+    open_violations: dict[tuple[str, int, int], float] = field(default_factory=dict)  # -> since
     stopped: dict[int, float] = field(default_factory=dict)  # pid -> when to wake it
     died: dict[int, float] = field(default_factory=dict)  # pid -> when it was killed/seen dead
     duplicate_since: dict[int, float] = field(default_factory=dict)  # rank -> first seen
@@ -272,13 +291,13 @@ class Soak:
             ]
         rank, pid = self.rng.choice(aimed if aimed and self.rng.random() < 0.5 else candidates)
         incarnation = ranks[rank]["incarnation"]
+        if not signal_broker(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP):
+            return  # it exited since we looked
         if kind == "kill":
-            os.kill(pid, signal.SIGKILL)
             self.died.setdefault(pid, self.now())
             self.log("kill", rank, pid, f"kill -9 rank {rank} pid {pid} inc {incarnation}")
             return
         pause = self.rng.uniform(0.3, 3 * TIMEOUT_S)
-        os.kill(pid, signal.SIGSTOP)
         self.stopped[pid] = time.monotonic() + pause
         where = ranks[rank].get("attached_to")
         self.log(
@@ -294,8 +313,7 @@ class Soak:
         for pid, due in list(self.stopped.items()):
             if everyone or now >= due:
                 del self.stopped[pid]
-                if alive(pid):
-                    os.kill(pid, signal.SIGCONT)
+                signal_broker(pid, signal.SIGCONT)
                 self.log("cont", self.rank_of.get(pid), pid, f"SIGCONT pid {pid}")
 
     def start_expand(self, holes: list[int]) -> None:
@@ -344,7 +362,7 @@ class Soak:
         self.wake_due(everyone=True)
         for proc in instance_brokers(self.root, self.rundir).values():
             if proc.stopped:  # one we did not stop ourselves: still ours, by its title
-                os.kill(proc.pid, signal.SIGCONT)
+                signal_broker(proc.pid, signal.SIGCONT)
         self.seen.update(instance_brokers(self.root, self.rundir))
         self.reap_expand(wait=END_DEADLINE_S)
         problems = []
@@ -357,9 +375,7 @@ class Soak:
             time.sleep(0.05)
         left = sorted(pid for pid in self.seen if alive(pid))
         for pid in left:
-            proc = read_proc(pid)
-            if proc is not None and proc.comm == "tbon-broker":
-                os.kill(pid, signal.SIGKILL)
+            signal_broker(pid, signal.SIGKILL)
         if left:
             problems.append(f"brokers still running {END_DEADLINE_S:g}s after shutdown: {left}")
         return problems
@@ -395,6 +411,9 @@ def test_churn_keeps_one_broker_per_rank_and_status_truthful() -> None:
                 next_step = time.monotonic() + soak.rng.uniform(0.3, 1.2)
             time.sleep(POLL_S)
     finally:
+        for key, since in soak.open_violations.items():
+            soak.violations[key] += f"; still so when the churn ended, {soak.now() - since:.1f}s"
+        soak.open_violations.clear()
         problems = soak.finish()
     summary = (
         f"seed {seed}; {soak.now():.0f}s; steps {soak.counts}; brokers ever {len(soak.seen)}; "
@@ -402,8 +421,6 @@ def test_churn_keeps_one_broker_per_rank_and_status_truthful() -> None:
         f"rerun with {rerun} .venv/bin/python -m pytest -s tests/test_churn.py"
     )
     print(summary)
-    for key, since in soak.open_violations.items():
-        soak.violations[key] += f"; still so at the end, {soak.now() - since:.1f}s in all"
     found = list(soak.violations.values()) + problems
     assert not found, (
         f"{len(found)} violations ({summary}):\n"
