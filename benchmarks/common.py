@@ -111,12 +111,18 @@ class Instance:
 
 @contextlib.contextmanager
 def tbon_start(
-    test_size: int, attributes: Sequence[str] = (), *, force: bool = False
+    test_size: int,
+    attributes: Sequence[str] = (),
+    *,
+    force: bool = False,
+    options: Sequence[str] = (),
 ) -> Iterator[Instance]:
     """`tbon start --test-size=N -S ATTR...` in wait mode, once it has printed its URI. On the way
     out, always (a failed measurement included), it is stopped by PID and its log removed.
-    `force`: past `tbon start`'s estimate of what the machine holds (2048 brokers, here)."""
+    `force`: past `tbon start`'s estimate of what the machine holds (2048 brokers, here).
+    `options`: more of `tbon start`'s own, such as `--test-exit-timeout=2m`."""
     argv = [str(TBON), "start", f"--test-size={test_size}", *(["--force"] if force else [])]
+    argv += list(options)
     for attribute in attributes:
         argv += ["-S", attribute]
     fd, stderr_path = tempfile.mkstemp(prefix=f"{_label}-start-", suffix=".log")

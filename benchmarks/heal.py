@@ -3,7 +3,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/heal.py [--rounds R] [--size N] [--topo kary:K] [--sleep S]
-        [--markdown | --json]
+        [--sections kill,double,rank0,shutdown] [--markdown | --json]
 
 Each round is a fresh `tbon start --test-size=N -S tbon.topo=TOPO` in wait mode (defaults: 64
 ranks, kary:4, so rank 1's children are 5-8 and its grandchildren 21-36). Once rank 0 pushes
@@ -23,12 +23,26 @@ every rank online, the round:
   5. waits for the job of step 2 (it must exit 0 having printed "started" then "done"), and
      reads `tbon status URI --json` again: every rank but 1 must have kept its pid.
 
+Issue 20's sections (`double`, `rank0`, `shutdown`), R rounds of each, every measure on a fresh
+15-rank kary:2 instance (depth 3) with tbon.timeout=2s, broker.reattach-timeout=3s and
+broker.shutdown-timeout=5s, its launcher told to kill nothing for 2 minutes:
+
+  double    SIGKILL rank 1 and its child rank 3 together: until rank 0 pushes both `lost`
+            (target: tbon.timeout);
+  rank0     SIGKILL rank 0: until every other broker process has exited, each exit seen on its
+            pidfd, and the last exit at each depth (target: tbon.timeout +
+            broker.reattach-timeout, whatever the depth);
+  shutdown  SIGTERM to `tbon start` until it exits, on a healthy instance, then on one healed
+            (rank 1 killed, its children fostered, `tbon expand --fill`, every rank home again):
+            the ratio of the two (target: at most 1.5).
+
 Rank 0's status snapshots (a status.watch stream from an in-process Client) and the exits of the
 CLIs (their pidfds) are waited on together, so each event is timed when it happens, not at the
 next turn of a polling loop. Nothing here sleeps and hopes: every wait has a deadline, and every
-process this script starts is reaped by PID whether the round passes or fails. The only broker it
-signals is the one it kills (by PID) and, should the instance's shutdown leave it running, the
-joiner started by its own `tbon expand` (by pidfd, so never a recycled PID). Progress goes to
+process this script starts is reaped by PID whether the round passes or fails. The only brokers
+it signals are the ones it kills (by PID, each checked to descend from our `tbon start`) and,
+should the instance's shutdown leave them running, the joiners started by its own `tbon expand`
+(by pidfd, so never a recycled PID). Progress goes to
 stderr; a table per measure and round goes to stdout (`--markdown` for GitHub tables, `--json`
 for a machine-readable object instead). No assertion is timed: a missed target is reported.
 """
@@ -55,6 +69,7 @@ from common import (
     TBON,
     Instance,
     Report,
+    all_online,
     begin,
     log_tail,
     machine_line,
@@ -601,6 +616,287 @@ def _expand(
                 )
 
 
+# --- issue 20: two deaths at once, rank 0's death, shutdown after a heal -----------------------
+
+I20_SIZE = 15  # kary:2, depth 3: rank 1 has grandchildren (7-10), rank 3 children (7, 8)
+I20_TIMEOUT_S = 2.0  # tbon.timeout
+I20_REATTACH_S = 3.0  # broker.reattach-timeout
+I20_SHUTDOWN_S = 5.0  # broker.shutdown-timeout
+I20_ATTRIBUTES = (
+    "tbon.topo=kary:2",
+    "tbon.heartbeat=200ms",
+    "tbon.torpid=0",
+    f"tbon.timeout={I20_TIMEOUT_S:g}s",
+    f"broker.reattach-timeout={I20_REATTACH_S:g}s",
+    f"broker.shutdown-timeout={I20_SHUTDOWN_S:g}s",
+)
+# The launcher must not kill what outlives rank 0 for us: it would hide how long they last.
+I20_OPTIONS = ("--test-exit-timeout=2m",)
+TARGET_BOTH_LOST_S = I20_TIMEOUT_S
+TARGET_ALL_GONE_S = I20_TIMEOUT_S + I20_REATTACH_S
+TARGET_SHUTDOWN_RATIO = 1.5
+I20_DEADLINE_S = 60.0  # for any one event of these rounds: far past what the defects cost
+
+
+@dataclass
+class Issue20Round:
+    """What one round of each issue 20 measure gave; seconds, None where not seen."""
+
+    first_lost: float | None = None  # kill of 1 and 3 -> rank 0 pushes rank 1 lost
+    both_lost: float | None = None  # ... -> rank 0 pushes 1 and 3 both lost
+    all_gone: float | None = None  # kill of rank 0 -> the last broker process exits
+    depth_gone: dict[int, float] = field(default_factory=dict)  # depth -> its last exit
+    healthy_shutdown: float | None = None  # SIGTERM -> tbon start exits, a fresh instance
+    healed_shutdown: float | None = None  # the same after a kill, expand and every rank home
+
+
+@contextlib.contextmanager
+def fresh(number: int, what: str) -> Iterator[tuple[Instance, Timeline]]:
+    """A fresh issue 20 instance, once rank 0 pushes every rank online."""
+    from tbon.overlay.connectors.client import Client
+
+    with (
+        tbon_start(I20_SIZE, I20_ATTRIBUTES, options=I20_OPTIONS) as inst,
+        Client(inst.uri) as client,
+    ):
+        timeline = Timeline(client)
+        timeline.until(
+            lambda: timeline.snapshot is not None and all_online(timeline.snapshot),
+            time.monotonic() + ONLINE_DEADLINE_S,
+            f"round {number} ({what}): snapshot with all {I20_SIZE} ranks online",
+        )
+        yield inst, timeline
+
+
+def _ours(inst: Instance, ranks: Sequence[int]) -> dict[int, int]:
+    """The pids of `ranks`, each checked to be a broker of the `tbon start` we launched."""
+    pids = {r["rank"]: r["pid"] for r in status_json(inst.uri)}
+    for rank in ranks:
+        if not in_tree(pids[rank], inst.process.pid):
+            raise RuntimeError(f"rank {rank}'s pid {pids[rank]} is not one of our brokers")
+    return {rank: pids[rank] for rank in ranks}
+
+
+def double_kill(result: Issue20Round, joiners: list[Stray], number: int) -> None:
+    """Kill -9 rank 1 and its child 3 together: how soon rank 0 reads both lost. Rank 3's
+    children (7, 8) see its connections drop; nobody is left to see rank 1's, but rank 0 does."""
+    with fresh(number, "double kill") as (inst, timeline):
+        pids = _ours(inst, (1, 3))
+        timeline.arm("1 lost", lambda s: s["ranks"][1]["state"] == "lost")
+        timeline.arm(
+            "both lost", lambda s: s["ranks"][1]["state"] == s["ranks"][3]["state"] == "lost"
+        )
+        killed = time.perf_counter()
+        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[3], signal.SIGKILL)
+        try:
+            timeline.until(
+                lambda: "both lost" in timeline.marks,
+                time.monotonic() + I20_DEADLINE_S,
+                "snapshot with ranks 1 and 3 both lost",
+            )
+        except TimeoutError as error:
+            progress(f"round {number} (double kill): {error}")
+        if "1 lost" in timeline.marks:
+            result.first_lost = timeline.marks["1 lost"] - killed
+        if "both lost" in timeline.marks:
+            result.both_lost = timeline.marks["both lost"] - killed
+
+
+def rank0_death(result: Issue20Round, joiners: list[Stray], number: int) -> None:
+    """Kill -9 rank 0: how soon every other broker process has exited (each exit is seen on its
+    pidfd when it happens), and the last exit at each depth."""
+    with fresh(number, "rank 0's death") as (inst, _):
+        ranks = list(range(I20_SIZE))
+        pids = _ours(inst, ranks)
+        fds: dict[int, int] = {}
+        try:
+            for rank in ranks[1:]:
+                fd = _pidfd(pids[rank])
+                if fd is None:
+                    progress(f"round {number}: no pidfd for rank {rank}: not measured")
+                    return
+                fds[fd] = rank
+            killed = time.perf_counter()
+            os.kill(pids[0], signal.SIGKILL)
+            gone: dict[int, float] = {}
+            deadline = time.monotonic() + I20_DEADLINE_S
+            waiting = dict(fds)
+            while waiting and time.monotonic() < deadline:
+                ready, _, _ = select.select(list(waiting), [], [], WAIT_SLICE_S)
+                now = time.perf_counter()
+                for fd in ready:
+                    gone[waiting.pop(fd)] = now - killed
+            if waiting:
+                progress(
+                    f"round {number}: ranks {idset(sorted(waiting.values()))} still running "
+                    f"{I20_DEADLINE_S:g}s after rank 0's death"
+                )
+                return
+            result.all_gone = max(gone.values())
+            for rank, seconds in gone.items():
+                depth = 0
+                while rank > 0:
+                    rank, depth = (rank - 1) // 2, depth + 1
+                result.depth_gone[depth] = max(result.depth_gone.get(depth, 0.0), seconds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _shutdown(inst: Instance, number: int, what: str) -> float | None:
+    """SIGTERM to `tbon start` -> its exit (the brokers it forked are gone by then)."""
+    began = time.perf_counter()
+    inst.process.send_signal(signal.SIGTERM)
+    try:
+        inst.process.wait(I20_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        progress(f"round {number} ({what}): tbon start still running {I20_DEADLINE_S:g}s on")
+        return None
+    return time.perf_counter() - began
+
+
+def shutdowns(result: Issue20Round, joiners: list[Stray], number: int) -> None:
+    """A healthy instance's shutdown, then one's after a heal: rank 1 killed, its children
+    fostered, `tbon expand --fill`, and every rank home under its own parent again."""
+    with fresh(number, "healthy shutdown") as (inst, _):
+        result.healthy_shutdown = _shutdown(inst, number, "healthy shutdown")
+    with fresh(number, "shutdown after a heal") as (inst, timeline):
+        pid = _ours(inst, (1,))[1]
+        timeline.arm(
+            "fostered",
+            lambda s: (
+                s["ranks"][1]["state"] == "lost"
+                and all(s["ranks"][c].get("attached_to") == 0 for c in (3, 4))
+            ),
+        )
+        os.kill(pid, signal.SIGKILL)
+        timeline.until(
+            lambda: "fostered" in timeline.marks,
+            time.monotonic() + I20_DEADLINE_S,
+            "snapshot with rank 1's children fostered",
+        )
+
+        def home(s: Snapshot) -> bool:
+            return all(
+                r["state"] == "online"
+                and r.get("attached_to") == r["parent"]
+                and not r.get("reattaching")
+                for r in s["ranks"]
+            )
+
+        timeline.arm("home", home)
+        argv = [str(TBON), "expand", inst.uri, "--fill", "--json", "--timeout", "30s"]
+        with launched(argv, stdout=subprocess.PIPE) as expand:
+            timeline.follow(expand)
+            timeline.until(
+                lambda: expand.ended is not None and "home" in timeline.marks,
+                time.monotonic() + I20_DEADLINE_S,
+                "exit of `tbon expand` and snapshot with every rank home",
+            )
+            out, _ = expand.process.communicate(timeout=CLI_DEADLINE_S)
+        for joined in json.loads(out)["joined"]:
+            pidfd = _pidfd(joined["pid"])
+            if pidfd is not None:
+                joiners.append(Stray(joined["pid"], pidfd))
+        result.healed_shutdown = _shutdown(inst, number, "shutdown after a heal")
+
+
+def issue20_round(sections: Sequence[str], number: int) -> Issue20Round:
+    result = Issue20Round()
+    steps = {"double": double_kill, "rank0": rank0_death, "shutdown": shutdowns}
+    for name, step in steps.items():
+        if name in sections:
+            with strays() as joiners:
+                step(result, joiners, number)
+    return result
+
+
+def issue20_rows(rounds: Sequence[Issue20Round]) -> list[list[str]]:
+    """One row per measure, as rows_of: each round, the median, the target."""
+
+    def timed(label: str, values: list[float | None], target: float | None = None) -> list[str]:
+        middle = median_of(values)
+        judged = ""
+        if target is not None:
+            judged = f"≤ {target * 1000:g} ms {verdict(middle is not None and middle <= target)}"
+        return [label, *(cell(v) for v in values), cell(middle), judged]
+
+    rows = []
+    if any(r.both_lost is not None or r.first_lost is not None for r in rounds):
+        rows += [
+            timed(
+                "kill -9 of ranks 1 and 3 → rank 0 pushes rank 1 `lost`",
+                [r.first_lost for r in rounds],
+            ),
+            timed(
+                "kill -9 of ranks 1 and 3 → rank 0 pushes both `lost`",
+                [r.both_lost for r in rounds],
+                TARGET_BOTH_LOST_S,
+            ),
+        ]
+    if any(r.all_gone is not None or r.depth_gone for r in rounds):
+        depths = sorted({d for r in rounds for d in r.depth_gone})
+        rows += [
+            timed(
+                f"  rank 0 killed → last broker at depth {d} exits",
+                [r.depth_gone.get(d) for r in rounds],
+            )
+            for d in depths
+        ]
+        rows.append(
+            timed(
+                "kill -9 of rank 0 → every broker process gone",
+                [r.all_gone for r in rounds],
+                TARGET_ALL_GONE_S,
+            )
+        )
+    if any(r.healthy_shutdown is not None for r in rounds):
+        ratios = [
+            r.healed_shutdown / r.healthy_shutdown
+            if r.healed_shutdown is not None and r.healthy_shutdown
+            else None
+            for r in rounds
+        ]
+        middle = median_of(ratios)
+        rows += [
+            timed(
+                "shutdown of a healthy instance (SIGTERM → tbon start exits)",
+                [r.healthy_shutdown for r in rounds],
+            ),
+            timed(
+                "shutdown after a heal (rank 1 killed, expand, all home)",
+                [r.healed_shutdown for r in rounds],
+            ),
+            [
+                "  after a heal ÷ healthy",
+                *("—" if v is None else f"{v:.1f}" for v in ratios),
+                "—" if middle is None else f"{middle:.1f}",
+                f"≤ {TARGET_SHUTDOWN_RATIO:g} "
+                f"{verdict(middle is not None and middle <= TARGET_SHUTDOWN_RATIO)}",
+            ],
+        ]
+    return rows
+
+
+def report_issue20(report: Report, rounds: Sequence[Issue20Round]) -> None:
+    header = ["measure", *(f"round {i + 1}" for i in range(len(rounds))), "median", "target"]
+    report.heading(
+        f"Issue 20: {I20_SIZE} ranks (kary:2, depth 3), tbon.timeout={I20_TIMEOUT_S:g}s, "
+        f"broker.reattach-timeout={I20_REATTACH_S:g}s, "
+        f"broker.shutdown-timeout={I20_SHUTDOWN_S:g}s; each measure a fresh instance (ms)"
+    )
+    report.table(header, issue20_rows(rounds))
+    report.note(
+        "Targets: both `lost` within tbon.timeout; every broker gone within tbon.timeout + "
+        "broker.reattach-timeout of rank 0's death, whatever the depth; a shutdown after a heal "
+        f"at most {TARGET_SHUTDOWN_RATIO:g} times a healthy one. `lost` is timed at the arrival "
+        "of rank 0's status.watch snapshot; each broker's exit on its pidfd; a shutdown from "
+        "SIGTERM to `tbon start`'s exit. The launcher's exit timeout is 2 minutes, so that it "
+        "kills nothing that outlives rank 0."
+    )
+
+
 # --- the report ---------------------------------------------------------------------------------
 
 
@@ -755,7 +1051,10 @@ def report_tables(
         report.note("The job did not end normally: " + "; ".join(bad_jobs))
 
 
-def report_json(rounds: Sequence[Round], shape: Shape, size: int, topo: str, sleep: float) -> None:
+def kill_json(
+    rounds: Sequence[Round], shape: Shape, size: int, topo: str, sleep: float
+) -> dict[str, Any]:
+    """The kill-and-expand rounds as one object (the figures in seconds)."""
     medians = {
         name: median_of([getattr(r, name) for r in rounds])
         for name in (
@@ -773,35 +1072,38 @@ def report_json(rounds: Sequence[Round], shape: Shape, size: int, topo: str, sle
             "job_end",
         )
     }
-    print(
-        json.dumps(
-            {
-                "machine": machine_line(),
-                "size": size,
-                "topo": topo,
-                "victim": shape.victim,
-                "below": shape.below,
-                "job_rank": shape.job_rank,
-                "sleep_s": sleep,
-                "units": "seconds",
-                "targets": {"answered": TARGET_ANSWER_S, "full": TARGET_FULL_S},
-                "rounds": [asdict(r) for r in rounds],
-                "median": medians,
-                "met": {
-                    "answered": medians["answered"] is not None
-                    and medians["answered"] <= TARGET_ANSWER_S,
-                    "full": medians["full"] is not None and medians["full"] <= TARGET_FULL_S,
-                    "pids_kept": all(r.pids_kept for r in rounds),
-                    "job_ok": all(r.job_ok for r in rounds),
-                },
-            },
-            indent=2,
-        ),
-        flush=True,
-    )
+    return {
+        "machine": machine_line(),
+        "size": size,
+        "topo": topo,
+        "victim": shape.victim,
+        "below": shape.below,
+        "job_rank": shape.job_rank,
+        "sleep_s": sleep,
+        "units": "seconds",
+        "targets": {"answered": TARGET_ANSWER_S, "full": TARGET_FULL_S},
+        "rounds": [asdict(r) for r in rounds],
+        "median": medians,
+        "met": {
+            "answered": medians["answered"] is not None and medians["answered"] <= TARGET_ANSWER_S,
+            "full": medians["full"] is not None and medians["full"] <= TARGET_FULL_S,
+            "pids_kept": all(r.pids_kept for r in rounds),
+            "job_ok": all(r.job_ok for r in rounds),
+        },
+    }
 
 
 # --- main ---------------------------------------------------------------------------------------
+
+SECTIONS = ("kill", "double", "rank0", "shutdown")
+
+
+def sections_arg(text: str) -> list[str]:
+    """`--sections double,rank0`: some of SECTIONS."""
+    chosen = [word.strip() for word in text.split(",") if word.strip()]
+    if not chosen or any(word not in SECTIONS for word in chosen):
+        raise argparse.ArgumentTypeError(f"--sections: choose from {','.join(SECTIONS)}")
+    return chosen
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -811,6 +1113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--topo", default="kary:4", help="tbon.topo (default kary:4)")
     parser.add_argument(
         "--sleep", type=positive, default=2.0, help="the job's sleep in seconds (default 2)"
+    )
+    parser.add_argument(
+        "--sections",
+        type=sections_arg,
+        default=list(SECTIONS),
+        help=f"which measures, of {','.join(SECTIONS)} (default all): kill is issue 12's "
+        "kill and expand; double, rank0 and shutdown are issue 20's",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--markdown", action="store_true", help="print GitHub tables")
@@ -830,7 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = begin("heal", args.markdown)
     rounds: list[Round] = []
     shape = None
-    for number in range(1, args.rounds + 1):
+    for number in range(1, args.rounds + 1 if "kill" in args.sections else 1):
         progress(f"round {number}/{args.rounds}: {args.size} ranks, {args.topo}")
         result, shape = one_round(args.size, args.topo, args.sleep, number)
         rounds.append(result)
@@ -839,11 +1148,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{cell(result.full)} ms after expand's Popen, pids kept: {result.pids_kept}, "
             f"job ok: {result.job_ok}"
         )
-    assert shape is not None
+    later = [s for s in args.sections if s != "kill"]
+    issue20: list[Issue20Round] = []
+    for number in range(1, args.rounds + 1 if later else 1):
+        progress(f"issue 20 round {number}/{args.rounds}: {','.join(later)}")
+        issue20.append(issue20_round(later, number))
+        progress(f"issue 20 round {number}: {asdict(issue20[-1])}")
     if report is None:
-        report_json(rounds, shape, args.size, args.topo, args.sleep)
-    else:
+        found: dict[str, Any] = {"machine": machine_line()}
+        if shape is not None:
+            found = kill_json(rounds, shape, args.size, args.topo, args.sleep)
+        if issue20:
+            found["issue20"] = {
+                "size": I20_SIZE,
+                "attributes": list(I20_ATTRIBUTES),
+                "units": "seconds",
+                "targets": {
+                    "both_lost": TARGET_BOTH_LOST_S,
+                    "all_gone": TARGET_ALL_GONE_S,
+                    "shutdown_ratio": TARGET_SHUTDOWN_RATIO,
+                },
+                "rounds": [asdict(r) for r in issue20],
+            }
+        print(json.dumps(found, indent=2), flush=True)
+        return 0
+    if shape is not None:
         report_tables(report, rounds, shape, args.size, args.topo, args.sleep)
+    if issue20:
+        report_issue20(report, issue20)
     return 0
 
 
