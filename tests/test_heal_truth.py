@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from brokers import alive
-from conftest import process_gone, tbon, wait_for
+from conftest import launcher_said, process_gone, tbon, wait_for
 
 FAST = ("tbon.heartbeat=100ms", "tbon.torpid=0")
 
@@ -65,11 +65,6 @@ def test_a_rank_killed_with_its_parent_reads_lost_long_before_the_reattach_timeo
     assert all(status["ranks"][rank]["state"] == "online" for rank in survivors)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 20 item 5: rank 0's death drains the tree level by level, "
-    "depth x broker.reattach-timeout",
-)
 def test_when_rank0_dies_every_broker_is_gone_within_one_reattach_timeout_at_any_depth(
     instance,
 ) -> None:
@@ -100,7 +95,7 @@ def test_when_rank0_dies_every_broker_is_gone_within_one_reattach_timeout_at_any
     inst.stop()
     log = inst.stderr()
     for rank in range(1, 10):
-        assert f"rank {rank} (pid {before[rank]}) exited with status 75" in log, log
+        assert launcher_said(log, rank, before[rank], "exited with status 75"), log
 
 
 @pytest.mark.xfail(
