@@ -73,7 +73,11 @@ def register(app: typer.Typer) -> None:
             None, "--exclude", "-x", metavar="RANKS", help="Ranks to leave out."
         ),
         label: bool = typer.Option(
-            False, "--label", "-l", help="Prefix each output line with 'RANK: '."
+            False,
+            "--label",
+            "--label-io",
+            "-l",
+            help="Prefix each output line with 'RANK: ' (--label-io as in flux exec).",
         ),
         directory: str = typer.Option(
             None,

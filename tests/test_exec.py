@@ -180,9 +180,10 @@ def test_lines_of_each_rank_come_whole_complete_and_in_order(instance) -> None:
     assert numbers == {rank: list(range(1, 2001)) for rank in range(4)}
 
 
-def test_labels_on_stdout_and_stderr(instance) -> None:
+@pytest.mark.parametrize("flag", ["-l", "--label", "--label-io"])
+def test_labels_on_stdout_and_stderr(instance, flag: str) -> None:
     inst = instance(4)
-    result = run(inst, "-l", "sh", "-c", "echo out $TBON_RANK; echo err $TBON_RANK >&2")
+    result = run(inst, flag, "sh", "-c", "echo out $TBON_RANK; echo err $TBON_RANK >&2")
     assert result.returncode == 0
     assert sorted(text(result.stdout)) == [f"{r}: out {r}" for r in range(4)]
     assert sorted(text(result.stderr)) == [f"{r}: err {r}" for r in range(4)]
