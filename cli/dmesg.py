@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
             "--rank",
             "-r",
             metavar="RANKS",
-            help="The ranks to read: an idset like 0,3-7, or all (every online rank).",
+            help="The ranks to read: an idset like 0,3-7 or [0,3-7], or all (every online rank).",
         ),
         follow: bool = typer.Option(
             False, "--follow", "-f", help="Then print new records as they come, until Ctrl-C."

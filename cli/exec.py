@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             "--rank",
             "-r",
             metavar="RANKS",
-            help="Target ranks: an idset like 0,3-7, or all (online).",
+            help="Target ranks: an idset like 0,3-7 or [0,3-7], or all (online).",
         ),
         exclude: str = typer.Option(
             None, "--exclude", "-x", metavar="RANKS", help="Ranks to leave out."

@@ -375,9 +375,17 @@ def test_only_ranks_that_do_not_exist(instance) -> None:
     assert len(lines) == 2 and "5" in lines[0] and "9" in lines[1], lines
 
 
+def test_flux_bracketed_rank_sets_name_the_same_ranks(instance) -> None:
+    inst = instance(4)
+    result = run(inst, "-r", "[0,2-3]", "-x", "[3]", "-l", "sh", "-c", "echo $TBON_RANK")
+    assert result.returncode == 0, result.stderr
+    assert sorted(text(result.stdout)) == ["0: 0", "2: 2"]
+
+
 def test_bad_rank_sets_and_a_missing_command_are_usage_errors(instance) -> None:
     inst = instance(1)
-    for args in (["-r", "foo", "true"], ["-x", "1-", "true"], ["-r", "0"]):
+    bad = (["-r", "foo", "true"], ["-x", "1-", "true"], ["-r", "0"], ["-r", "[0-1", "true"])
+    for args in bad:
         result = run(inst, *args)
         assert result.returncode == 2, (args, result.stderr)
         lines = text(result.stderr)
