@@ -25,6 +25,7 @@ from tbon.errors import TbonError, UsageError
 RANK_TROUBLE = 68  # a rank does not exist, is not online, or was lost: as tbon exec
 WINDOW = 16  # ranks asked at once: what they answer is at most 16 rings (about 24 MiB)
 LEVELS = ("debug", "info", "warning", "error")
+OPTION_VALUES = {"--level": LEVELS}  # what `tbon completion` offers after --level
 READABLE = ("online", "retiring")  # states whose brokers answer
 
 

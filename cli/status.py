@@ -38,6 +38,8 @@ the config file and not yet online, reserved for a joiner on its way, or lost. V
 a retiring rank is on its way out."""
 
 COLORS = ("auto", "always", "never")
+OPTION_VALUES = {"--color": COLORS, "--wait": WAIT_STATES}
+"""What `tbon completion` offers after each of these options."""
 TICK = 1.0  # seconds between redraws of a --watch view on a terminal, at most
 WIPE = 0.25  # a redraw this soon after a pushed table wipes warnings that came with the change
 

@@ -332,6 +332,9 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
         "try tbon broker -S tbon.to\n"
         "try tbon alloc --launcher s\n"
         "try tbon completion f\n"
+        "try tbon status --color ''\n"
+        "try tbon status -w u\n"
+        "try tbon dmesg --level w\n"
     )
     bash = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True)
     assert bash.returncode == 0, bash.stderr
@@ -342,15 +345,33 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
         "tbon.topo= tbon.torpid=",
         "ssh srun",
         "fish",
+        "auto always never",
+        "up",
+        "warning",
     ]
     fish = shutil.which("fish")
     if fish:
-        lines = ["tbon stat", "tbon status --ra", "tbon broker -S tbon.to"]
+        lines = [
+            "tbon stat",
+            "tbon status --ra",
+            "tbon broker -S tbon.to",
+            "tbon status --color ",
+            "tbon dmesg --level w",
+        ]
         code = f"source {scripts['fish']}; " + "; ".join(f"complete -C '{c}'" for c in lines)
         found = subprocess.run([fish, "--no-config", "-c", code], capture_output=True, text=True)
         assert found.returncode == 0, found.stderr
         words = [line.split("\t")[0] for line in found.stdout.splitlines()]
-        assert words == ["status", "--rank", "tbon.topo=", "tbon.torpid="], found.stdout
+        assert words == [
+            "status",
+            "--rank",
+            "tbon.topo=",
+            "tbon.torpid=",
+            "always",  # fish sorts what it offers
+            "auto",
+            "never",
+            "warning",
+        ], found.stdout
     zsh = shutil.which("zsh")
     if zsh:
         checked = subprocess.run([zsh, "-n", str(scripts["zsh"])], capture_output=True, text=True)
@@ -368,6 +389,8 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
             "try tbon st\n"
             "try tbon status --\n"
             "try tbon broker -S ''\n"
+            "try tbon status --color ''\n"
+            "try tbon dmesg --level ''\n"
         )
         ran = subprocess.run([zsh, "-f", "-c", stubs], capture_output=True, text=True)
         assert ran.returncode == 0, ran.stderr
@@ -375,6 +398,8 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
         assert "status" in out[0].split() and "start" in out[0].split(), out
         assert "--rank" in out[1].split() and "--watch" in out[1].split(), out
         assert "tbon.topo=" in out[2].split(), out
+        assert out[3].split() == ["auto", "always", "never"], out
+        assert out[4].split() == ["debug", "info", "warning", "error"], out
 
 
 def launcher_of(start: subprocess.Popen[str]) -> int:
