@@ -189,6 +189,15 @@ def test_uri_finds_instances(instance) -> None:
     assert inside.returncode == 0 and inside.stdout.startswith("local://")
 
 
+def test_ping_help_names_uri_then_rank_in_the_order_they_are_typed() -> None:
+    shown = tbon("ping", "--help", env=child_env(COLUMNS="200"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("Usage: tbon ping [OPTIONS] [URI] RANK\n")
+    row = shown.stdout.split("\nArguments:\n", 1)[1].splitlines()[0]
+    assert row.split()[:2] == ["[URI]", "RANK"], row
+    assert row.index("instance") < row.index("rank to ping"), row
+
+
 def test_help_explains_every_command() -> None:
     for command in ("start", "status", "ping", "uri", "shutdown", "keygen"):
         result = tbon(command, "--help")
