@@ -110,6 +110,7 @@ class Services:
             "dmesg.get": self.dmesg.get,
             "dmesg.follow": self.dmesg.follow,
             "dmesg.ack": self.dmesg.ack,
+            "dmesg.clear": self.dmesg.clear,
             "heal.foster": self.heal.foster,
             "heal.adopt": self.heal.adopt,
             "heal.home": self.heal.home,
