@@ -240,10 +240,13 @@ def not_online(
     age: float = 0.0,
 ) -> list[Text]:
     """`--errors` (`paths` False) and `--down` (True): a line for each rank under `root` that is
-    not online, with why; spares never held, vacant by design, share one last line."""
+    not online, with why; spares never held, vacant by design, share one last line. `--errors`
+    without `verbose` groups the ranks by what happened to them, as `flux overlay errors` does
+    (grouped_errors)."""
     lines: list[Text] = []
     spares: list[int] = []
     up = attachments(status) if paths else None
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for rank in subtree(status, root):
         entry = status["ranks"][rank]
         if entry["state"] == "online":
@@ -252,14 +255,30 @@ def not_online(
             spares.append(rank)
         elif paths:
             lines.append(line(entry, verbose, None, age, path_to_root(status, rank, up)))
-        else:
+        elif verbose:
             lines.append(error_line(entry, age))
+        else:
+            groups.setdefault((entry["state"], why(entry, age)), []).append(entry)
+    lines += [grouped_error(state, reason, entries) for (state, reason), entries in groups.items()]
     if spares:
         text = Text(f"{format_idset(spares)}: ")
         text.append("vacant", style=STYLE["vacant"])
         text.append(": spare never held" if len(spares) == 1 else ": spares never held")
         lines.append(text)
     return lines
+
+
+def grouped_error(state: str, reason: str, entries: list[dict[str, Any]]) -> Text:
+    """`RANKS HOSTS: STATE: REASON`, one line for the ranks that went the same way, their hosts
+    as a host list: `3-5 node[3-5]: lost: connection dropped`."""
+    from tbon.overlay.parse.hostlist import encode_hostlist
+
+    ranks = format_idset([e["rank"] for e in entries])
+    text = Text(f"{ranks} {encode_hostlist([str(e['host']) for e in entries])}: ")
+    text.append(state, style=STYLE.get(state, ""))
+    if reason:
+        text.append(f": {reason}")
+    return text
 
 
 def error_line(entry: dict[str, Any], age: float = 0.0) -> Text:

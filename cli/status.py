@@ -71,8 +71,8 @@ def register(app: typer.Typer) -> None:
         errors: bool = typer.Option(
             False,
             "--errors",
-            help="List each rank that is not online, with how long and why (like flux overlay "
-            "errors).",
+            help="List the ranks that are not online, one line per distinct error with its ranks "
+            "and hosts (like flux overlay errors); with -v, each rank with how long and why.",
         ),
         down: bool = typer.Option(
             False,

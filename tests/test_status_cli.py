@@ -55,8 +55,10 @@ def test_a_killed_leaf_is_lost_because_its_connection_dropped(instance) -> None:
 
     errors = tbon("status", inst.uri, "--errors")
     assert errors.returncode == 0, errors.stderr
+    assert re.fullmatch(r"3 \S+: lost: connection dropped\n", errors.stdout)
+    each = tbon("status", inst.uri, "--errors", "-v")
     assert re.fullmatch(
-        rf"3 \S+: lost for \S+: connection dropped \(last pid {pid}\)\n", errors.stdout
+        rf"3 \S+: lost for \S+: connection dropped \(last pid {pid}\)\n", each.stdout
     )
 
     down = tbon("status", inst.uri, "--down")
@@ -98,12 +100,24 @@ def test_ranks_that_never_reattach_below_a_lost_one_say_so_and_show_their_path(i
     assert tbon("status", inst.uri, "--errors", "--rank", "2").stdout == ""
 
 
+def test_errors_group_ranks_that_went_the_same_way(instance) -> None:
+    inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
+    for rank in (3, 4):
+        kill_rank(inst, rank)
+    host = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][3]["host"]
+    grouped = tbon("status", inst.uri, "--errors")
+    assert grouped.returncode == 0, grouped.stderr
+    assert grouped.stdout == f"3-4 {host}: lost: connection dropped\n"  # one host: this one
+    each = tbon("status", inst.uri, "--errors", "--verbose").stdout.splitlines()
+    assert [line.split(":")[0] for line in each] == [f"3 {host}", f"4 {host}"]
+
+
 def test_a_retired_rank_says_so(instance) -> None:
     inst = instance(3)
     pid = inst.pid(2)
     assert tbon("retire", inst.uri, "2").returncode == 0
     wait_for(lambda: process_gone(pid), "the retired broker to exit")
-    errors = tbon("status", inst.uri, "--errors").stdout
+    errors = tbon("status", inst.uri, "--errors", "-v").stdout
     assert re.fullmatch(rf"2 \S+: vacant for \S+: retired \(last pid {pid}\)\n", errors)
 
 
@@ -257,7 +271,7 @@ def test_watch_in_a_pipe_prints_each_snapshot_after_a_timestamp(instance) -> Non
 
 def test_watch_errors_in_a_pipe(instance) -> None:
     inst = instance(3)
-    watcher = start_tbon("status", inst.uri, "--watch", "--errors")
+    watcher = start_tbon("status", inst.uri, "--watch", "--errors", "-v")
     try:
         reader = Reader(watcher)
         assert len(reader.block()) == 1  # the time alone: nothing is down
@@ -335,8 +349,12 @@ def test_down_and_errors_lines() -> None:
         "2 n2: lost (via 1, 0): connection dropped",
         "3: vacant: spare never held",
     ]
-    assert [str(t) for t in not_online(status, 0)] == [
+    assert [str(t) for t in not_online(status, 0, verbose=True)] == [
         "2 n2: lost for 10s: connection dropped (last pid 42)",
+        "3: vacant: spare never held",
+    ]
+    assert [str(t) for t in not_online(status, 0)] == [
+        "2 n2: lost: connection dropped",
         "3: vacant: spare never held",
     ]
     assert not_online(status_of("online", "online"), 0) == []
@@ -456,10 +474,34 @@ def test_down_paths_and_errors_follow_the_attachment() -> None:
         "8 n8: lost (via 3, 0): connection dropped",  # through its fostered parent
         "9 n9: lost (via 4, 1, 0): connection dropped",  # a reattaching rank stays put
     ]
-    assert drawn(table, 3, "errors") == ["8 n8: lost for 10s: connection dropped (last pid 42)"]
-    assert drawn(table, 1, "errors") == [
-        "1 n1: lost for 10s: connection dropped",
-        "9 n9: lost for 10s: connection dropped",
+    assert drawn(table, 3, "errors") == ["8 n8: lost: connection dropped"]
+    assert drawn(table, 1, "errors") == ["1,9 n[1,9]: lost: connection dropped"]
+
+
+def test_errors_are_grouped_by_what_happened_with_ranks_and_a_host_list() -> None:
+    """As `flux overlay errors`: one line per distinct error, its ranks and hosts."""
+    from tbon.cli.render import not_online
+
+    dropped = {"reason": "connection dropped"}
+    status = status_of(
+        "online",
+        "lost",
+        "lost",
+        "lost",
+        "lost",
+        "offline",
+        "vacant",
+        r1=dropped,
+        r2={"reason": "silent for 60s"},
+        r3=dropped,
+        r4=dropped,
+        r6={"incarnation": 0},
+    )
+    assert [str(t) for t in not_online(status, 0)] == [
+        "1,3-4 n[1,3-4]: lost: connection dropped",
+        "2 n2: lost: silent for 60s",
+        "5 n5: offline: not online yet",
+        "6: vacant: spare never held",
     ]
 
 
