@@ -112,6 +112,25 @@ def test_errors_group_ranks_that_went_the_same_way(instance) -> None:
     assert [line.split(":")[0] for line in each] == [f"3 {host}", f"4 {host}"]
 
 
+def test_highlight_in_a_pipe_and_in_colour(instance) -> None:
+    inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
+    shown = tbon("status", inst.uri, "-H", "[3]")
+    assert shown.returncode == 0, shown.stderr
+    marked = [line.split(":")[0] for line in shown.stdout.splitlines() if line.endswith(" *")]
+    assert [re.sub(r"^[│├└─ ]*", "", m).split()[0] for m in marked] == ["0", "1", "3"]
+    coloured = tbon("status", inst.uri, "--highlight", "3", "--color=always")
+    assert "\x1b[7m" in coloured.stdout and " *" not in coloured.stdout  # reverse video
+    for args, words in (
+        (["-H", "7"], "--highlight 7: no such rank in this instance of size 5"),
+        (["-H", "x"], "invalid rank set 'x'"),
+        (["-H", "1", "--errors"], "--highlight and --errors do not go together"),
+        (["-H", "1", "--json"], "--highlight and --json do not go together"),
+    ):
+        bad = tbon("status", inst.uri, *args)
+        assert bad.returncode == 2 and bad.stdout == "", (args, bad.stderr)
+        assert bad.stderr.startswith(f"tbon status: {words}") and bad.stderr.count("\n") == 1
+
+
 def test_a_retired_rank_says_so(instance) -> None:
     inst = instance(3)
     pid = inst.pid(2)
@@ -422,7 +441,7 @@ def test_a_fostered_rank_is_drawn_under_its_foster_parent_with_its_subtree() -> 
         "0 n0: degraded",
         "├─ 1 n1: lost",
         "│  └─ 4 n4: full (reattaching)",
-        "│     └─ 9 n9: full",
+        "│     └─ 9 n9: full (behind rank 4, reattaching: last known)",
         "├─ 2 n2: full",
         "│  ├─ 5 n5: full",
         "│  └─ 6 n6: full",
@@ -435,6 +454,42 @@ def test_a_fostered_rank_is_drawn_under_its_foster_parent_with_its_subtree() -> 
         "    7 n7: full",
         "    8 n8: full",
     ]
+
+
+def test_ranks_behind_a_reattaching_rank_are_not_presumed_well() -> None:
+    """Like Flux's ghosts: rank 0 cannot reach what is below a rank still reattaching, so
+    what it shows for them is what it knew last, and the view says so, at any depth and in a
+    view of the subtree alone."""
+    table = rank_1_lost(r9={"children": [10]})
+    table["ranks"].append({**table["ranks"][9], "rank": 10, "host": "n10", "parent": 9})
+    table["ranks"][10]["attached_to"] = 9
+    table["size"] = 11
+    lines = drawn(table)
+    assert "│        └─ 10 n10: full (behind rank 4, reattaching: last known)" in lines
+    assert drawn(table, 9) == [
+        "9 n9: full (behind rank 4, reattaching: last known)",
+        "└─ 10 n10: full (behind rank 4, reattaching: last known)",
+    ]
+    assert not any("behind" in line for line in drawn(healing()))  # nothing to hide when whole
+
+
+def test_highlight_marks_the_ranks_and_their_way_to_the_root() -> None:
+    from tbon.cli.render import Marks, view
+
+    table = rank_1_lost()
+    plain = [str(t) for t in view(table, 0, "tree", marks=Marks(frozenset({8, 9}), plain=True))]
+    marked = [line for line in plain if line.endswith(" *")]
+    assert marked == [
+        "0 n0: degraded *",
+        "├─ 1 n1: lost *",
+        "│  └─ 4 n4: full (reattaching) *",
+        "│     └─ 9 n9: full (behind rank 4, reattaching: last known) *",
+        "└─ 3 n3: full (fostered, home is rank 1) *",  # 8 is drawn under its foster parent
+        "   └─ 8 n8: full *",
+    ]
+    coloured = view(table, 0, "tree", marks=Marks(frozenset({8}), plain=False))
+    assert not any(str(t).endswith("*") for t in coloured)
+    assert any("reverse" in str(span.style) for span in coloured[-1].spans)
 
 
 def test_fostered_and_reattaching_marks_are_coloured_and_stay_before_verbose_words() -> None:
