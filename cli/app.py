@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "keygen",
     "uri",
     "ping",
+    "attr",
     "shutdown",
     "completion",
 )

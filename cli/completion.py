@@ -4,12 +4,14 @@ The script is written out whole from the commands as this tbon has them (their n
 descriptions; the broker's from overlay/broker/main.py), so pressing Tab runs no Python: it is
 instant, and `tbon` itself never checks for a completion request at start-up. It completes
 command names, each command's options, broker attribute names after `-S`, the words an option
-or argument lists as its metavar (`--launcher ssh|mpiexec|srun|local`), and files elsewhere.
+or argument lists as its metavar (`--launcher ssh|mpiexec|srun|local`) or its command's module
+in OPTION_VALUES (`--color` auto, always, never), and files elsewhere.
 Regenerate it after an upgrade that adds commands or options.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +79,19 @@ def _choices(metavar: str | None) -> list[str]:
     return []
 
 
+def option_values(group: Any, name: str) -> dict[str, tuple[str, ...]]:
+    """The words each option of command `name` takes, as its module lists them in
+    OPTION_VALUES (long option name -> words), for options whose metavar names no words
+    (`--color WHEN`); ARGUMENT_VALUES lists words its positional arguments take."""
+    module = getattr(group, "command_modules", {}).get(name)
+    return getattr(importlib.import_module(module), "OPTION_VALUES", {}) if module else {}
+
+
+def argument_values(group: Any, name: str) -> list[str]:
+    module = getattr(group, "command_modules", {}).get(name)
+    return list(getattr(importlib.import_module(module), "ARGUMENT_VALUES", ())) if module else []
+
+
 def describe(group: Any, ctx: Any) -> list[Command]:
     """Every visible command of `group`, with its options, in the order `tbon --help` lists."""
     from tbon.overlay.broker import main as broker
@@ -92,7 +107,8 @@ def describe(group: Any, ctx: Any) -> list[Command]:
             commands.append(Command(name, about, options))
             continue
         options = [Option(["-h", "--help"], "Show this message and exit.", False)]
-        arguments: list[str] = []
+        arguments: list[str] = argument_values(group, name)
+        values = option_values(group, name)
         for param in command.params:
             if getattr(param, "hidden", False):
                 continue
@@ -102,7 +118,10 @@ def describe(group: Any, ctx: Any) -> list[Command]:
             flag = bool(getattr(param, "is_flag", False) or getattr(param, "count", False))
             names = sorted(param.opts, key=lambda o: (o.startswith("--"), o))
             help_ = first_paragraph(param.help or "")
-            options.append(Option(names, help_, not flag, _choices(param.metavar)))
+            words = _choices(param.metavar)
+            for long_name in param.opts:
+                words = words or list(values.get(long_name, ()))
+            options.append(Option(names, help_, not flag, words))
         commands.append(Command(name, about, options[1:] + options[:1], arguments))
     return commands
 

@@ -6,6 +6,11 @@ command's broker stay few whatever the size of the instance; they are printed so
 then rank. With --follow each rank then streams what it logs, one batch in flight: each batch is
 acknowledged once written out, so a reader that stops makes the brokers drop records (and say how
 many), never pile them up. Rank 0's pushed status tells which ranks were lost meanwhile.
+
+-C empties the rings of the ranks named (dmesg.clear); -c reads and empties each in one request
+(dmesg.get with `clear`), so that nothing logged between the two is lost unread. -H shows times
+as people read them (HumanClock): the date and minute when it changes, else the seconds since
+the line before.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,6 +31,7 @@ from tbon.errors import TbonError, UsageError
 RANK_TROUBLE = 68  # a rank does not exist, is not online, or was lost: as tbon exec
 WINDOW = 16  # ranks asked at once: what they answer is at most 16 rings (about 24 MiB)
 LEVELS = ("debug", "info", "warning", "error")
+OPTION_VALUES = {"--level": LEVELS}  # what `tbon completion` offers after --level
 READABLE = ("online", "retiring")  # states whose brokers answer
 
 
@@ -37,7 +44,7 @@ def register(app: typer.Typer) -> None:
             "--rank",
             "-r",
             metavar="RANKS",
-            help="The ranks to read: an idset like 0,3-7, or all (every online rank).",
+            help="The ranks to read: an idset like 0,3-7 or [0,3-7], or all (every online rank).",
         ),
         follow: bool = typer.Option(
             False, "--follow", "-f", help="Then print new records as they come, until Ctrl-C."
@@ -53,6 +60,23 @@ def register(app: typer.Typer) -> None:
             "--json",
             help="Print a JSON array of records (with --follow, one JSON object a line).",
         ),
+        clear: bool = typer.Option(
+            False, "--clear", "-C", help="Clear the records of the ranks named; print nothing."
+        ),
+        read_clear: bool = typer.Option(
+            False,
+            "--read-clear",
+            "-c",
+            help="Print the records, then clear them (each rank in one step: nothing logged "
+            "between is lost).",
+        ),
+        human: bool = typer.Option(
+            False,
+            "--human",
+            "-H",
+            help="Human-readable times: the date and minute when it changes, else +SECONDS "
+            "since the line before.",
+        ),
     ) -> None:
         """Print the brokers' recent log records, sorted by time: TIME rank RANK LEVEL: MESSAGE.
 
@@ -64,15 +88,50 @@ def register(app: typer.Typer) -> None:
 
         if level not in LEVELS:
             raise UsageError(f"invalid --level {level!r}: use one of {', '.join(LEVELS)}")
+        _check_together(
+            {"--clear": clear, "--read-clear": read_clear, "--follow": follow},
+            {"--clear": clear, "--json": as_json},
+            {"--clear": clear, "--human": human},
+            {"--human": human, "--json": as_json},
+        )
+        mode = "clear" if clear else "read-clear" if read_clear else "read"
         with connect(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             targets, trouble = _targets(status, ranks)
-            reading = Reading(client, level, follow, as_json, trouble)
+            reading = Reading(client, level, follow, as_json, trouble, mode=mode)
+            reading.clock = HumanClock() if human else None
             try:
                 reading.run(targets)
             except BrokenPipeError:
                 raise typer.Exit(128 + signal.SIGPIPE) from None
         raise typer.Exit(RANK_TROUBLE if reading.trouble else 0)
+
+
+def _check_together(*groups: dict[str, bool]) -> None:
+    """A UsageError if two options of one group are both given."""
+    for group in groups:
+        given = [name for name, on in group.items() if on]
+        if len(given) > 1:
+            raise UsageError(f"{given[0]} and {given[1]} do not go together: choose one")
+
+
+class HumanClock:
+    """Times as `dmesg -H` shows them: `[Mar 21 10:33]` on the first line and whenever the
+    minute changes (or time runs back: records of ranks read later), else `[   +0.250]`, the
+    seconds since the line before. Kept across the batches of a --follow."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.minute: tuple[int, ...] | None = None
+
+    def stamp(self, seconds: float) -> str:
+        local = time.localtime(seconds)
+        minute = tuple(local[:5])
+        previous, self.last = self.last, seconds
+        if previous is None or minute != self.minute or seconds < previous:
+            self.minute = minute
+            return time.strftime("[%b %d %H:%M]", local)
+        return f"[{f'+{seconds - previous:.3f}':>12}]"
 
 
 def _targets(status: dict[str, Any], ranks: str) -> tuple[list[int], dict[int, str]]:
@@ -114,11 +173,12 @@ class Reading:
     asked: dict[int, int] = field(default_factory=dict)  # tag -> rank: no answer yet
     following: dict[int, int] = field(default_factory=dict)  # tag -> rank: streaming
     acks: dict[int, int] = field(default_factory=dict)  # tag -> `next` to acknowledge
+    mode: str = "read"  # or "clear" (dmesg.clear), or "read-clear" (dmesg.get with clear)
     watch: int = 0
-
+    clock: HumanClock | None = None  # -H
     def run(self, targets: list[int]) -> None:
         if not targets:
-            if self.as_json and not self.follow:
+            if self.as_json and not self.follow and self.mode != "clear":
                 print_json([])
             return
         self.watch = self.client.send("status.watch", {}, nodeid=0)
@@ -127,15 +187,21 @@ class Reading:
         while self.waiting or self.asked:
             self._ask()
             backlog += self._take(self.client.receive(None))
-        self._write(backlog, whole=True)
+        if self.mode != "clear":
+            self._write(backlog, whole=True)
         if self.follow:
             self._follow()
 
     def _ask(self) -> None:
         topic = "dmesg.follow" if self.follow else "dmesg.get"
+        payload: dict[str, Any] = {"level": self.level}
+        if self.mode == "clear":
+            topic, payload = "dmesg.clear", {}
+        elif self.mode == "read-clear":
+            payload["clear"] = True
         while self.waiting and len(self.asked) < WINDOW:
             rank = self.waiting.pop()
-            self.asked[self.client.send(topic, {"level": self.level}, nodeid=rank)] = rank
+            self.asked[self.client.send(topic, payload, nodeid=rank)] = rank
 
     def _follow(self) -> None:
         """Print each batch as it comes, and acknowledge it once written, until Ctrl-C (or
@@ -213,14 +279,15 @@ class Reading:
         out = sys.stdout
         for record in records:
             text = json.dumps(_as_json(record), separators=(",", ":")) if self.as_json else None
-            out.write((text or _line(record)) + "\n")
+            out.write((text or _line(record, self.clock)) + "\n")
         out.flush()
 
 
-def _line(record: dict[str, Any]) -> str:
+def _line(record: dict[str, Any], clock: HumanClock | None = None) -> str:
     from tbon.overlay.broker.logs import local_time
 
-    when, rank = local_time(record["time"]), record["rank"]
+    when = local_time(record["time"]) if clock is None else clock.stamp(record["time"])
+    rank = record["rank"]
     if "lost" in record:
         return f"{when} rank {rank}: {record['lost']} records lost (not read in time)"
     return f"{when} rank {rank} {record['level']}: {record['message']}"
@@ -243,8 +310,6 @@ def _as_json(record: dict[str, Any]) -> dict[str, Any]:
 
 def _now(records: list[dict[str, Any]]) -> float:
     """When a lost marker is shown: just before the records that came after the gap."""
-    import time
-
     return min((r["time"] for r in records), default=time.time())
 
 

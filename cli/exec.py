@@ -67,13 +67,17 @@ def register(app: typer.Typer) -> None:
             "--rank",
             "-r",
             metavar="RANKS",
-            help="Target ranks: an idset like 0,3-7, or all (online).",
+            help="Target ranks: an idset like 0,3-7 or [0,3-7], or all (online).",
         ),
         exclude: str = typer.Option(
             None, "--exclude", "-x", metavar="RANKS", help="Ranks to leave out."
         ),
         label: bool = typer.Option(
-            False, "--label", "-l", help="Prefix each output line with 'RANK: '."
+            False,
+            "--label",
+            "--label-io",
+            "-l",
+            help="Prefix each output line with 'RANK: ' (--label-io as in flux exec).",
         ),
         directory: str = typer.Option(
             None,

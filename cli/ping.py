@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
     @app.command("ping")
     def ping(
         words: list[str] = typer.Argument(
-            ..., metavar="[URI] RANK", help=f"The rank to ping. {URI_HELP}"
+            ...,
+            metavar="[URI] RANK",
+            help=f"{URI_HELP} Then the rank to ping.",
         ),
         count: int = typer.Option(1, "--count", "-c", min=1, help="How many pings to send."),
         interval: str = typer.Option(

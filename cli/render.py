@@ -10,10 +10,17 @@ is *fostered* by a live ancestor (`attached_to` differs from `parent`) and is dr
 subtree, under that foster parent; `--rank`, `--summary`, `--errors` and `--down` follow the same
 tree. Where `attached_to` is absent or null (an older rank 0, a rank not connected, a rank still
 reattaching), the topology's `parent` stands in.
+
+What rank 0 cannot see is said, not presumed (Flux's status calls such ranks ghosts): a rank
+still reattaching after its parent was lost is marked so, and every rank drawn below it is marked
+`(behind rank R, reattaching: last known)`, since no message can reach it until R is back.
+`--highlight` marks ranks and the ranks on their way to the root: in reverse video when colour
+is on, with a trailing ` *` when it is off.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
@@ -76,6 +83,7 @@ def line(
     rtt: float | None = None,
     age: float = 0.0,
     path: list[int] | None = None,
+    behind: int | None = None,
 ) -> Text:
     """`RANK HOST: STATE`, its marks (a joiner's lease, retired, fostered, reattaching, torpid),
     what `verbose` adds (time in state, incarnation, rtt and, for a rank not online, why and its
@@ -92,6 +100,8 @@ def line(
         text.append(f" (fostered, home is rank {home})", style="yellow")
     if entry.get("reattaching"):
         text.append(" (reattaching)", style="dark_orange")
+    if behind is not None:
+        text.append(f" (behind rank {behind}, reattaching: last known)", style="dark_orange")
     if entry["torpid"]:
         text.append(" (torpid)", style="bold red")
     if verbose:
@@ -170,18 +180,28 @@ def tree(
     verbose: bool = False,
     rtts: dict[int, float] | None = None,
     age: float = 0.0,
+    marks: Marks | None = None,
 ) -> list[Text]:
     """Lines for the subtree under `root`, with box-drawing connectors when `pretty`."""
     ranks = status["ranks"]
     below_of = drawn_children(status)
     rtts = rtts or {}
+    lit = highlighted(status, marks.ranks) if marks else set()
     lines: list[Text] = []
-    stack: list[tuple[int, str, str]] = [(root, "", "")]  # rank, own prefix, children's prefix
+    # rank, own prefix, children's prefix, the reattaching rank it is behind
+    stack: list[tuple[int, str, str, int | None]] = [(root, "", "", cut_off_by(status, root))]
     while stack:
-        rank, prefix, below = stack.pop()
+        rank, prefix, below, behind = stack.pop()
         text = Text(prefix)
-        text.append_text(line(ranks[rank], verbose, rtts.get(rank), age))
+        shown = line(ranks[rank], verbose, rtts.get(rank), age, behind=behind)
+        if rank in lit:
+            shown.stylize("reverse")
+            if marks is not None and marks.plain:
+                shown.append(" *")
+        text.append_text(shown)
         lines.append(text)
+        if ranks[rank].get("reattaching"):
+            behind = rank
         children = below_of[rank]
         for index in range(len(children) - 1, -1, -1):
             last = index == len(children) - 1
@@ -190,8 +210,33 @@ def tree(
                 deeper = below + ("   " if last else "│  ")
             else:
                 own = deeper = below + "  "
-            stack.append((children[index], own, deeper))
+            stack.append((children[index], own, deeper, behind))
     return lines
+
+
+@dataclass(frozen=True)
+class Marks:
+    """`--highlight`: the ranks named, and whether to mark them in plain text (no colour)."""
+
+    ranks: frozenset[int]
+    plain: bool
+
+
+def highlighted(status: dict[str, Any], ranks: frozenset[int]) -> set[int]:
+    """The ranks named and every rank on their way to the root, as the tree is drawn."""
+    up = attachments(status)
+    lit = {rank for rank in ranks if rank < len(up)}  # ranks beyond the table: nothing to mark
+    for rank in list(lit):
+        lit.update(path_to_root(status, rank, up))
+    return lit
+
+
+def cut_off_by(status: dict[str, Any], rank: int) -> int | None:
+    """The nearest rank above `rank`, as drawn, that is still reattaching; None if none is."""
+    for above in path_to_root(status, rank):
+        if status["ranks"][above].get("reattaching"):
+            return above
+    return None
 
 
 def subtree(status: dict[str, Any], root: int) -> list[int]:
@@ -240,10 +285,13 @@ def not_online(
     age: float = 0.0,
 ) -> list[Text]:
     """`--errors` (`paths` False) and `--down` (True): a line for each rank under `root` that is
-    not online, with why; spares never held, vacant by design, share one last line."""
+    not online, with why; spares never held, vacant by design, share one last line. `--errors`
+    without `verbose` groups the ranks by what happened to them, as `flux overlay errors` does
+    (grouped_errors)."""
     lines: list[Text] = []
     spares: list[int] = []
     up = attachments(status) if paths else None
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for rank in subtree(status, root):
         entry = status["ranks"][rank]
         if entry["state"] == "online":
@@ -252,14 +300,30 @@ def not_online(
             spares.append(rank)
         elif paths:
             lines.append(line(entry, verbose, None, age, path_to_root(status, rank, up)))
-        else:
+        elif verbose:
             lines.append(error_line(entry, age))
+        else:
+            groups.setdefault((entry["state"], why(entry, age)), []).append(entry)
+    lines += [grouped_error(state, reason, entries) for (state, reason), entries in groups.items()]
     if spares:
         text = Text(f"{format_idset(spares)}: ")
         text.append("vacant", style=STYLE["vacant"])
         text.append(": spare never held" if len(spares) == 1 else ": spares never held")
         lines.append(text)
     return lines
+
+
+def grouped_error(state: str, reason: str, entries: list[dict[str, Any]]) -> Text:
+    """`RANKS HOSTS: STATE: REASON`, one line for the ranks that went the same way, their hosts
+    as a host list: `3-5 node[3-5]: lost: connection dropped`."""
+    from tbon.overlay.parse.hostlist import encode_hostlist
+
+    ranks = format_idset([e["rank"] for e in entries])
+    text = Text(f"{ranks} {encode_hostlist([str(e['host']) for e in entries])}: ")
+    text.append(state, style=STYLE.get(state, ""))
+    if reason:
+        text.append(f": {reason}")
+    return text
 
 
 def error_line(entry: dict[str, Any], age: float = 0.0) -> Text:
@@ -283,10 +347,12 @@ def view(
     verbose: bool = False,
     rtts: dict[int, float] | None = None,
     age: float = 0.0,
+    marks: Marks | None = None,
 ) -> list[Text]:
-    """The lines of one view of the table (`kind` is one of VIEWS)."""
+    """The lines of one view of the table (`kind` is one of VIEWS); `marks` highlights ranks
+    of the tree."""
     if kind == "summary":
         return [summary(status, root)]
     if kind in ("errors", "down"):
         return not_online(status, root, paths=kind == "down", verbose=verbose, age=age)
-    return tree(status, root, pretty, verbose, rtts, age)
+    return tree(status, root, pretty, verbose, rtts, age, marks)

@@ -38,6 +38,8 @@ the config file and not yet online, reserved for a joiner on its way, or lost. V
 a retiring rank is on its way out."""
 
 COLORS = ("auto", "always", "never")
+OPTION_VALUES = {"--color": COLORS, "--wait": WAIT_STATES}
+"""What `tbon completion` offers after each of these options."""
 TICK = 1.0  # seconds between redraws of a --watch view on a terminal, at most
 WIPE = 0.25  # a redraw this soon after a pushed table wipes warnings that came with the change
 
@@ -69,8 +71,8 @@ def register(app: typer.Typer) -> None:
         errors: bool = typer.Option(
             False,
             "--errors",
-            help="List each rank that is not online, with how long and why (like flux overlay "
-            "errors).",
+            help="List the ranks that are not online, one line per distinct error with its ranks "
+            "and hosts (like flux overlay errors); with -v, each rank with how long and why.",
         ),
         down: bool = typer.Option(
             False,
@@ -101,6 +103,14 @@ def register(app: typer.Typer) -> None:
             help="Colour the states: auto (on a terminal, unless NO_COLOR is set), always or "
             "never.",
         ),
+        highlight: str = typer.Option(
+            None,
+            "--highlight",
+            "-H",
+            metavar="RANKS",
+            help="Highlight these ranks (an idset like 0,3-7 or [0,3-7]) and the ranks on their "
+            "way to the root in the tree: reversed in colour, marked with a trailing * without.",
+        ),
     ) -> None:
         """Show the state of every rank as a tree: RANK HOST: STATE.
 
@@ -121,6 +131,10 @@ def register(app: typer.Typer) -> None:
         if len(chosen) > 1:
             raise UsageError(f"--{chosen[0]} and --{chosen[1]} do not go together: choose one")
         kind = chosen[0] if chosen else "tree"
+        if highlight is not None and (kind != "tree" or as_json or wait is not None):
+            shown = "--json" if as_json else "--wait" if wait is not None else f"--{kind}"
+            raise UsageError(f"--highlight and {shown} do not go together: it marks the tree")
+        lit = _highlight_ranks(highlight)
         limit = duration(timeout, "--timeout")
         with connect(uri) as client:
             if wait is not None:
@@ -130,18 +144,22 @@ def register(app: typer.Typer) -> None:
                 return
             if watch:
                 console = make_console(color)
-                watch_live(client, rank, kind, not no_pretty, verbose, as_json, console)
+                marks = _marks(lit, console)
+                watch_live(client, rank, kind, not no_pretty, verbose, as_json, console, marks)
                 return
             answer_in = 30.0 if limit is None else limit
             table = once_healed(
                 client, lambda: client.rpc("status.get", nodeid=0, timeout=answer_in), limit
             )
             check_rank(table, rank)
+            check_highlight(table, lit)
             if as_json:
                 write_json(table)
                 return
             rtts = round_trips(client, table, rank) if verbose and kind == "tree" else None
-            show(make_console(color), table, rank, kind, not no_pretty, verbose, rtts)
+            console = make_console(color)
+            marks = _marks(lit, console)
+            show(console, table, rank, kind, not no_pretty, verbose, rtts, marks)
 
 
 def write_json(table: dict[str, Any]) -> None:
@@ -169,6 +187,29 @@ def make_console(color: str) -> Console:
     )
 
 
+def _highlight_ranks(text: str | None) -> frozenset[int]:
+    from tbon.overlay.parse.idset import parse_idset
+
+    return frozenset(parse_idset(text)) if text is not None else frozenset()
+
+
+def _marks(ranks: frozenset[int], console: Console) -> Any:
+    """What --highlight marks, and how: in reverse video, or with a plain `*` if no colour."""
+    if not ranks:
+        return None
+    from tbon.cli.render import Marks
+
+    return Marks(ranks, plain=console.color_system is None)
+
+
+def check_highlight(table: dict[str, Any], ranks: frozenset[int]) -> None:
+    if ranks and max(ranks) >= table["size"]:
+        bad = max(ranks)
+        raise UsageError(
+            f"--highlight {bad}: no such rank in this instance of size {table['size']}"
+        )
+
+
 def check_rank(table: dict[str, Any], rank: int) -> None:
     if not 0 <= rank < table["size"]:
         raise UsageError(f"--rank {rank}: no such rank in this instance of size {table['size']}")
@@ -182,10 +223,11 @@ def show(
     pretty: bool,
     verbose: bool,
     rtts: dict[int, float] | None = None,
+    marks: Any = None,
 ) -> None:
     from tbon.cli import render
 
-    for text in render.view(table, rank, kind, pretty, verbose, rtts):
+    for text in render.view(table, rank, kind, pretty, verbose, rtts, 0.0, marks):
         console.print(text)
 
 
@@ -304,6 +346,7 @@ def watch_live(
     verbose: bool,
     as_json: bool,
     console: Console,
+    marks: Any = None,
 ) -> None:
     """Show the view until Ctrl-C: rank 0 pushes each change (we never poll it)."""
     from tbon.cli import render
@@ -314,12 +357,12 @@ def watch_live(
                 print_json(table)
                 sys.stdout.flush()
         elif sys.stdout.isatty():
-            _watch_screen(client, rank, kind, pretty, verbose, console)
+            _watch_screen(client, rank, kind, pretty, verbose, console, marks)
         else:
             for table in _stream_until(client, None):
                 check_rank(table, rank)
                 console.print(datetime.now().astimezone().isoformat(timespec="milliseconds"))
-                for text in render.view(table, rank, kind, pretty, verbose):
+                for text in render.view(table, rank, kind, pretty, verbose, None, 0.0, marks):
                     console.print(text)
                 console.print()
                 console.file.flush()
@@ -328,7 +371,13 @@ def watch_live(
 
 
 def _watch_screen(
-    client: Any, rank: int, kind: str, pretty: bool, verbose: bool, console: Console
+    client: Any,
+    rank: int,
+    kind: str,
+    pretty: bool,
+    verbose: bool,
+    console: Console,
+    marks: Any = None,
 ) -> None:
     from rich.console import Group
     from rich.live import Live
@@ -340,7 +389,7 @@ def _watch_screen(
         with Live(console=console, screen=True, auto_refresh=False) as live:
             for table, age in ticking(client):
                 check_rank(table, rank)
-                shown = render.view(table, rank, kind, pretty, verbose, None, age)
+                shown = render.view(table, rank, kind, pretty, verbose, None, age, marks)
                 live.update(Group(*fit(shown, console.size.height)), refresh=True)
     finally:
         if shown:  # the last view stays on the normal screen

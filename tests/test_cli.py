@@ -189,6 +189,15 @@ def test_uri_finds_instances(instance) -> None:
     assert inside.returncode == 0 and inside.stdout.startswith("local://")
 
 
+def test_ping_help_names_uri_then_rank_in_the_order_they_are_typed() -> None:
+    shown = tbon("ping", "--help", env=child_env(COLUMNS="200"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("Usage: tbon ping [OPTIONS] [URI] RANK\n")
+    row = shown.stdout.split("\nArguments:\n", 1)[1].splitlines()[0]
+    assert row.split()[:2] == ["[URI]", "RANK"], row
+    assert row.index("instance") < row.index("rank to ping"), row
+
+
 def test_help_explains_every_command() -> None:
     for command in ("start", "status", "ping", "uri", "shutdown", "keygen"):
         result = tbon(command, "--help")
@@ -332,6 +341,11 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
         "try tbon broker -S tbon.to\n"
         "try tbon alloc --launcher s\n"
         "try tbon completion f\n"
+        "try tbon status --color ''\n"
+        "try tbon status -w u\n"
+        "try tbon dmesg --level w\n"
+        "try tbon attr g\n"
+        "try tbon attr get tbon.to\n"
     )
     bash = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True)
     assert bash.returncode == 0, bash.stderr
@@ -342,15 +356,35 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
         "tbon.topo= tbon.torpid=",
         "ssh srun",
         "fish",
+        "auto always never",
+        "up",
+        "warning",
+        "get",
+        "tbon.topo tbon.torpid",
     ]
     fish = shutil.which("fish")
     if fish:
-        lines = ["tbon stat", "tbon status --ra", "tbon broker -S tbon.to"]
+        lines = [
+            "tbon stat",
+            "tbon status --ra",
+            "tbon broker -S tbon.to",
+            "tbon status --color ",
+            "tbon dmesg --level w",
+        ]
         code = f"source {scripts['fish']}; " + "; ".join(f"complete -C '{c}'" for c in lines)
         found = subprocess.run([fish, "--no-config", "-c", code], capture_output=True, text=True)
         assert found.returncode == 0, found.stderr
         words = [line.split("\t")[0] for line in found.stdout.splitlines()]
-        assert words == ["status", "--rank", "tbon.topo=", "tbon.torpid="], found.stdout
+        assert words == [
+            "status",
+            "--rank",
+            "tbon.topo=",
+            "tbon.torpid=",
+            "always",  # fish sorts what it offers
+            "auto",
+            "never",
+            "warning",
+        ], found.stdout
     zsh = shutil.which("zsh")
     if zsh:
         checked = subprocess.run([zsh, "-n", str(scripts["zsh"])], capture_output=True, text=True)
@@ -368,6 +402,8 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
             "try tbon st\n"
             "try tbon status --\n"
             "try tbon broker -S ''\n"
+            "try tbon status --color ''\n"
+            "try tbon dmesg --level ''\n"
         )
         ran = subprocess.run([zsh, "-f", "-c", stubs], capture_output=True, text=True)
         assert ran.returncode == 0, ran.stderr
@@ -375,6 +411,8 @@ def test_completion_scripts_complete_commands_options_and_attributes(tmp_path) -
         assert "status" in out[0].split() and "start" in out[0].split(), out
         assert "--rank" in out[1].split() and "--watch" in out[1].split(), out
         assert "tbon.topo=" in out[2].split(), out
+        assert out[3].split() == ["auto", "always", "never"], out
+        assert out[4].split() == ["debug", "info", "warning", "error"], out
 
 
 def launcher_of(start: subprocess.Popen[str]) -> int:
@@ -472,7 +510,9 @@ def test_a_command_loads_its_own_module_and_no_pydantic_or_rich(args: list[str])
     commands = {name for name in loaded if re.fullmatch(r"tbon\.cli\.[a-z]+", name)}
     commands -= {"tbon.cli.main", "tbon.cli.app", "tbon.cli.commands", "tbon.cli.common"}
     if args[0] == "--help":  # the group's help lists every command: all are loaded
-        assert len(commands) == 13, sorted(commands)
+        from tbon.cli.app import COMMAND_MODULES
+
+        assert commands == {f"tbon.cli.{name}" for name in COMMAND_MODULES}, sorted(commands)
     else:
         assert commands == {f"tbon.cli.{args[0]}"}, sorted(commands)
 

@@ -213,6 +213,51 @@ def test_bad_requests_are_refused() -> None:
     assert service.followers == []
 
 
+def test_clear_empties_the_ring_and_read_clear_reads_it_first() -> None:
+    ring = filled(4)
+    service = DmesgService(3, ring)
+    [read] = sent(service.get(request("dmesg.get", {"level": "info", "clear": True}), NOW))
+    assert messages(read) == [f"record {n}" for n in range(4)] and read.payload["cleared"] == 4
+    assert len(ring) == 0 and messages(sent(service.get(request("dmesg.get"), NOW))[0]) == []
+    ring.append(NOW, logging.WARNING, "after")
+    [cleared] = sent(service.clear(request("dmesg.clear"), NOW))
+    assert cleared.payload == {"rank": 3, "cleared": 1} and len(ring) == 0
+    ring.append(NOW, logging.WARNING, "later")
+    [kept] = sent(service.get(request("dmesg.get"), NOW))
+    assert messages(kept) == ["later"] and kept.payload["records"][0]["seq"] == 5  # seq goes on
+    [bad] = sent(service.get(request("dmesg.get", {"clear": "yes"}), NOW))
+    assert bad.errnum == 22 and "clear true or false" in bad.errstr and len(ring) == 1
+
+
+def test_a_follower_is_not_sent_cleared_records_nor_told_they_were_lost() -> None:
+    ring = filled(2)
+    service = DmesgService(3, ring)
+    [first] = sent(service.follow(request("dmesg.follow"), NOW))
+    ring.append(NOW, logging.INFO, "cleared before it was read")
+    sent(service.clear(request("dmesg.clear"), NOW))
+    ring.append(NOW, logging.INFO, "after the clear")
+    [batch] = sent(service.ack(ack(first), NOW))
+    assert messages(batch) == ["after the clear"] and "lost" not in batch.payload
+
+
+def test_human_times_give_the_minute_then_the_seconds_between_lines() -> None:
+    import time
+
+    from tbon.cli.dmesg import HumanClock
+
+    clock = HumanClock()
+    base = time.mktime((2026, 3, 21, 10, 33, 5, 0, 0, -1))
+    stamps = [clock.stamp(t) for t in (base, base + 0.25, base + 1.5, base + 60, base + 59)]
+    assert stamps == [
+        "[Mar 21 10:33]",
+        "[      +0.250]",
+        "[      +1.250]",
+        "[Mar 21 10:34]",  # a new minute
+        "[Mar 21 10:34]",  # time ran back (another rank's batch): the minute again
+    ]
+    assert len({len(s) for s in stamps}) == 1  # the messages line up
+
+
 def test_no_backlog_follows_from_now() -> None:
     service = DmesgService(3, filled(5))
     [first] = sent(service.follow(request("dmesg.follow", {"backlog": False}), NOW))
@@ -286,6 +331,47 @@ def test_ranks_and_levels_select_records(instance) -> None:
     assert {level for _, level, _ in infos} == {"info", "warning"}
     bad = dmesg(inst, "--level", "loud")
     assert bad.returncode == 2 and bad.stderr.startswith("tbon dmesg: invalid --level 'loud'")
+
+
+def test_clear_and_read_clear_empty_the_rings_named(instance) -> None:
+    inst = instance(3)
+    assert {rank for rank, _, _ in lines(dmesg(inst).stdout)} == {0, 1, 2}
+    cleared = dmesg(inst, "-C", "-r", "[1]")
+    assert (cleared.returncode, cleared.stdout, cleared.stderr) == (0, "", "")
+    assert {rank for rank, _, _ in lines(dmesg(inst).stdout)} == {0, 2}
+    read = dmesg(inst, "--read-clear", "-r", "0,2")
+    assert read.returncode == 0, read.stderr
+    assert {rank for rank, _, _ in lines(read.stdout)} == {0, 2}  # read once...
+    assert dmesg(inst, "-r", "[0-2]").stdout == ""  # ...then gone, from every rank
+    missing = dmesg(inst, "-C", "-r", "1,7")
+    assert missing.returncode == 68
+    assert missing.stderr == "tbon dmesg: rank 7: no such rank in this instance of size 3\n"
+
+
+def test_human_times_on_a_real_instance(instance) -> None:
+    inst = instance(2)
+    shown = dmesg(inst, "-H")
+    assert shown.returncode == 0, shown.stderr
+    stamps = [re.match(r"\[([^]]*)\] rank [01] \w+: ", line) for line in shown.stdout.splitlines()]
+    assert stamps and all(stamps), shown.stdout
+    assert re.fullmatch(r"[A-Z][a-z]{2} \d\d \d\d:\d\d", stamps[0][1]), shown.stdout
+    assert all(re.fullmatch(r"[A-Z][a-z]{2} \d\d \d\d:\d\d| +\+\d+\.\d{3}", s[1]) for s in stamps)
+
+
+def test_clear_and_human_refuse_what_does_not_go_with_them(instance) -> None:
+    inst = instance(2)
+    for args, words in (
+        (["-C", "-f"], "--clear and --follow do not go together"),
+        (["-c", "-C"], "--clear and --read-clear do not go together"),
+        (["-c", "-f"], "--read-clear and --follow do not go together"),
+        (["-H", "--json"], "--human and --json do not go together"),
+        (["-C", "-r", "[1"], "invalid rank set '[1': ']' after '['"),
+    ):
+        result = dmesg(inst, *args)
+        assert result.returncode == 2 and result.stdout == "", (args, result.stderr)
+        assert result.stderr.startswith(f"tbon dmesg: {words}"), (args, result.stderr)
+        assert result.stderr.count("\n") == 1, (args, result.stderr)
+    assert {rank for rank, _, _ in lines(dmesg(inst).stdout)} == {0, 1}  # nothing was cleared
 
 
 def test_json_is_an_array_of_records(instance) -> None:

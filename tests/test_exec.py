@@ -180,9 +180,10 @@ def test_lines_of_each_rank_come_whole_complete_and_in_order(instance) -> None:
     assert numbers == {rank: list(range(1, 2001)) for rank in range(4)}
 
 
-def test_labels_on_stdout_and_stderr(instance) -> None:
+@pytest.mark.parametrize("flag", ["-l", "--label", "--label-io"])
+def test_labels_on_stdout_and_stderr(instance, flag: str) -> None:
     inst = instance(4)
-    result = run(inst, "-l", "sh", "-c", "echo out $TBON_RANK; echo err $TBON_RANK >&2")
+    result = run(inst, flag, "sh", "-c", "echo out $TBON_RANK; echo err $TBON_RANK >&2")
     assert result.returncode == 0
     assert sorted(text(result.stdout)) == [f"{r}: out {r}" for r in range(4)]
     assert sorted(text(result.stderr)) == [f"{r}: err {r}" for r in range(4)]
@@ -374,9 +375,17 @@ def test_only_ranks_that_do_not_exist(instance) -> None:
     assert len(lines) == 2 and "5" in lines[0] and "9" in lines[1], lines
 
 
+def test_flux_bracketed_rank_sets_name_the_same_ranks(instance) -> None:
+    inst = instance(4)
+    result = run(inst, "-r", "[0,2-3]", "-x", "[3]", "-l", "sh", "-c", "echo $TBON_RANK")
+    assert result.returncode == 0, result.stderr
+    assert sorted(text(result.stdout)) == ["0: 0", "2: 2"]
+
+
 def test_bad_rank_sets_and_a_missing_command_are_usage_errors(instance) -> None:
     inst = instance(1)
-    for args in (["-r", "foo", "true"], ["-x", "1-", "true"], ["-r", "0"]):
+    bad = (["-r", "foo", "true"], ["-x", "1-", "true"], ["-r", "0"], ["-r", "[0-1", "true"])
+    for args in bad:
         result = run(inst, *args)
         assert result.returncode == 2, (args, result.stderr)
         lines = text(result.stderr)

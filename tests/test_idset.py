@@ -29,6 +29,10 @@ FAST = settings(max_examples=150, deadline=None)
         (" 1 , 4-5 ", [1, 4, 5]),
         ("007", [7]),
         ("10-12", [10, 11, 12]),
+        ("[0-2]", [0, 1, 2]),  # Flux's bracketed form
+        ("[0,3-5]", [0, 3, 4, 5]),
+        ("[7]", [7]),
+        (" [ 1 , 4-5 ] ", [1, 4, 5]),
     ],
 )
 def test_parse_idset(text: str, ranks: list[int]) -> None:
@@ -70,6 +74,13 @@ def test_format_idset(ranks: list[int] | set[int], text: str) -> None:
         ("all", "use ranks and ranges like 0,3-7"),
         ("1\n2", "use ranks and ranges like 0,3-7"),
         ("٣", "use ranks and ranges like 0,3-7"),  # an Arabic-Indic digit: not ASCII
+        ("[]", "use ranks and ranges like 0,3-7 or [0,3-7]"),
+        ("[0-2", "']' after '['"),
+        ("0-2]", "'[' before ']'"),
+        ("[[0-2]]", "brackets go around the whole set, once"),
+        ("[0],[2]", "brackets go around the whole set, once"),
+        ("0,[2]", "'[' before ']'"),
+        ("[2-0]", "range 2-0 runs backwards"),
     ],
 )
 def test_parse_idset_refuses(text: str, words: str) -> None:
@@ -130,7 +141,15 @@ def test_round_trip_from_text(parts: list[tuple[int, int, bool]], separator: str
     assert parse_idset(canonical) == ranks
 
 
-@given(st.text(alphabet="0123456789,- a²", max_size=7))  # no huge ranges
+@given(RANK_SETS.filter(bool), st.sampled_from(["[{}]", " [{}] ", "[ {} ]"]))
+@FAST
+def test_brackets_around_a_set_change_nothing(ranks: set[int], form: str) -> None:
+    """Flux prints a rank set in brackets, `[0-2,5]`; pasted back, it means the same ranks."""
+    text = format_idset(ranks)
+    assert parse_idset(form.format(text)) == parse_idset(text) == sorted(ranks)
+
+
+@given(st.text(alphabet="0123456789,- a²[]", max_size=7))  # no huge ranges
 @FAST
 def test_parse_idset_raises_only_usage_error(text: str) -> None:
     try:

@@ -55,8 +55,10 @@ def test_a_killed_leaf_is_lost_because_its_connection_dropped(instance) -> None:
 
     errors = tbon("status", inst.uri, "--errors")
     assert errors.returncode == 0, errors.stderr
+    assert re.fullmatch(r"3 \S+: lost: connection dropped\n", errors.stdout)
+    each = tbon("status", inst.uri, "--errors", "-v")
     assert re.fullmatch(
-        rf"3 \S+: lost for \S+: connection dropped \(last pid {pid}\)\n", errors.stdout
+        rf"3 \S+: lost for \S+: connection dropped \(last pid {pid}\)\n", each.stdout
     )
 
     down = tbon("status", inst.uri, "--down")
@@ -98,12 +100,43 @@ def test_ranks_that_never_reattach_below_a_lost_one_say_so_and_show_their_path(i
     assert tbon("status", inst.uri, "--errors", "--rank", "2").stdout == ""
 
 
+def test_errors_group_ranks_that_went_the_same_way(instance) -> None:
+    inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
+    for rank in (3, 4):
+        kill_rank(inst, rank)
+    host = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][3]["host"]
+    grouped = tbon("status", inst.uri, "--errors")
+    assert grouped.returncode == 0, grouped.stderr
+    assert grouped.stdout == f"3-4 {host}: lost: connection dropped\n"  # one host: this one
+    each = tbon("status", inst.uri, "--errors", "--verbose").stdout.splitlines()
+    assert [line.split(":")[0] for line in each] == [f"3 {host}", f"4 {host}"]
+
+
+def test_highlight_in_a_pipe_and_in_colour(instance) -> None:
+    inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
+    shown = tbon("status", inst.uri, "-H", "[3]")
+    assert shown.returncode == 0, shown.stderr
+    marked = [line.split(":")[0] for line in shown.stdout.splitlines() if line.endswith(" *")]
+    assert [re.sub(r"^[│├└─ ]*", "", m).split()[0] for m in marked] == ["0", "1", "3"]
+    coloured = tbon("status", inst.uri, "--highlight", "3", "--color=always")
+    assert "\x1b[7m" in coloured.stdout and " *" not in coloured.stdout  # reverse video
+    for args, words in (
+        (["-H", "7"], "--highlight 7: no such rank in this instance of size 5"),
+        (["-H", "x"], "invalid rank set 'x'"),
+        (["-H", "1", "--errors"], "--highlight and --errors do not go together"),
+        (["-H", "1", "--json"], "--highlight and --json do not go together"),
+    ):
+        bad = tbon("status", inst.uri, *args)
+        assert bad.returncode == 2 and bad.stdout == "", (args, bad.stderr)
+        assert bad.stderr.startswith(f"tbon status: {words}") and bad.stderr.count("\n") == 1
+
+
 def test_a_retired_rank_says_so(instance) -> None:
     inst = instance(3)
     pid = inst.pid(2)
     assert tbon("retire", inst.uri, "2").returncode == 0
     wait_for(lambda: process_gone(pid), "the retired broker to exit")
-    errors = tbon("status", inst.uri, "--errors").stdout
+    errors = tbon("status", inst.uri, "--errors", "-v").stdout
     assert re.fullmatch(rf"2 \S+: vacant for \S+: retired \(last pid {pid}\)\n", errors)
 
 
@@ -257,7 +290,7 @@ def test_watch_in_a_pipe_prints_each_snapshot_after_a_timestamp(instance) -> Non
 
 def test_watch_errors_in_a_pipe(instance) -> None:
     inst = instance(3)
-    watcher = start_tbon("status", inst.uri, "--watch", "--errors")
+    watcher = start_tbon("status", inst.uri, "--watch", "--errors", "-v")
     try:
         reader = Reader(watcher)
         assert len(reader.block()) == 1  # the time alone: nothing is down
@@ -335,8 +368,12 @@ def test_down_and_errors_lines() -> None:
         "2 n2: lost (via 1, 0): connection dropped",
         "3: vacant: spare never held",
     ]
-    assert [str(t) for t in not_online(status, 0)] == [
+    assert [str(t) for t in not_online(status, 0, verbose=True)] == [
         "2 n2: lost for 10s: connection dropped (last pid 42)",
+        "3: vacant: spare never held",
+    ]
+    assert [str(t) for t in not_online(status, 0)] == [
+        "2 n2: lost: connection dropped",
         "3: vacant: spare never held",
     ]
     assert not_online(status_of("online", "online"), 0) == []
@@ -404,7 +441,7 @@ def test_a_fostered_rank_is_drawn_under_its_foster_parent_with_its_subtree() -> 
         "0 n0: degraded",
         "├─ 1 n1: lost",
         "│  └─ 4 n4: full (reattaching)",
-        "│     └─ 9 n9: full",
+        "│     └─ 9 n9: full (behind rank 4, reattaching: last known)",
         "├─ 2 n2: full",
         "│  ├─ 5 n5: full",
         "│  └─ 6 n6: full",
@@ -417,6 +454,42 @@ def test_a_fostered_rank_is_drawn_under_its_foster_parent_with_its_subtree() -> 
         "    7 n7: full",
         "    8 n8: full",
     ]
+
+
+def test_ranks_behind_a_reattaching_rank_are_not_presumed_well() -> None:
+    """Like Flux's ghosts: rank 0 cannot reach what is below a rank still reattaching, so
+    what it shows for them is what it knew last, and the view says so, at any depth and in a
+    view of the subtree alone."""
+    table = rank_1_lost(r9={"children": [10]})
+    table["ranks"].append({**table["ranks"][9], "rank": 10, "host": "n10", "parent": 9})
+    table["ranks"][10]["attached_to"] = 9
+    table["size"] = 11
+    lines = drawn(table)
+    assert "│        └─ 10 n10: full (behind rank 4, reattaching: last known)" in lines
+    assert drawn(table, 9) == [
+        "9 n9: full (behind rank 4, reattaching: last known)",
+        "└─ 10 n10: full (behind rank 4, reattaching: last known)",
+    ]
+    assert not any("behind" in line for line in drawn(healing()))  # nothing to hide when whole
+
+
+def test_highlight_marks_the_ranks_and_their_way_to_the_root() -> None:
+    from tbon.cli.render import Marks, view
+
+    table = rank_1_lost()
+    plain = [str(t) for t in view(table, 0, "tree", marks=Marks(frozenset({8, 9}), plain=True))]
+    marked = [line for line in plain if line.endswith(" *")]
+    assert marked == [
+        "0 n0: degraded *",
+        "├─ 1 n1: lost *",
+        "│  └─ 4 n4: full (reattaching) *",
+        "│     └─ 9 n9: full (behind rank 4, reattaching: last known) *",
+        "└─ 3 n3: full (fostered, home is rank 1) *",  # 8 is drawn under its foster parent
+        "   └─ 8 n8: full *",
+    ]
+    coloured = view(table, 0, "tree", marks=Marks(frozenset({8}), plain=False))
+    assert not any(str(t).endswith("*") for t in coloured)
+    assert any("reverse" in str(span.style) for span in coloured[-1].spans)
 
 
 def test_fostered_and_reattaching_marks_are_coloured_and_stay_before_verbose_words() -> None:
@@ -456,10 +529,34 @@ def test_down_paths_and_errors_follow_the_attachment() -> None:
         "8 n8: lost (via 3, 0): connection dropped",  # through its fostered parent
         "9 n9: lost (via 4, 1, 0): connection dropped",  # a reattaching rank stays put
     ]
-    assert drawn(table, 3, "errors") == ["8 n8: lost for 10s: connection dropped (last pid 42)"]
-    assert drawn(table, 1, "errors") == [
-        "1 n1: lost for 10s: connection dropped",
-        "9 n9: lost for 10s: connection dropped",
+    assert drawn(table, 3, "errors") == ["8 n8: lost: connection dropped"]
+    assert drawn(table, 1, "errors") == ["1,9 n[1,9]: lost: connection dropped"]
+
+
+def test_errors_are_grouped_by_what_happened_with_ranks_and_a_host_list() -> None:
+    """As `flux overlay errors`: one line per distinct error, its ranks and hosts."""
+    from tbon.cli.render import not_online
+
+    dropped = {"reason": "connection dropped"}
+    status = status_of(
+        "online",
+        "lost",
+        "lost",
+        "lost",
+        "lost",
+        "offline",
+        "vacant",
+        r1=dropped,
+        r2={"reason": "silent for 60s"},
+        r3=dropped,
+        r4=dropped,
+        r6={"incarnation": 0},
+    )
+    assert [str(t) for t in not_online(status, 0)] == [
+        "1,3-4 n[1,3-4]: lost: connection dropped",
+        "2 n2: lost: silent for 60s",
+        "5 n5: offline: not online yet",
+        "6: vacant: spare never held",
     ]
 
 

@@ -15,6 +15,7 @@ from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.logs import recent
 from tbon.overlay.broker.router import Handler
 from tbon.overlay.services.actions import Action, ForgetWatches, warning
+from tbon.overlay.services.attr import AttrService, describe
 from tbon.overlay.services.dmesg import DmesgService
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
@@ -46,6 +47,7 @@ class Services:
     retire: RetireService
     dmesg: DmesgService
     heal: HealService
+    attr: AttrService
     status: StatusService | None  # rank 0 only
     whole: Callable[[], bool] = lambda: True  # what heal.wait waits for (the broker knows)
 
@@ -78,6 +80,7 @@ class Services:
             retire=RetireService(rank, topology, table),
             dmesg=DmesgService(rank, recent()),
             heal=heal,
+            attr=AttrService(rank, describe(me, config, topology)),
             whole=whole,
             status=status,
         )
@@ -110,6 +113,9 @@ class Services:
             "dmesg.get": self.dmesg.get,
             "dmesg.follow": self.dmesg.follow,
             "dmesg.ack": self.dmesg.ack,
+            "dmesg.clear": self.dmesg.clear,
+            "attr.get": self.attr.get,
+            "attr.list": self.attr.list,
             "heal.foster": self.heal.foster,
             "heal.adopt": self.heal.adopt,
             "heal.home": self.heal.home,

@@ -1,4 +1,5 @@
-"""Host lists as batch systems write them: `node[1-4,7]`, `rack[1-2]n[01-16]`, `login,node3`.
+"""Host lists as batch systems write them: `node[1-4,7]`, `rack[1-2]n[01-16]`, `login,node3`;
+and written back in that short form (encode_hostlist), as `flux overlay errors` names hosts.
 
 Numbers keep their zero padding (`n[08-10]` is n08, n09, n10); bracket groups multiply out, left
 to right; commas outside brackets separate host expressions. Order is kept, as written.
@@ -80,3 +81,51 @@ def _numbers(group: str, text: str) -> list[str]:
         width = len(low) if low.startswith("0") and len(low) > 1 else 0
         numbers += [str(n).zfill(width) for n in range(first, last + 1)]
     return numbers
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def encode_hostlist(hosts: list[str]) -> str:
+    """The short form of `hosts` that expand_hostlist reads back (each host once): names that
+    differ only in a trailing number share one bracket group, `node[1-3,7]`, and keep their zero
+    padding, `n[08-09]`. Groups come in the order their first host does."""
+    groups: dict[tuple[str, int], list[int]] = {}  # (prefix, padded width or 0) -> numbers
+    order: dict[tuple[str, int] | str, None] = {}
+    for host in hosts:
+        match = _NUMBERED.match(host)
+        if match is None:
+            order[host] = None
+            continue
+        prefix, digits = match.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups.setdefault((prefix, width), []).append(int(digits))
+        order[(prefix, width)] = None
+    parts = []
+    for key in order:
+        if isinstance(key, str):
+            parts.append(key)
+            continue
+        prefix, width = key
+        numbers = sorted(set(groups[key]))
+        runs = _runs(numbers, width)
+        if len(numbers) == 1:
+            parts.append(f"{prefix}{runs}")
+        else:
+            parts.append(f"{prefix}[{runs}]")
+    return ",".join(parts)
+
+
+def _runs(numbers: list[int], width: int) -> str:
+    """`1-3,7` for [1, 2, 3, 7], each number padded to `width`."""
+    runs: list[str] = []
+    start = previous = numbers[0]
+    for number in [*numbers[1:], None]:
+        if number is not None and number == previous + 1:
+            previous = number
+            continue
+        low, high = f"{start:0{width}d}", f"{previous:0{width}d}"
+        runs.append(low if start == previous else f"{low}-{high}")
+        if number is not None:
+            start = previous = number
+    return ",".join(runs)

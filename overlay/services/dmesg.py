@@ -1,5 +1,7 @@
 """`tbon dmesg`, the brokers' side: each broker's recent log records, kept in a ring and served
-to a client that asks for them (dmesg.get) or follows them (dmesg.follow).
+to a client that asks for them (dmesg.get) or follows them (dmesg.follow), and emptied on request
+(dmesg.clear; dmesg.get with `clear`, which reads and empties in one turn of the loop, so that no
+record logged between the two is lost unread).
 
 The ring is the only buffer. It keeps the last RING_RECORDS records, fewer if their messages add
 up to more than RING_CHARS characters, each message cut to MESSAGE_CHARS: so a whole ring fits in
@@ -98,6 +100,14 @@ class LogRing:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def clear(self) -> int:
+        """Forget every record kept; how many there were. Sequence numbers and the counts of
+        records ever kept go on, so a follower's place stays valid."""
+        cleared = len(self._entries)
+        self._entries.clear()
+        self._chars = 0
+        return cleared
+
     @property
     def first_seq(self) -> int:
         """The oldest record still kept (next_seq if none is)."""
@@ -130,13 +140,29 @@ class DmesgService:
         self.followers: list[Follower] = []
 
     def get(self, request: Message, now: float) -> list[Action]:
-        """dmesg.get: every record kept, at or above `level`, in one answer."""
+        """dmesg.get: every record kept, at or above `level`, in one answer; with `clear`
+        true, the ring is then emptied (every record, whatever `level` showed)."""
         levelno = _level(request.payload)
-        if levelno is None:
+        clear = request.payload.get("clear", False)
+        if levelno is None or not isinstance(clear, bool):
             return [Respond(_bad(request))]
         records = [e.wire() for e in self.ring.since(self.ring.first_seq, levelno)]
         payload = {"rank": self.rank, "records": records, "next": self.ring.next_seq}
+        if clear:
+            payload["cleared"] = self._clear()
         return [Respond(request.respond(payload))]
+
+    def clear(self, request: Message, now: float) -> list[Action]:
+        """dmesg.clear: empty the ring; answers how many records it held."""
+        return [Respond(request.respond({"rank": self.rank, "cleared": self._clear()}))]
+
+    def _clear(self) -> int:
+        """Empty the ring. A follower is not sent what was cleared before it got it, and is
+        not told those records were lost either: they were cleared on purpose. (Its `next`
+        stays, so that the acknowledgement of the batch in flight still matches it.)"""
+        for follower in self.followers:
+            follower.kept += len(self.ring.since(follower.next, follower.levelno))
+        return self.ring.clear()
 
     def follow(self, request: Message, now: float) -> list[Action]:
         """dmesg.follow: a stream whose first batch is what the ring holds (unless `backlog` is
@@ -221,4 +247,6 @@ def _bad(request: Message) -> Message:
     why = f"{request.topic}: level must be one of {', '.join(LEVELS)}"
     if request.topic == "dmesg.follow":
         why += "; backlog true or false"
+    if request.topic == "dmesg.get":
+        why += "; clear true or false"
     return request.fail(errno.EINVAL, why)
