@@ -26,11 +26,13 @@ from tbon.overlay.services.actions import (
     Foster,
     GoHome,
     Respond,
+    Send,
     fail,
     info,
     warning,
 )
 from tbon.overlay.services.trust import unless_from_rank0
+from tbon.overlay.state.admissions import Admissions
 from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
 from tbon.overlay.state.rankstates import CONFIG_PHASES
 from tbon.overlay.state.ranktable import (
@@ -63,6 +65,7 @@ class HealService:
         self.table = table
         self.card = card
         self.waiting: list[tuple[Message, float]] = []  # heal.wait requests and their deadlines
+        self.admissions = Admissions(topology)  # rank 0: who was told to admit whom
 
     # --- rank 0: what an applied event calls for --------------------------------------------
 
@@ -74,8 +77,25 @@ class HealService:
         if isinstance(event, Lost | Departed | Void):
             return self._foster_below(event.rank, now)
         if isinstance(event, Online):
+            home = self.topology.parent(event.rank)
+            welcomer = event.parent if event.parent is not None else home
+            if welcomer is not None:
+                self.admissions.told(event.rank, event.incarnation, welcomer)
             return self._send_home(event.rank, event.parent)
         return []
+
+    def revocations(
+        self, rank: int, incarnation: int, reason: str, also: set[int] | None = None
+    ) -> list[Action]:
+        """Rank 0 ended (rank, incarnation) for good (replaced, or voided): `flub.revoke` to
+        every parent that may still admit it (admissions.py), and to those in `also`."""
+        parents = self.admissions.withdraw(rank, incarnation) | (also or set())
+        notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
+        return [
+            Send(Message(Kind.REQUEST, "flub.revoke", dict(notice), nodeid=parent))
+            for parent in sorted(parents)
+            if parent != rank and self.topology.is_ancestor(parent, rank)
+        ]
 
     def _foster_below(self, rank: int, now: float) -> list[Action]:
         assert self.table is not None
@@ -83,6 +103,8 @@ class HealService:
         if not admitted:
             return []
         foster = foster_parent(self.table, rank)
+        for admitted_rank, incarnation, _ in admitted:
+            self.admissions.told(admitted_rank, incarnation, foster)
         order = {
             "ranks": [list(admission) for admission in admitted],
             "for": self.table.reattach_grace,
@@ -118,6 +140,7 @@ class HealService:
     def _adopt(self, parent: int, child: int, incarnation: int, key: str) -> Call:
         """Have `parent` admit `child`, then tell the child to go to it."""
         order = {"rank": child, "incarnation": incarnation, "public_key": key}
+        self.admissions.told(child, incarnation, parent)
 
         def adopted(reply: Message, now: float) -> list[Action]:
             if reply.errnum:
