@@ -49,3 +49,14 @@ def test_a_fostered_broker_replaced_while_stopped_is_refused_when_woken(instance
     assert tbon("exec", inst.uri, "-r", "3", "true").returncode == 0
     inst.stop()
     assert f"rank 3 (pid {old}) exited with status 77" in inst.stderr()
+
+
+def test_a_shutdown_after_a_heal_does_not_wait_for_admissions_never_used(instance) -> None:
+    """Rank 1 dies: rank 0 admits every broker below it, though only ranks 3 and 4 lost their
+    parent. Their children never come; a shutdown then ends as soon as every broker has left,
+    long before broker.shutdown-timeout (60 s here; the test's deadline is a third of it)."""
+    inst = instance(15, "tbon.fanout=2", "tbon.timeout=0", "broker.shutdown-timeout=60s")
+    os.kill(inst.pid(1), signal.SIGKILL)
+    inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "ranks 3 and 4 fostered by rank 0")
+    assert inst.stop() == 0
+    assert "shutdown: gave up waiting" not in inst.stderr()

@@ -17,7 +17,7 @@ from tbon.overlay.services.actions import Action, Call, Send
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.admissions import Admissions
-from tbon.overlay.state.ranktable import Lost, Online, RankTable
+from tbon.overlay.state.ranktable import Lost, Online, RankTable, Reserve
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
@@ -130,3 +130,79 @@ def test_a_lost_foster_child_revoked_is_refused_as_superseded_when_it_knocks() -
     sent.clear()
     children._refuse_stale(b"old", Identity(3, 1), Message(Kind.CONTROL, "heartbeat", {}))
     assert [(m.topic, m.payload["exit_code"]) for m in sent] == [("refuse", exitcodes.REFUSED)]
+
+
+# --- one broker, several links (issue 20, item 2) -----------------------------------------------
+
+
+def welcomed_twice(first: int, second: int) -> RankTable:
+    """Rank 7 of kary:2 size 15, adrift after rank 3 was lost, welcomed by rank `first` and
+    then by rank `second` (a stale admission and a fresh one), in that order at rank 0."""
+    table = started("kary:2", 15)
+    for rank in range(1, 15):
+        table.apply(Online(rank, 1, f"node{rank}", 1000 + rank, None, public_key(rank)), 101.0)
+    assert table.apply(Lost(3, 1, "connection dropped", 1), 200.0).applied
+    assert table.entry(7).attached_to is None
+    for at, parent in ((201.0, first), (202.0, second)):
+        assert table.apply(Online(7, 1, "node7", 1007, parent, public_key(7)), at).applied
+    return table
+
+
+def test_a_parent_the_broker_left_says_lost_and_the_rank_stays_with_the_other() -> None:
+    """Both welcomed it; it kept one and left the other, whose `moved` did not arrive: that one
+    reports `lost: connection dropped`. The broker runs on at the other, so the rank stays
+    online there, and is not handed out again."""
+    for kept, left in ((0, 1), (1, 0)):
+        for first, second in ((kept, left), (left, kept)):
+            table = welcomed_twice(first, second)
+            outcome = table.apply(Lost(7, 1, "connection dropped", left), 203.0)
+            assert outcome.applied
+            entry = table.entry(7)
+            assert (entry.state.value, entry.attached_to, entry.pid) == ("online", kept, 1007)
+            assert entry.other_links == ()
+            grant = table.apply(Reserve(public_key(77), "spare", 7, 30.0), 204.0).reservation
+            assert grant is not None and not grant.granted
+            # the one it kept reporting it lost is believed: it was its last link
+            assert table.apply(Lost(7, 1, "connection dropped", kept), 205.0).applied
+            assert table.entry(7).state.value == "lost"
+
+
+def test_a_parent_with_a_second_link_that_ends_leaves_the_broker_on_the_other() -> None:
+    """Rank 1 holds rank 7 by a second link when it is lost itself: rank 7 stays attached to
+    rank 0, not adrift."""
+    table = welcomed_twice(0, 1)
+    assert table.apply(Lost(1, 1, "connection dropped", 0), 203.0).applied
+    entry = table.entry(7)
+    assert (entry.attached_to, entry.adrift_until, entry.other_links) == (0, None, ())
+
+
+def test_a_foster_admission_is_withdrawn_once_its_rank_reaches_rank_0_without_it() -> None:
+    """Issue 20, items 2 and 6: rank 1 dies and rank 0 admits everything below it; ranks 7
+    and 8 never lost their parent. Once rank 3 is fostered, they reach rank 0 through it, so
+    their admissions are withdrawn; rank 3's own was used and closes without a word."""
+    table = started("kary:2", 15)
+    flub = FlubService(0, table.topology, table, Lifecycle(), CARD, flub_attributes(2, 10, 60, 30))
+    heal = flub.heal
+    for rank in range(1, 15):
+        table.apply(Online(rank, 1, f"node{rank}", 1000 + rank, None, public_key(rank)), 101.0)
+    lost = Lost(1, 1, "connection dropped", 0)
+    actions = heal.after(lost, table.apply(lost, 200.0), 200.0)
+    assert not [a for a in actions if isinstance(a, Send)]  # nothing is moot yet
+    online = Online(3, 1, "node3", 1003, 0, public_key(3))
+    actions = heal.after(online, table.apply(online, 201.0), 201.0)
+    [withdraw] = [a.message for a in actions if isinstance(a, Send)]
+    assert (withdraw.topic, withdraw.nodeid) == ("heal.withdraw", 0)
+    assert sorted(map(tuple, withdraw.payload["ranks"])) == [(7, 1), (8, 1)]
+    assert sorted(rank for rank, _, _ in heal.admissions.open()) == [4, 9, 10]
+
+
+def test_a_withdrawn_admission_is_forgotten_unless_its_broker_came() -> None:
+    children, _ = bare_children(TOPOLOGY, 0)
+    children.authorize(7, 1, public_key(7), foster_until=1e9)
+    children.authorize(3, 1, public_key(3), foster_until=1e9)
+    children._connection_event(ACCEPTED, 11)
+    children._hello(b"r3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 1.0, Inbound())
+    assert sorted(children.awaited()) == [3, 7]
+    children.withdraw(7, 1)
+    children.withdraw(3, 1)  # it came: left as it is
+    assert children.awaited() == [3] and 7 not in children.sessions

@@ -539,6 +539,21 @@ class Children:
                 self._forget_foster(session)
         return reports
 
+    def withdraw(self, rank: int, incarnation: int) -> None:
+        """Rank 0 withdrew a foster admission it found moot (the rank reaches rank 0 through
+        another broker, or its incarnation ended): forget it unless its broker came. A child
+        that did come is left as it is: its own link's end is reported as any other."""
+        session = self.sessions.get(rank)
+        if (
+            session is not None
+            and session.foster
+            and session.identity == Identity(rank, incarnation)
+            and session.expected_until is not None
+            and not session.connected
+        ):
+            log.info("rank %d incarnation %d: foster admission withdrawn", rank, incarnation)
+            self._forget_foster(session)
+
     def _forget_foster(self, session: ChildSession) -> None:
         """A foster child rank 0 said to expect never came: its parent was alive after all."""
         self.keyring.revoke(session.identity)

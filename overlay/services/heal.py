@@ -27,6 +27,7 @@ from tbon.overlay.services.actions import (
     GoHome,
     Respond,
     Send,
+    Withdraw,
     fail,
     info,
     warning,
@@ -34,7 +35,7 @@ from tbon.overlay.services.actions import (
 from tbon.overlay.services.trust import unless_from_rank0
 from tbon.overlay.state.admissions import Admissions
 from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
-from tbon.overlay.state.rankstates import CONFIG_PHASES
+from tbon.overlay.state.rankstates import CONFIG_PHASES, CONNECTED
 from tbon.overlay.state.ranktable import (
     Departed,
     Event,
@@ -74,15 +75,44 @@ class HealService:
         table = self.table
         if table is None or not outcome.applied:
             return []
+        actions: list[Action] = []
         if isinstance(event, Lost | Departed | Void):
-            return self._foster_below(event.rank, now)
-        if isinstance(event, Online):
+            actions = self._foster_below(event.rank, now)
+        elif isinstance(event, Online):
             home = self.topology.parent(event.rank)
             welcomer = event.parent if event.parent is not None else home
             if welcomer is not None:
                 self.admissions.told(event.rank, event.incarnation, welcomer)
-            return self._send_home(event.rank, event.parent)
-        return []
+            actions = self._send_home(event.rank, event.parent)
+        return actions + self._withdraw_moot()
+
+    def _withdraw_moot(self) -> list[Action]:
+        """Withdraw each open foster admission that is moot now (admissions.py): its rank is
+        attached to another broker that reaches rank 0, or its incarnation is no longer a
+        connected one. One that its rank used is closed without a word."""
+        table = self.table
+        assert table is not None
+        moot: dict[int, list[tuple[int, int]]] = {}
+        for rank, incarnation, parent in self.admissions.open():
+            entry = table.entries[rank]
+            current = entry.incarnation == incarnation and entry.state in CONNECTED
+            if current and entry.attached_to == parent:
+                self.admissions.close(rank, parent)  # used
+            elif not current or (entry.attached_to is not None and table.reachable(rank)):
+                self.admissions.close(rank, parent)
+                moot.setdefault(parent, []).append((rank, incarnation))
+        return [
+            Send(
+                Message(
+                    Kind.REQUEST,
+                    "heal.withdraw",
+                    {"ranks": [list(a) for a in ranks]},
+                    nodeid=parent,
+                )
+            )
+            for parent, ranks in sorted(moot.items())
+            if table.entries[parent].state in CONNECTED
+        ]
 
     def revocations(
         self, rank: int, incarnation: int, reason: str, also: set[int] | None = None
@@ -104,7 +134,7 @@ class HealService:
             return []
         foster = foster_parent(self.table, rank)
         for admitted_rank, incarnation, _ in admitted:
-            self.admissions.told(admitted_rank, incarnation, foster)
+            self.admissions.fostered(admitted_rank, incarnation, foster)
         order = {
             "ranks": [list(admission) for admission in admitted],
             "for": self.table.reattach_grace,
@@ -186,6 +216,20 @@ class HealService:
         if key and not is_key(key):
             return None
         return rank, incarnation, key
+
+    def withdraw(self, request: Message, now: float) -> list[Action]:
+        """heal.withdraw: forget these foster admissions, unless their brokers came (one-way)."""
+        if (refused := unless_from_rank0(request)) is not None:
+            return refused
+        ranks = request.payload.get("ranks")
+        if not isinstance(ranks, list) or len(ranks) > MAX_ADMISSIONS:
+            return []
+        withdrawn = tuple(
+            (int(item[0]), int(item[1]))
+            for item in ranks
+            if isinstance(item, list) and len(item) == 2 and is_int(item[0]) and is_int(item[1])
+        )
+        return [Withdraw(withdrawn)] if withdrawn else []
 
     def adopt(self, request: Message, now: float) -> list[Action]:
         """heal.adopt: admit this child of ours, coming home; answer with our card."""

@@ -12,6 +12,11 @@ the new incarnation welcomed the old broker back as a second holder of its rank)
 Pure and bounded: a parent is always an ancestor of the rank, so each incarnation names at most
 the tree's depth of parents; an incarnation is forgotten when it is revoked, and an older one of
 the same rank when a newer one is recorded (its revocation has gone out by then).
+
+A foster admission is also *withdrawn* once it is moot (docs/protocol.md §12.1): the rank it
+names is attached to another broker that reaches rank 0, or its incarnation ended. Left open it
+would let a later seek be welcomed by two parents (issue 20, item 2), and its parent would wait
+at a shutdown for a child that never comes (item 6).
 """
 
 from __future__ import annotations
@@ -23,6 +28,22 @@ class Admissions:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._told: dict[int, tuple[int, set[int]]] = {}  # rank -> (incarnation, parents)
+        # foster admissions still open: (rank, foster parent) -> incarnation
+        self._open: dict[tuple[int, int], int] = {}
+
+    def fostered(self, rank: int, incarnation: int, parent: int) -> None:
+        """`parent` was told to foster (rank, incarnation) for a while (heal.foster)."""
+        self.told(rank, incarnation, parent)
+        if self.topology.is_ancestor(parent, rank):
+            self._open[(rank, parent)] = incarnation
+
+    def open(self) -> list[tuple[int, int, int]]:
+        """The foster admissions not yet used or withdrawn: (rank, incarnation, parent)."""
+        return [(rank, inc, parent) for (rank, parent), inc in self._open.items()]
+
+    def close(self, rank: int, parent: int) -> None:
+        """That admission was used, withdrawn, or is moot."""
+        self._open.pop((rank, parent), None)
 
     def told(self, rank: int, incarnation: int, parent: int) -> None:
         """`parent` was told to admit (rank, incarnation), or welcomed it. An ancestor only."""
