@@ -638,9 +638,7 @@ class RankTable:
             return refused(rule)
         return Outcome(True, self._fire(entry, rule, event, now), rule.note.format(rank=entry.rank))
 
-    def _rule(
-        self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float
-    ) -> Rule | str:
+    def _rule(self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float) -> Rule | str:
         """The row that applies to `event`, or why there is none (the table is not touched)."""
         rule = TRANSITIONS.get((entry.phase, type(event)))
         if rule is None:  # LinkEnded, internal, comes for a connected rank only
