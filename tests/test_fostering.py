@@ -204,7 +204,10 @@ def test_moved_ends_the_old_link_for_a_new_one_in_either_order() -> None:
         first, second = (moved, online) if moved_first else (online, moved)
         assert result.apply(first, 204.0).changed == (2,)
         later = result.apply(second, 205.0)
-        assert later.changed == () and later.applied == moved_first  # a Moved after is stale
+        if moved_first:  # the Online then only repeats the move
+            assert later.applied and later.changed == ()
+        else:  # the Moved after ends the old link, which the table kept until then
+            assert later.applied and result.entry(2).other_links == ()
         assert (result.entry(2).attached_to, result.entry(2).adrift_until) == (1, None)
         assert away_from_home(result, 1) == []
 
@@ -678,11 +681,16 @@ class HealingMachine(RuleBasedStateMachine):
             st.sampled_from(choices) | st.integers(0, self.table.size - 1), label="by"
         )
         allowed = self._holds(reporter, rank)
+        old = self.table.entry(rank).attached_to
         outcome = self._apply(hello(self.table, rank, parent=reporter), must=allowed)
         if allowed:
             entry = self.table.entry(rank)
             assert (entry.attached_to, entry.adrift_until) == (reporter, None)
             assert set(outcome.changed) <= {rank}
+            if old is not None and old != reporter:  # the link it left is over: its parent says
+                assert entry.other_links == (old,)
+                self._apply(Moved(rank, entry.incarnation, old, reporter), must=True)
+                assert self.table.entry(rank).other_links == ()
 
     @rule(data=st.data(), moved_first=st.booleans())
     def go_home(self, data: st.DataObject, moved_first: bool) -> None:
@@ -707,7 +715,8 @@ class HealingMachine(RuleBasedStateMachine):
             assert self._apply(online, must=True).changed == ()
         else:
             self._apply(online, must=True)
-            self._apply(moved, must=False)  # stale: it is on the new link already
+            self._apply(moved, must=True)  # ends the old link, which the table kept till then
+            assert self.table.entry(child).other_links == ()
         entry = self.table.entry(child)
         assert (entry.attached_to, entry.adrift_until) == (rank, None)
         assert child not in [c for c, _, _ in away_from_home(self.table, rank)]

@@ -29,6 +29,7 @@ from tbon.overlay.state.ranktable import (
     Departed,
     Event,
     Expire,
+    LinkEnded,
     Lost,
     Moved,
     Online,
@@ -1141,7 +1142,8 @@ def test_every_event_type_has_a_refusal_and_a_row() -> None:
     decided = {Retire, Expire, Release, Reboot, Void, Reserve}  # what rank 0 decides or grants
     events = reported | decided
     assert set(REFUSALS) == events
-    assert {kind for _, kind in TRANSITIONS} == events | {Orphaned}  # Orphaned: internal
+    internal = {Orphaned, LinkEnded}
+    assert {kind for _, kind in TRANSITIONS} == events | internal
 
 
 def test_reserve_goes_through_apply_and_carries_its_grant() -> None:

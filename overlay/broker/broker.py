@@ -499,7 +499,8 @@ class Broker:
             outcome = self._apply(event, now)
             if isinstance(event, Online) and not outcome.applied:
                 reason = outcome.reason
-                self.perform(self.services.flub.void(event.rank, event.incarnation, reason, now))
+                flub = self.services.flub
+                self.perform(flub.void(event.rank, event.incarnation, reason, now, event.parent))
             self.perform(self.services.heal.after(event, outcome, now))
 
     def _apply(self, event: Event, now: float) -> Outcome:

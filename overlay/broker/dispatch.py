@@ -118,6 +118,7 @@ class Services:
             "attr.list": self.attr.list,
             "heal.foster": self.heal.foster,
             "heal.adopt": self.heal.adopt,
+            "heal.withdraw": self.heal.withdraw,
             "heal.home": self.heal.home,
             "heal.wait": lambda request, now: self.heal.wait(request, now, self.whole()),
         }

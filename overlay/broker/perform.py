@@ -39,6 +39,7 @@ from tbon.overlay.services.actions import (
     ShutDown,
     SignalJob,
     StartJob,
+    Withdraw,
     WriteStdin,
 )
 from tbon.overlay.state.ranktable import Event
@@ -140,6 +141,9 @@ class Performer:
                 for rank, incarnation, key in admissions:  # none: nothing asked of children
                     self._children(action).authorize(rank, incarnation, key, foster_until=until)
                 self.loop.wake()  # a foster child that never comes is forgotten on time
+            case Withdraw(admissions) if children is not None:
+                for rank, incarnation in admissions:
+                    children.withdraw(rank, incarnation)
             case GoHome(request, card):
                 why = self.loop.go_home(card)
                 reply = request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})

@@ -456,16 +456,23 @@ class Children:
             self.send(rank, _control("lineage", lineage=self.lineage))
 
     def revoke(self, rank: int, incarnation: int, reason: str) -> None:
-        """Rank 0 voided this incarnation (say, its reservation expired): drop its key, and cut
-        its broker off if it got in. Nothing is reported: rank 0 already knows."""
+        """Rank 0 ended this incarnation for good (replaced, voided): cut its broker off if it
+        got in, and end its session so that its broker, should it knock again (a lost one back
+        from a partition), is refused with 77 rather than welcomed or left to seek. The key
+        stays bound to the ended incarnation until the rank's next admission replaces it, so
+        that the broker's hello is heard and answered. Nothing is reported: rank 0 knows."""
         identity = Identity(rank, incarnation)
-        self.keyring.revoke(identity)
         session = self.sessions.get(rank)
-        if session is None or session.identity != identity or session.ended:
+        if session is None or session.identity != identity:
+            self.keyring.revoke(identity)
             return
+        if session.ended and not session.returnable:
+            return  # ended for good already, and answered so
         if session.connected and session.routing_id is not None:
             self._refuse(session.routing_id, Refusal(reason, exitcodes.REFUSED))
         session.ended, session.end_code = f"was revoked: {reason}", exitcodes.REFUSED
+        session.returnable = False
+        session.expected_until = None
         self._ledger.forget(session)
         log.warning("rank %d incarnation %d revoked: %s", rank, incarnation, reason)
 
@@ -529,6 +536,21 @@ class Children:
             if until is not None and now >= until and not session.connected:
                 self._forget_foster(session)
         return reports
+
+    def withdraw(self, rank: int, incarnation: int) -> None:
+        """Rank 0 withdrew a foster admission it found moot (the rank reaches rank 0 through
+        another broker, or its incarnation ended): forget it unless its broker came. A child
+        that did come is left as it is: its own link's end is reported as any other."""
+        session = self.sessions.get(rank)
+        if (
+            session is not None
+            and session.foster
+            and session.identity == Identity(rank, incarnation)
+            and session.expected_until is not None
+            and not session.connected
+        ):
+            log.info("rank %d incarnation %d: foster admission withdrawn", rank, incarnation)
+            self._forget_foster(session)
 
     def _forget_foster(self, session: ChildSession) -> None:
         """A foster child rank 0 said to expect never came: its parent was alive after all."""

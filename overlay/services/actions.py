@@ -99,6 +99,15 @@ class Foster(Record):
         self.until = until
 
 
+class Withdraw(Record):
+    """Forget each (rank, incarnation) fostered here that has not come: rank 0 found it moot."""
+
+    __slots__ = __match_args__ = ("admissions",)
+
+    def __init__(self, admissions: tuple[tuple[int, int], ...]) -> None:
+        self.admissions = admissions
+
+
 class GoHome(Record):
     """Open a link to this broker's own parent at `card` (rank, endpoint, key), and answer
     `request` with whether that could start."""
@@ -237,6 +246,7 @@ Action = (
     | Report
     | Authorize
     | Foster
+    | Withdraw
     | GoHome
     | Revoke
     | RetireChild

@@ -31,7 +31,6 @@ from tbon.overlay.services.actions import (
     Readmit,
     Respond,
     Revoke,
-    Send,
     fail,
     info,
     warning,
@@ -142,6 +141,7 @@ class FlubService:
                     f"{host} (key {fingerprint(key)})"
                 )
             )
+            actions += self._supersede(grant.rank, grant.incarnation - 1)
         parent = self.topology.parent(grant.rank)
         assert parent is not None  # rank 0 is never reserved
 
@@ -301,33 +301,38 @@ class FlubService:
                 actions += self.void(expiry.rank, expiry.incarnation, why, now)
         return actions
 
-    def void(self, rank: int, incarnation: int, reason: str, now: float) -> list[Action]:
-        """Make the parent of `rank` drop that incarnation's key and connection (one-way). The
-        parent reports nothing of it, so an incarnation the table still shows connected (an
-        Online refused as another broker's) ends in the table too (Void): status never shows a
-        broker that its parent has cut off."""
-        parent = self.topology.parent(rank)
-        if parent is None:
+    def void(
+        self, rank: int, incarnation: int, reason: str, now: float, at: int | None = None
+    ) -> list[Action]:
+        """Have every parent that may still admit that incarnation drop its key and cut its
+        broker off (one-way): its topology parent, each parent rank 0 told to admit it, and `at`
+        (the broker that welcomed it, when an Online is refused). The parents report nothing of
+        it, so an incarnation the table still shows connected (an Online refused as another
+        broker's) ends in the table too (Void): status never shows a broker that its parent has
+        cut off."""
+        if self.topology.parent(rank) is None:
             return []
         actions: list[Action] = []
         voided = Void(rank, incarnation, reason)
-        holders = {parent}  # and the foster parent it is attached to, if it is
+        also = {at} if at is not None else set()
         if self.table is not None:
             attached = self.table.entry(rank).attached_to
             if attached is not None:
-                holders.add(attached)
+                also.add(attached)
             outcome = self.table.apply(voided, now)
             if outcome.applied:
                 said = f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"
                 actions += [warning(said), *self.heal.after(voided, outcome, now)]
-        notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
-        return [
-            *actions,
-            *(
-                Send(Message(Kind.REQUEST, "flub.revoke", notice, nodeid=holder))
-                for holder in sorted(holders)
-            ),
-        ]
+        return [*actions, *self.heal.revocations(rank, incarnation, reason, also)]
+
+    def _supersede(self, rank: int, incarnation: int) -> list[Action]:
+        """Rank 0 gave `rank` a new incarnation: the one before it (if there was one) is
+        revoked wherever it may still be admitted, so that its broker, should it come back
+        from a partition, is refused as superseded (77) instead of welcomed (issue 20)."""
+        if incarnation < 1:
+            return []
+        why = f"superseded: rank {rank} is now incarnation {incarnation + 1}"
+        return self.heal.revocations(rank, incarnation, why)
 
     def rejoin(self, request: Message, now: float) -> list[Action]:
         """A parent asks for the incarnation of its config-booted child, back at its door."""
@@ -338,11 +343,14 @@ class FlubService:
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if not 0 < rank < self.topology.size or not from_parent_of(request, self.topology, rank):
             return fail(request, errno.EPERM, "config.rejoin comes from the rank's parent only")
+        before = self.table.entry(rank).incarnation
         outcome = self.table.apply(Reboot(rank, incarnation), now)  # the ended one, or 0
         if not outcome.applied:
             said = info(f"ignored {Reboot(rank, incarnation)}: {outcome.reason}")
             return [said, *fail(request, errno.EPERM, outcome.reason)]
-        return [Respond(request.respond({"incarnation": self.table.entry(rank).incarnation}))]
+        now_is = self.table.entry(rank).incarnation
+        superseded = self._supersede(rank, before) if now_is > before else []
+        return [*superseded, Respond(request.respond({"incarnation": now_is}))]
 
     # --- a parent -----------------------------------------------------------------------------
 

@@ -26,13 +26,16 @@ from tbon.overlay.services.actions import (
     Foster,
     GoHome,
     Respond,
+    Send,
+    Withdraw,
     fail,
     info,
     warning,
 )
 from tbon.overlay.services.trust import unless_from_rank0
+from tbon.overlay.state.admissions import Admissions
 from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
-from tbon.overlay.state.rankstates import CONFIG_PHASES
+from tbon.overlay.state.rankstates import CONFIG_PHASES, CONNECTED
 from tbon.overlay.state.ranktable import (
     Departed,
     Event,
@@ -63,6 +66,7 @@ class HealService:
         self.table = table
         self.card = card
         self.waiting: list[tuple[Message, float]] = []  # heal.wait requests and their deadlines
+        self.admissions = Admissions(topology)  # rank 0: who was told to admit whom
 
     # --- rank 0: what an applied event calls for --------------------------------------------
 
@@ -71,11 +75,57 @@ class HealService:
         table = self.table
         if table is None or not outcome.applied:
             return []
+        actions: list[Action] = []
         if isinstance(event, Lost | Departed | Void):
-            return self._foster_below(event.rank, now)
-        if isinstance(event, Online):
-            return self._send_home(event.rank, event.parent)
-        return []
+            actions = self._foster_below(event.rank, now)
+        elif isinstance(event, Online):
+            home = self.topology.parent(event.rank)
+            welcomer = event.parent if event.parent is not None else home
+            if welcomer is not None:
+                self.admissions.told(event.rank, event.incarnation, welcomer)
+            actions = self._send_home(event.rank, event.parent)
+        return actions + self._withdraw_moot()
+
+    def _withdraw_moot(self) -> list[Action]:
+        """Withdraw each open foster admission that is moot now (admissions.py): its rank is
+        attached to another broker that reaches rank 0, or its incarnation is no longer a
+        connected one. One that its rank used is closed without a word."""
+        table = self.table
+        assert table is not None
+        moot: dict[int, list[tuple[int, int]]] = {}
+        for rank, incarnation, parent in self.admissions.open():
+            entry = table.entries[rank]
+            current = entry.incarnation == incarnation and entry.state in CONNECTED
+            if current and entry.attached_to == parent:
+                self.admissions.close(rank, parent)  # used
+            elif not current or (entry.attached_to is not None and table.reachable(rank)):
+                self.admissions.close(rank, parent)
+                moot.setdefault(parent, []).append((rank, incarnation))
+        return [
+            Send(
+                Message(
+                    Kind.REQUEST,
+                    "heal.withdraw",
+                    {"ranks": [list(a) for a in ranks]},
+                    nodeid=parent,
+                )
+            )
+            for parent, ranks in sorted(moot.items())
+            if table.entries[parent].state in CONNECTED
+        ]
+
+    def revocations(
+        self, rank: int, incarnation: int, reason: str, also: set[int] | None = None
+    ) -> list[Action]:
+        """Rank 0 ended (rank, incarnation) for good (replaced, or voided): `flub.revoke` to
+        every parent that may still admit it (admissions.py), and to those in `also`."""
+        parents = self.admissions.withdraw(rank, incarnation) | (also or set())
+        notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
+        return [
+            Send(Message(Kind.REQUEST, "flub.revoke", dict(notice), nodeid=parent))
+            for parent in sorted(parents)
+            if parent != rank and self.topology.is_ancestor(parent, rank)
+        ]
 
     def _foster_below(self, rank: int, now: float) -> list[Action]:
         assert self.table is not None
@@ -83,6 +133,8 @@ class HealService:
         if not admitted:
             return []
         foster = foster_parent(self.table, rank)
+        for admitted_rank, incarnation, _ in admitted:
+            self.admissions.fostered(admitted_rank, incarnation, foster)
         order = {
             "ranks": [list(admission) for admission in admitted],
             "for": self.table.reattach_grace,
@@ -118,6 +170,7 @@ class HealService:
     def _adopt(self, parent: int, child: int, incarnation: int, key: str) -> Call:
         """Have `parent` admit `child`, then tell the child to go to it."""
         order = {"rank": child, "incarnation": incarnation, "public_key": key}
+        self.admissions.told(child, incarnation, parent)
 
         def adopted(reply: Message, now: float) -> list[Action]:
             if reply.errnum:
@@ -163,6 +216,20 @@ class HealService:
         if key and not is_key(key):
             return None
         return rank, incarnation, key
+
+    def withdraw(self, request: Message, now: float) -> list[Action]:
+        """heal.withdraw: forget these foster admissions, unless their brokers came (one-way)."""
+        if (refused := unless_from_rank0(request)) is not None:
+            return refused
+        ranks = request.payload.get("ranks")
+        if not isinstance(ranks, list) or len(ranks) > MAX_ADMISSIONS:
+            return []
+        withdrawn = tuple(
+            (int(item[0]), int(item[1]))
+            for item in ranks
+            if isinstance(item, list) and len(item) == 2 and is_int(item[0]) and is_int(item[1])
+        )
+        return [Withdraw(withdrawn)] if withdrawn else []
 
     def adopt(self, request: Message, now: float) -> list[Action]:
         """heal.adopt: admit this child of ours, coming home; answer with our card."""

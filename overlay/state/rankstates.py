@@ -120,6 +120,9 @@ class RankEntry:
     last_pid: int | None = None  # the last broker welcomed as this rank: kept once it has gone
     attached_to: int | None = None  # while connected: the broker its link goes to (None: adrift)
     adrift_until: float | None = None  # lost its link: when rank 0 gives up on its reattaching
+    # while connected: other brokers that welcomed this broker too, whose end of that link has
+    # not been reported yet (a second welcome while it sought a parent, or the way home)
+    other_links: tuple[int, ...] = ()
 
     @property
     def state(self) -> RankState:

@@ -42,6 +42,16 @@ they were: a repeat, or the torpid flag.
   repeat that moves it. A lost rank whose same broker (same pid) says hello again, its
   incarnation never replaced, is online again: a healed partition (not one lost while
   retiring: its key is barred).
+- Special case: one broker, several links. A broker seeking a parent may be welcomed by two
+  ancestors before it keeps one, and one going home is welcomed at home before it leaves its
+  foster parent: each welcoming parent reports an Online, and each reports the end of its link
+  later (Moved, or Lost if the child's word did not reach it). The table keeps the parents other
+  than `attached_to` whose link has not ended (`other_links`). A Lost or Moved from one of
+  several links is the internal event LinkEnded: that link ends, and the rank stays connected,
+  attached to another of its links if it was attached by that one. A rank is lost only when the
+  last parent that holds its broker says so, so a stale `connection dropped` from a parent the
+  broker left never hands its rank out while it runs on elsewhere (issue 20). A rank that ends
+  leaves every link below it that it held: those attached to it by their only link go adrift.
 - Torpid sets or clears a flag on a connected rank: it is not a state, and `since` stays.
 - Retire: an online rank other than rank 0, whose children are none of them online, reserved or
   retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
@@ -158,6 +168,16 @@ class Orphaned:
     cause: str
 
 
+@dataclass(frozen=True, slots=True)
+class LinkEnded:
+    """Internal: `parent`'s link to the rank's broker ended (its Lost or Moved), while the
+    broker has another link: the rank stays connected."""
+
+    rank: int
+    incarnation: int
+    parent: int
+
+
 def refused(reason: str) -> Outcome:
     return Outcome(False, (), reason)
 
@@ -169,7 +189,7 @@ def _no(reason: str, never: bool = False) -> Outcome:
 
 # --- guards: what must hold for a row to apply (None: it holds; else why not) -------------------
 
-Stimulus = Event | Reserve | Orphaned
+Stimulus = Event | Reserve | Orphaned | LinkEnded
 Guard = Callable[["RankTable", RankEntry, Any, float], "str | None"]
 Effect = Callable[["RankTable", RankEntry, Any, float], "tuple[int, ...]"]
 Why = Callable[[Any], str]
@@ -292,7 +312,19 @@ def attach(table: RankTable, entry: RankEntry, event: Online, now: float) -> tup
     parent = reporter(table, entry, event)
     if entry.attached_to == parent and entry.adrift_until is None:
         return ()
-    entry.attached_to, entry.adrift_until = parent, None
+    others = [p for p in entry.other_links if p != parent]
+    if entry.attached_to is not None and entry.attached_to != parent:
+        others.append(entry.attached_to)  # its end of that link is still to be reported
+    entry.attached_to, entry.adrift_until, entry.other_links = parent, None, tuple(others)
+    return (entry.rank,)
+
+
+def end_link(table: RankTable, entry: RankEntry, event: LinkEnded, now: float) -> tuple[int, ...]:
+    """One of the broker's links ended: it stays attached by another."""
+    others = [p for p in entry.other_links if p != event.parent]
+    if entry.attached_to == event.parent:
+        entry.attached_to = others.pop() if others else None
+    entry.other_links = tuple(others)
     return (entry.rank,)
 
 
@@ -304,6 +336,7 @@ def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[
     if table.entries[to].state not in CONNECTED or entry.attached_to == to:
         return ()
     entry.attached_to, entry.adrift_until = to, None
+    entry.other_links = tuple(p for p in entry.other_links if p != to)
     return (entry.rank,)
 
 
@@ -362,7 +395,12 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
         rank, parent_there = stack.pop()
         below = table.entries[rank]
         connected = below.state in CONNECTED
-        if connected and below.attached_to == entry.rank:
+        if connected and entry.rank in below.other_links:
+            below.other_links = tuple(p for p in below.other_links if p != entry.rank)
+        if connected and below.attached_to == entry.rank and below.other_links:
+            below.attached_to, below.other_links = below.other_links[-1], below.other_links[:-1]
+            changed.append(rank)
+        elif connected and below.attached_to == entry.rank:
             below.attached_to, below.adrift_until = None, now + table.reattach_grace
             changed.append(rank)
         elif not connected and not parent_there:
@@ -371,6 +409,17 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
                 changed += table._fire(below, rule, Orphaned(rank, below.incarnation, cause), now)
         stack.extend((child, connected) for child in table.topology.children(rank))
     return tuple(changed)
+
+
+def one_of_several(entry: RankEntry, event: Event) -> Event | LinkEnded:
+    """A Lost or Moved from one of a connected broker's several links ends that link only
+    (LinkEnded); a Moved from the link it is attached by moves it, as any Moved does."""
+    parent = getattr(event, "parent", None)
+    if not isinstance(event, Lost | Moved) or parent is None or not entry.other_links:
+        return event
+    if parent in entry.other_links or (isinstance(event, Lost) and parent == entry.attached_to):
+        return LinkEnded(entry.rank, entry.incarnation, parent)
+    return event
 
 
 # --- reasons: why a row's rank is in its new phase, as status shows it --------------------------
@@ -445,6 +494,11 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.LAUNCHED, Orphaned): Rule(Phase.LOST, why=cut_off),
     (Phase.CONFIG_BOOTING, Orphaned): Rule(Phase.CONFIG_BOOTING, why=cut_off),
     (Phase.CONFIG_DOWN, Orphaned): Rule(Phase.CONFIG_DOWN, why=cut_off),
+    # LinkEnded (internal): one of the broker's several links ended; it keeps another
+    (Phase.ONLINE, LinkEnded): Rule(None, (), (end_link,)),
+    (Phase.RETIRING, LinkEnded): Rule(None, (), (end_link,)),
+    (Phase.CONFIG_ONLINE, LinkEnded): Rule(None, (), (end_link,)),
+    (Phase.CONFIG_RETIRING, LinkEnded): Rule(None, (), (end_link,)),
     # Torpid: a flag on a connected rank
     (Phase.ONLINE, Torpid): Rule(None, (on_its_link,), (flag,)),
     (Phase.RETIRING, Torpid): Rule(None, (on_its_link,), (flag,)),
@@ -576,19 +630,19 @@ class RankTable:
                 f"rank {event.rank} incarnation {event.incarnation} is not current "
                 f"({entry.incarnation})"
             )
-        return self._step(entry, event, now)
+        return self._step(entry, one_of_several(entry, event), now)
 
-    def _step(self, entry: RankEntry, event: Event | Reserve, now: float) -> Outcome:
+    def _step(self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float) -> Outcome:
         rule = self._rule(entry, event, now)
         if isinstance(rule, str):
             return refused(rule)
         return Outcome(True, self._fire(entry, rule, event, now), rule.note.format(rank=entry.rank))
 
-    def _rule(self, entry: RankEntry, event: Event | Reserve, now: float) -> Rule | str:
+    def _rule(self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float) -> Rule | str:
         """The row that applies to `event`, or why there is none (the table is not touched)."""
         rule = TRANSITIONS.get((entry.phase, type(event)))
-        if rule is None:
-            return REFUSALS[type(event)](entry)
+        if rule is None:  # LinkEnded, internal, comes for a connected rank only
+            return REFUSALS[type(event)](entry)  # type: ignore[index]
         for guard in rule.guards:
             if (why := guard(self, entry, event, now)) is not None:
                 return why
@@ -607,6 +661,7 @@ class RankTable:
             if entry.state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
+                entry.other_links = ()
             if rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
