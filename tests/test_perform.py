@@ -43,6 +43,7 @@ from tbon.overlay.services.actions import (
     ShutDown,
     SignalJob,
     StartJob,
+    Withdraw,
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
@@ -112,6 +113,9 @@ class ChildLinks:
 
     def revoke(self, rank: int, incarnation: int, reason: str) -> None:
         self.calls.append(("revoke", rank, incarnation, reason))
+
+    def withdraw(self, rank: int, incarnation: int) -> None:
+        self.calls.append(("withdraw", rank, incarnation))
 
     def retire(self, rank: int, incarnation: int, order: dict[str, Any]) -> str:
         self.calls.append(("retire", rank, incarnation, order))
@@ -250,7 +254,7 @@ def test_log_and_report(caplog: pytest.LogCaptureFixture) -> None:
     assert broker.loop.calls == [("report", [online])]
 
 
-def test_the_childrens_side_is_asked_to_admit_foster_revoke_retire_and_readmit() -> None:
+def test_the_childrens_side_is_asked_to_admit_foster_revoke_withdraw_and_readmit() -> None:
     rejoin = Rejoin(2, 1, b"\x00id", 9, Message(Kind.CONTROL, "hello"))
     reported = Online(2, 2, "node2", 99, 0, "")
     child_links = ChildLinks(inbound=Inbound(reports=[reported]))
@@ -259,6 +263,7 @@ def test_the_childrens_side_is_asked_to_admit_foster_revoke_retire_and_readmit()
         Authorize(1, 1, KEY),
         Foster(((3, 2, KEY), (4, 1, "")), 50.0),
         Revoke(1, 1, "reservation expired"),
+        Withdraw(((3, 2), (4, 1))),
         Readmit(rejoin, 2, ""),
     )
     assert child_links.calls == [
@@ -266,6 +271,8 @@ def test_the_childrens_side_is_asked_to_admit_foster_revoke_retire_and_readmit()
         ("authorize", 3, 2, KEY, 50.0),
         ("authorize", 4, 1, "", 50.0),
         ("revoke", 1, 1, "reservation expired"),
+        ("withdraw", 3, 2),
+        ("withdraw", 4, 1),
         ("rejoined", rejoin, 2, ""),
     ]
     assert broker.loop.calls == [("wake",), ("report", [reported]), ("wake",)]
@@ -345,6 +352,7 @@ NEEDS_CHILDREN: list[Callable[[], Action]] = [
     lambda: Authorize(1, 1, KEY),
     lambda: Foster(((3, 1, KEY),), 50.0),
     lambda: Revoke(1, 1, "revoked"),
+    lambda: Withdraw(((1, 1),)),
     lambda: RetireChild(client_request("retire.order"), 1, 1, {}),
     lambda: Readmit(Rejoin(1, 1, b"id", 9, Message(Kind.CONTROL, "hello")), None, "refused"),
 ]

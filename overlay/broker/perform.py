@@ -73,6 +73,7 @@ class ChildLinks(Protocol):
         self, rank: int, incarnation: int, public_z85: str, foster_until: float | None = None
     ) -> None: ...
     def revoke(self, rank: int, incarnation: int, reason: str) -> None: ...
+    def withdraw(self, rank: int, incarnation: int) -> None: ...
     def retire(self, rank: int, incarnation: int, order: dict[str, Any]) -> str: ...
     def rejoined(
         self, rejoin: Rejoin, incarnation: int | None, why: str, now: float
@@ -141,9 +142,9 @@ class Performer:
                 for rank, incarnation, key in admissions:  # none: nothing asked of children
                     self._children(action).authorize(rank, incarnation, key, foster_until=until)
                 self.loop.wake()  # a foster child that never comes is forgotten on time
-            case Withdraw(admissions) if children is not None:
+            case Withdraw(admissions):
                 for rank, incarnation in admissions:
-                    children.withdraw(rank, incarnation)
+                    self._children(action).withdraw(rank, incarnation)
             case GoHome(request, card):
                 why = self.loop.go_home(card)
                 reply = request.fail(errno.EHOSTUNREACH, why) if why else request.respond({})
