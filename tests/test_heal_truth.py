@@ -98,10 +98,6 @@ def test_when_rank0_dies_every_broker_is_gone_within_one_reattach_timeout_at_any
         assert launcher_said(log, rank, before[rank], "exited with status 75"), log
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 20 item 6: a shutdown after a heal waits the whole broker.shutdown-timeout",
-)
 def test_a_shutdown_after_a_heal_does_not_wait_the_shutdown_timeout(instance) -> None:
     # Rank 1 has grandchildren (7-10): when it dies, rank 0 is told to expect its whole subtree,
     # though only its children (3, 4) come. broker.shutdown-timeout and the admissions' grace
