@@ -25,8 +25,8 @@ from tbon import exitcodes
 from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
-from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.services.trust import parent_hop
+from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message
 
 log = logging.getLogger("tbon.parent")
