@@ -40,10 +40,11 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import Draining, RetireService
 from tbon.overlay.services.status import StatusService
-from tbon.overlay.services.trust import client_notice, connection_of, from_parent_of, from_rank0
+from tbon.overlay.services.trust import from_parent_of
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import client_notice, connection_of, from_rank0
 
 NOW = 200.0
 CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "parent"}
