@@ -841,8 +841,8 @@ def test_exec_start_s_eof_is_passed_to_the_job_and_checked() -> None:
 
 
 def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_rank0() -> None:
-    from tbon.overlay.broker.attributes import broker_config
     from tbon.overlay.broker.dispatch import Services
+    from tbon.overlay.config.attributes import broker_config
 
     table = started("kary:2", 4)
     me = Whoami(0, "node0", 1, "local:///x", "tcp://h:1", "K" * 40)

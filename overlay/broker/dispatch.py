@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.logs import recent
 from tbon.overlay.broker.router import Handler
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.services.actions import Action, ForgetWatches, warning
 from tbon.overlay.services.attr import AttrService, describe
 from tbon.overlay.services.dmesg import DmesgService

@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 
 from tbon import exitcodes
-from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.connections import Connection, ConnectionLedger
 from tbon.overlay.links.hello import (
     AskRankZero,

@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 
 from tbon import exitcodes
-from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.parse.numbers import is_int
