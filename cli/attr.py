@@ -14,7 +14,7 @@ import typer
 
 from tbon.cli.common import URI_HELP, print_json
 from tbon.errors import TbonError, UsageError
-from tbon.overlay.broker.attributes import KNOWN
+from tbon.overlay.config.attributes import KNOWN
 
 ACTIONS = ("get", "list")
 ARGUMENT_VALUES = (*ACTIONS, *sorted(KNOWN))

@@ -30,7 +30,7 @@ from tbon.errors import TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
-    from tbon.overlay.services.flow import Returns, StdinRoom
+    from tbon.overlay.wire.flow import Returns, StdinRoom
 
 RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
 SKIPPED_STATES = ("lost", "offline")
@@ -339,7 +339,7 @@ def _run(
     Output is written as it comes and credited back once written (flow.py), so a reader that
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
     Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
-    from tbon.overlay.services.flow import StdinRoom, output_window
+    from tbon.overlay.wire.flow import StdinRoom, output_window
 
     job_id = uuid.uuid4().hex
     window = output_window(len(targets))
@@ -422,7 +422,7 @@ class Streams:
             _answer(payload, self.outcome, self.as_json)
 
     def _write(self, rank: int, stream: str, data: bytes | memoryview) -> None:
-        from tbon.overlay.services.flow import MESSAGE_COST, Returns
+        from tbon.overlay.wire.flow import MESSAGE_COST, Returns
 
         size = len(data)
         if self.as_json:
@@ -444,7 +444,7 @@ class Streams:
 
     def pass_stdin(self, fd: int) -> int | None:
         """Send what stdin has, as much as every rank has room for; at EOF, None."""
-        from tbon.overlay.services.flow import CHUNK
+        from tbon.overlay.wire.flow import CHUNK
 
         data = os.read(fd, min(CHUNK, self.stdin.available()))
         if not data:

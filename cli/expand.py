@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
 def _check_attributes(extra: list[str]) -> None:
     """Refuse bad -S settings here, once, rather than in every broker started with them. The
     brokers get broker.boot-server from this command: a stand-in URI takes its place."""
-    from tbon.overlay.broker.attributes import broker_config, parse_assignments
+    from tbon.overlay.config.attributes import broker_config, parse_assignments
 
     attributes = parse_assignments(extra)
     broker_config(

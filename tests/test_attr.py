@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import tbon
 
-from tbon.overlay.broker.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
+from tbon.overlay.config.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
 from tbon.overlay.services.actions import Respond
 from tbon.overlay.services.attr import SOURCES, AttrService, describe
 from tbon.overlay.services.ping import Whoami

@@ -19,7 +19,7 @@ from conftest import DEADLINE, TBON, Instance, child_env, tbon, wait_for
 
 from tbon import exitcodes
 from tbon.errors import TbonError, UsageError
-from tbon.overlay.broker.attributes import broker_config
+from tbon.overlay.config.attributes import broker_config
 from tbon.overlay.connectors.client import Client
 from tbon.overlay.connectors.uri import MAX_URIS, parse_uri, split_uris
 from tbon.overlay.wire.frames import FrameReader, encode_frames

@@ -17,7 +17,7 @@ from zmq.utils import z85
 
 from tbon import exitcodes
 from tbon.errors import UsageError
-from tbon.overlay.broker.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
+from tbon.overlay.config.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
 from tbon.overlay.links.children import Children, Inbound
 from tbon.overlay.links.hello import (
     AskRankZero,

@@ -40,10 +40,11 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import Draining, RetireService
 from tbon.overlay.services.status import StatusService
-from tbon.overlay.services.trust import client_notice, connection_of, from_parent_of, from_rank0
+from tbon.overlay.services.trust import from_parent_of
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import client_notice, connection_of, from_rank0
 
 NOW = 200.0
 CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "parent"}
@@ -840,8 +841,8 @@ def test_exec_start_s_eof_is_passed_to_the_job_and_checked() -> None:
 
 
 def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_rank0() -> None:
-    from tbon.overlay.broker.attributes import broker_config
     from tbon.overlay.broker.dispatch import Services
+    from tbon.overlay.config.attributes import broker_config
 
     table = started("kary:2", 4)
     me = Whoami(0, "node0", 1, "local:///x", "tcp://h:1", "K" * 40)

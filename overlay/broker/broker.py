@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from tbon.errors import TbonError
-from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.dispatch import ROOT_TOPICS, Services
 from tbon.overlay.broker.jobs import JobRunner
 from tbon.overlay.broker.logs import set_log_rank, setup_logging
@@ -30,6 +29,7 @@ from tbon.overlay.broker.program import InitialProgram
 from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.services.actions import Action
 from tbon.overlay.services.heal import adrift
 from tbon.overlay.services.lifecycle import Lifecycle

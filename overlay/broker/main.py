@@ -160,7 +160,7 @@ def parse_args(argv: list[str]) -> Args:
 
 
 def main(argv: list[str]) -> int:
-    from tbon.overlay.broker.attributes import broker_config, parse_assignments
+    from tbon.overlay.config.attributes import broker_config, parse_assignments
     from tbon.proctitle import name_broker
 
     try:

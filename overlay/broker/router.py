@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import unreachable
-from tbon.overlay.services.trust import child_hop, parent_hop
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
+from tbon.overlay.wire.route import child_hop, parent_hop
 
 if TYPE_CHECKING:  # each link's module is loaded by a broker that has such a link only
     from tbon.overlay.links.children import Children

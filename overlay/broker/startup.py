@@ -22,7 +22,7 @@ from tbon.keys.cert import generate_keypair
 from tbon.overlay.boot.pmi_client import PmiClient
 from tbon.overlay.boot.singleton import singleton_wireup
 from tbon.overlay.boot.wireup import Wireup
-from tbon.overlay.broker.attributes import BrokerConfig, host_address
+from tbon.overlay.config.attributes import BrokerConfig, host_address
 from tbon.overlay.links.local import LocalServer
 from tbon.overlay.state.topology import Topology
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri, parse_uri
-from tbon.overlay.services.flow import ACK_EVERY
+from tbon.overlay.wire.flow import ACK_EVERY
 from tbon.overlay.wire.frames import Buffer as Part
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode

@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 
 from tbon import exitcodes
-from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.connections import Connection, ConnectionLedger
 from tbon.overlay.links.hello import (
     AskRankZero,
@@ -43,10 +43,10 @@ from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.state.ranktable import Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.children")

@@ -25,9 +25,9 @@ from tbon import exitcodes
 from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
-from tbon.overlay.services.flow import LINK_HWM
-from tbon.overlay.services.trust import parent_hop
+from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import parent_hop
 
 log = logging.getLogger("tbon.parent")
 

@@ -29,9 +29,9 @@ from tbon.overlay.services.actions import (
     StartJob,
     WriteStdin,
 )
-from tbon.overlay.services.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.wire.message import Kind, Message
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")

@@ -37,12 +37,7 @@ from tbon.overlay.services.actions import (
 )
 from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import (
-    Connection,
-    connection_of,
-    from_parent_of,
-    unless_from_rank0,
-)
+from tbon.overlay.services.trust import from_parent_of, unless_from_rank0
 from tbon.overlay.state.ranktable import (
     CONNECTED,
     RankState,
@@ -54,6 +49,7 @@ from tbon.overlay.state.ranktable import (
 )
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import Connection, connection_of
 
 if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
     from tbon.overlay.links.children import Rejoin
