@@ -1,5 +1,6 @@
-"""What several commands share: the URI argument, durations, where progress goes, and the one
-retry of a request that a healing tree could not route."""
+"""What several commands share: the URI argument, durations, where progress goes (a line on a
+terminal while a command waits: overlay/connectors/patience.py decides when), and the one retry
+of a request that a healing tree could not route."""
 
 from __future__ import annotations
 
@@ -18,11 +19,53 @@ from tbon.overlay.parse.duration import parse_duration
 if TYPE_CHECKING:
     from rich.status import Status
 
+    from tbon.overlay.connectors.client import Client
+
 URI_HELP = "The instance to talk to (local://PATH or ssh://...); default: $TBON_URI."
 
 
 def duration(text: str | None, what: str) -> float | None:
     return None if text is None else check_duration(parse_duration(text, what), what)
+
+
+def limit(text: str | None, what: str = "--timeout") -> float | None:
+    """A --timeout as a limit on waiting: the default answer wait if not given, none if 0."""
+    from tbon.overlay.connectors.patience import limit_of
+
+    return limit_of(duration(text, what))
+
+
+COMMAND = "tbon"
+"""`tbon NAME`, as cli/app.py's run names the command that runs: what progress lines start with."""
+
+
+class TerminalLine:
+    """One line on stderr, rewritten in place while a command waits and wiped once it is
+    over (or before anything else is written: `clear`)."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, text: str) -> None:
+        if text:
+            sys.stderr.write(f"\r{COMMAND}: {text}\x1b[K")
+            self.shown = True
+        elif self.shown:
+            sys.stderr.write("\r\x1b[K")
+            self.shown = False
+        else:
+            return
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        self("")
+
+
+def open_client(uri: str | None) -> Client:
+    """A client for `uri` (default: $TBON_URI) that, at a terminal, says whom it waits for."""
+    from tbon.overlay.connectors.client import connect
+
+    return connect(uri, TerminalLine() if interactive() else None)
 
 
 def print_json(value: Any) -> None:
@@ -91,7 +134,7 @@ def wait_healed(client: Any, limit: float, spinner: Status | None = None) -> Non
                     return
                 payload = {"timeout": round(left, 3)}
                 try:  # the broker answers ETIMEDOUT first; our own limit is a backstop
-                    client.rpc("heal.wait", payload, nodeid=nodeid, timeout=left + HEAL_GRACE)
+                    client.rpc("heal.wait", payload, nodeid, timeout=left + HEAL_GRACE, quiet=True)
                 except TbonError:
                     return
     finally:
