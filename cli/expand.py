@@ -23,7 +23,7 @@ import typer
 
 from tbon import exitcodes
 from tbon.cli.common import URI_HELP, duration, interactive, print_json
-from tbon.errors import TbonError, UsageError
+from tbon.errors import RankError, TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every broker joined, 69 if some found no rank (the instance was
         full), 1 if any failed otherwise.
         """
-        from tbon.overlay.connectors.client import connect
+        from tbon.cli.common import open_client
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
         remote_hosts = _remote_hosts(hosts)
         limit = duration(timeout, "--timeout")
         limit = 60.0 if limit is None else limit
-        with connect(uri) as client:
+        with open_client(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             info = client.rpc("broker.info", nodeid=0)
             wanted = _wanted(status, count, fill, ranks)
@@ -161,7 +161,7 @@ def _wanted(
         chosen = parse_idset(ranks)
         beyond = [r for r in chosen if r >= status["size"]]
         if beyond:
-            raise UsageError(
+            raise RankError(
                 f"--ranks {ranks}: no rank {beyond[0]} in this instance of size {status['size']}"
             )
         return list(chosen)
