@@ -17,6 +17,7 @@ import typer
 from typer._click import exceptions as click_exceptions
 
 from tbon.cli.commands import TbonApp, TbonGroup
+from tbon.cli.common import end_by_signal
 from tbon.errors import Signalled, TbonError, debugging
 
 COMMAND_MODULES = (
@@ -92,7 +93,7 @@ streams once its connection closes."""
 
 
 def _end(signum: int, _frame: object) -> None:
-    raise Signalled(signum)
+    end_by_signal(signum)
 
 
 def run(args: list[str]) -> int:
@@ -132,8 +133,9 @@ def run(args: list[str]) -> int:
         print(f"{_command_name(args)}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except Signalled as ended:
-        name = signal.Signals(ended.signum).name
-        print(f"{_command_name(args)}: ended by {name}", file=sys.stderr)
+        if ended.signum != signal.SIGINT:  # Ctrl-C needs no word: its person typed it
+            name = signal.Signals(ended.signum).name
+            print(f"{_command_name(args)}: ended by {name}", file=sys.stderr)
         return 128 + ended.signum
     except Exception as error:  # never leak a traceback to a user
         if debugging():

@@ -5,11 +5,13 @@ of a request that a healing tree could not route."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
@@ -59,6 +61,29 @@ class TerminalLine:
 
     def clear(self) -> None:
         self("")
+
+
+HARD_END = 1.0
+"""Seconds after a signal's Signalled was raised before the command ends without it: Python
+ignores an exception raised in some callbacks (a weakref's, as the import system uses), and
+a signal that comes just then would otherwise be lost."""
+
+
+def end_by_signal(signum: int) -> NoReturn:
+    """End the command for signal `signum` (from its handler): Signalled, which cli/app.py
+    turns into 128+N once every `finally` has run; and, should Python swallow it, the same end
+    HARD_END seconds later, without those (what a command owns in the instance its brokers end
+    when its connection closes)."""
+    from tbon.errors import Signalled
+
+    def hard(_signum: int, _frame: object) -> None:
+        if signum != signal.SIGINT:
+            os.write(2, f"{COMMAND}: ended by {signal.Signals(signum).name}\n".encode())
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGALRM, hard)
+    signal.setitimer(signal.ITIMER_REAL, HARD_END)
+    raise Signalled(signum)
 
 
 def open_client(uri: str | None) -> Client:

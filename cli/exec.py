@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tbon.cli.common import open_client, print_json
+from tbon.cli.common import end_by_signal, open_client, print_json
 from tbon.errors import RANK_TROUBLE, Signalled, TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
@@ -409,7 +409,7 @@ class Signals:
 
     def _note(self, signum: int, _frame: object) -> None:
         if self._first is not None and self._taken == []:
-            raise Signalled(self._first[0])  # a second signal: no more grace
+            end_by_signal(self._first[0])  # a second signal: no more grace
         self._taken.append(signum)
 
     def taken(self) -> list[int]:
