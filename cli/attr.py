@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from tbon.cli.common import URI_HELP, print_json
+from tbon.cli.common import URI_HELP, open_client, print_json
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.config.attributes import KNOWN
 
@@ -52,7 +52,6 @@ def register(app: typer.Typer) -> None:
         Exit status: 0; 1 if the attribute asked for is unset, or the broker cannot be asked; 2
         for a usage error, such as a NAME that is not an attribute.
         """
-        from tbon.overlay.connectors.client import connect
         from tbon.overlay.connectors.uri import looks_like_uri
         from tbon.overlay.wire.message import ANY_RANK
 
@@ -67,7 +66,7 @@ def register(app: typer.Typer) -> None:
         if action == "get" and rest[0] not in KNOWN:
             raise UsageError(f"unknown attribute {rest[0]!r}: 'tbon attr list' lists them")
         nodeid = ANY_RANK if rank is None else rank
-        with connect(uri) as client:
+        with open_client(uri) as client:
             if action == "list":
                 answer = client.rpc("attr.list", nodeid=nodeid)
                 if as_json:

@@ -174,6 +174,9 @@ def main(argv: list[str]) -> int:
     command = args.command
     try:
         config = broker_config(parse_assignments(args.setattr), args.config_file)
+        from tbon.overlay.broker.startup import check_files
+
+        check_files(config)
     except TbonError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return error.exit_code

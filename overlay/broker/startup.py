@@ -159,6 +159,16 @@ def keypair(config: BrokerConfig, path: str | None) -> tuple[str, str]:
     return cert.public, cert.secret
 
 
+def check_files(config: BrokerConfig) -> None:
+    """Read the files a broker is given, its config file and its certificate, before anything
+    starts: a bad one is a usage error, said on one line as every command says one (`tbon
+    broker: ...`), not logged by a broker that has begun to boot. Boot reads them again."""
+    file = _bootconfig(config.config_file) if config.config_file is not None else None
+    path = file.curve_cert if file is not None else config.cert
+    if path is not None:
+        keypair(config, path)
+
+
 def adopt(config: BrokerConfig, attributes: dict[str, Any]) -> BrokerConfig:
     """A joiner takes the instance's liveness settings, so that both ends of each link agree."""
     return dataclasses.replace(
