@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,6 +112,45 @@ def test_a_broker_refuses_a_bad_certificate_or_config_file_as_a_usage_error(
         result = tbon("broker", *argv, "true")
         assert result.returncode == USAGE, (argv, result.stderr)
         one_line(result, "broker", pattern)
+
+
+def test_a_broker_says_a_usage_error_found_while_booting_as_any_command_does(
+    tmp_path: Path,
+) -> None:
+    """A config file that does not name this host is found out only by bootstrap."""
+    cert = tmp_path / "instance.cert"
+    assert tbon("keygen", str(cert)).returncode == 0
+    config = tmp_path / "tbon.toml"
+    config.write_text(
+        f'[bootstrap]\ncurve_cert = "{cert}"\nhosts = [ {{ host = "elsewhere" }} ]\n'
+    )
+    result = tbon("broker", "-c", str(config), "-S", "hostname=here", "true")
+    assert result.returncode == USAGE, result.stderr
+    one_line(result, "broker", r"host 'here' is not in \[bootstrap\] hosts \(elsewhere\)")
+
+
+def test_a_broker_whose_tree_endpoint_is_taken_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = tbon(
+            "broker",
+            "-S",
+            "size=2",
+            "-S",
+            f"tbon.endpoint=tcp://127.0.0.1:{port}",
+            "-S",
+            f"broker.rundir={tmp_path}/run",
+            "true",
+        )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].endswith(
+        f"error: cannot bind the tree endpoint tcp://127.0.0.1:{port}: Address already in use"
+    ), lines[0]
 
 
 # --- failed: the instance cannot be reached (1) -----------------------------------------------

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from tbon.errors import TbonError
+from tbon.errors import TbonError, UsageError
 from tbon.overlay.broker.dispatch import ROOT_TOPICS, Services
 from tbon.overlay.broker.jobs import JobRunner
 from tbon.overlay.broker.logs import set_log_rank, setup_logging
@@ -592,6 +592,8 @@ def run_broker(config: BrokerConfig, command: list[str]) -> int:
             links.close(linger=False)
             raise
         return broker.run()
+    except UsageError:
+        raise  # found while booting: main() says it as any command says its usage
     except TbonError as error:
         log.error("%s", error)
         return error.exit_code

@@ -185,6 +185,9 @@ def main(argv: list[str]) -> int:
     name_broker(detail=" ".join(argv))  # `tbon broker rank R/N ...` once bootstrap tells R/N
     try:
         return run_broker(config, command)
+    except UsageError as error:  # a config file's host list without this host, say
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         return exitcodes.INTERNAL
     except Exception as error:  # a broker reports, it does not print tracebacks at users

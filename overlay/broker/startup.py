@@ -125,7 +125,11 @@ class _Binder:
         self.children = Children(self.context, rank, topology, self.config, self.secret)
         address = host_address(self.config.hostname)
         where = (template or self.config.endpoint).replace("%h", address)
-        self.endpoint = self.children.bind(where)
+        try:
+            self.endpoint = self.children.bind(where)
+        except zmq.ZMQError as error:  # a port taken, an address not of this host (boot closes)
+            reason = zmq.strerror(error.errno)
+            raise TbonError(f"cannot bind the tree endpoint {where}: {reason}") from None
         return self.endpoint
 
     def authorize(self, rank: int, incarnation: int, public_key: str) -> None:
