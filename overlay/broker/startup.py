@@ -128,7 +128,7 @@ class _Binder:
         try:
             self.endpoint = self.children.bind(where)
         except zmq.ZMQError as error:  # a port taken, an address not of this host (boot closes)
-            reason = zmq.strerror(error.errno)
+            reason = zmq.strerror(error.errno) if error.errno is not None else str(error)
             raise TbonError(f"cannot bind the tree endpoint {where}: {reason}") from None
         return self.endpoint
 
