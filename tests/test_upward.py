@@ -31,6 +31,7 @@ from tbon.overlay.links.upward import (
     Open,
     ParentSeeking,
     Refused,
+    ReportDropped,
     Seeking,
     SendMoved,
     Silent,
@@ -141,7 +142,8 @@ def test_a_lost_parent_starts_a_search_of_every_ancestor(loss) -> None:
         Open(1, CARD0, 1),
         Open(2, CARD1, 1),
     ]
-    assert m.state == Seeking(10.0 + REATTACH, {0: 1, 1: 2})
+    dropped = 1 if isinstance(loss, LinkLost) else None  # the parent to tell rank 0 of
+    assert m.state == Seeking(10.0 + REATTACH, {0: 1, 1: 2}, dropped=dropped)
     assert m.parent_link is None and m.next_deadline() == 10.0 + REATTACH
 
 
@@ -190,14 +192,43 @@ def test_the_first_ancestor_to_welcome_is_the_parent_and_the_others_are_dismisse
         AttachedTo(0, False, "reattached under rank 0"),
         LineageChanged((CARD0,)),
         Flush(),
+        ReportDropped(1, "connection dropped"),
     ]
     assert m.state == Fostered(1, 0) and m.open_links == {1}
 
 
 def test_the_home_parent_taking_its_child_back_makes_it_home() -> None:
     m = seeking()
-    m.handle(Welcomed(2, 1, 1, LINEAGE), 10.5)
+    out = m.handle(Welcomed(2, 1, 1, LINEAGE), 10.5)
     assert m.state == Home(2, 1)
+    assert not any(isinstance(i, ReportDropped) for i in out)  # the link is back: no news
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        Silent(0, "the parent has been silent for 3.0s"),
+        Refused(0, exitcodes.LOST, "refused by the parent: rank 3 incarnation 1 was lost"),
+        LinkLost(0, "the link to the parent is full", full=True),
+    ],
+    ids=["silent", "refused", "full"],
+)
+def test_only_a_dropped_connection_is_told_once_welcomed_elsewhere(loss) -> None:
+    """A parent found silent, one that refused this broker, or one that stopped reading may be
+    alive and seeking: that is not evidence of its end (ranktable.py, Dropped)."""
+    m = home()
+    m.handle(loss, 10.0)
+    out = m.handle(Welcomed(1, 0, 1, (CARD0,)), 10.5)
+    assert m.state == Fostered(1, 0)
+    assert not any(isinstance(i, ReportDropped) for i in out)
+
+
+def test_the_drop_is_told_once_after_the_welcome_and_not_on_a_later_search() -> None:
+    m = fostered()
+    out = m.handle(Silent(1, "the parent has been silent for 3.0s"), 20.0)
+    assert isinstance(m.state, Seeking) and m.state.dropped is None
+    out = m.handle(Welcomed(m.state.candidates[0], 0, 1, (CARD0,)), 20.5)
+    assert not any(isinstance(i, ReportDropped) for i in out)
 
 
 def test_a_key_refused_at_the_handshake_is_tried_again_soon() -> None:
@@ -327,7 +358,7 @@ def test_a_child_whose_seeking_parent_goes_seeks_no_longer_than_it() -> None:
     m = home()
     m.handle(ParentSeeking(0, 2.0), 10.0)
     out = m.handle(LinkLost(0, "dropped"), 11.0)
-    assert TellChildren(12.0) in out and m.state == Seeking(12.0, {0: 1, 1: 2})
+    assert TellChildren(12.0) in out and m.state == Seeking(12.0, {0: 1, 1: 2}, dropped=1)
 
 
 def test_a_child_whose_parent_went_at_the_end_of_its_search_ends_at_once() -> None:
@@ -430,6 +461,8 @@ class UpwardMachine(RuleBasedStateMachine):
                 self.welcomed_once = seen_welcome = True
             elif isinstance(instruction, Flush):
                 assert seen_welcome  # nothing goes up before a welcome but the hello
+            elif isinstance(instruction, ReportDropped):
+                assert seen_welcome and instruction.parent != self.m.peer
             elif isinstance(instruction, Exit):
                 self.exits += 1
                 assert isinstance(self.m.state, Ended)
@@ -442,11 +475,12 @@ class UpwardMachine(RuleBasedStateMachine):
     def welcome(self, data, peer: int, lineage) -> None:
         self.feed(Welcomed(self.some_link(data), peer, 1, lineage))
 
-    @rule(data=st.data(), kind=st.sampled_from(["lost", "silent", "key", "75", "77", "0"]))
+    @rule(data=st.data(), kind=st.sampled_from(["lost", "full", "silent", "key", "75", "77", "0"]))
     def loss(self, data, kind: str) -> None:
         link = self.some_link(data)
         stimulus = {
             "lost": LinkLost(link, "dropped"),
+            "full": LinkLost(link, "full", full=True),
             "silent": Silent(link, "silent"),
             "key": Refused(link, exitcodes.REFUSED, "key", key=True),
             "75": Refused(link, exitcodes.LOST, "was lost"),

@@ -44,7 +44,7 @@ from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.flow import LINK_HWM
-from tbon.overlay.state.ranktable import Event, Lost, Moved, Online, Torpid
+from tbon.overlay.state.ranktable import Dropped, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
@@ -388,8 +388,9 @@ class Children:
         except MessageError as error:
             log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
             return
-        if not 0 <= event.rank < self.topology.size or not self.topology.is_ancestor(
-            sender.rank, event.rank
+        own = isinstance(event, Dropped) and event.rank == sender.rank  # its word on itself
+        if not 0 <= event.rank < self.topology.size or not (
+            own or self.topology.is_ancestor(sender.rank, event.rank)
         ):
             log.warning("rank %d reported on rank %d, outside its subtree", sender.rank, event.rank)
             return

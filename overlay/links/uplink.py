@@ -27,6 +27,8 @@ from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
 from tbon.overlay.services.flow import LINK_HWM
 from tbon.overlay.services.trust import parent_hop
+from tbon.overlay.state.ranktable import Dropped
+from tbon.overlay.state.reports import encode_event
 from tbon.overlay.wire.message import Kind, Message
 
 log = logging.getLogger("tbon.parent")
@@ -224,7 +226,7 @@ class Uplink:
             if ended is None:
                 continue
             if link.overflow is not None:
-                self._feed(upward.LinkLost(lid, ended.reason), now, news)
+                self._feed(upward.LinkLost(lid, ended.reason, full=True), now, news)
             else:
                 self._feed(upward.Silent(lid, ended.reason), now, news)
             if news.ended is not None:
@@ -237,7 +239,7 @@ class Uplink:
         news = UplinkNews()
         overflow, parent = self.overflow, self.machine.parent_link
         if overflow is not None and parent is not None:
-            self._feed(upward.LinkLost(parent, overflow.reason), now, news)
+            self._feed(upward.LinkLost(parent, overflow.reason, full=True), now, news)
         return news
 
     def move_home(self, card: Card, now: float) -> UplinkNews:
@@ -288,6 +290,9 @@ class Uplink:
                 news.seeking_until = until
             case upward.Decline(reason):
                 news.declined = reason
+            case upward.ReportDropped(parent, reason):
+                said = Dropped(self.machine.rank, self.machine.incarnation, parent, reason)
+                self.send(Message(Kind.CONTROL, "report", encode_event(said)))
             case upward.Exit(code, reason):
                 news.ended = LinkEnded(code, reason)
             case _:

@@ -29,6 +29,10 @@ Rules.
   that refused the hello with 75, or with 77 when this broker holds the instance's shared key
   (config bootstrap: every handshake lets it through), or that dropped, after RETRY_AFTER. A
   `refuse` of 0 (shutting down) ends the broker with 0; any other 77 ends it with 77.
+- A broker whose parent's connection dropped (not one that fell silent, filled up or refused
+  it) and that another ancestor welcomes says so up its new link (`ReportDropped`): the rank
+  table believes it about that parent if nothing else holds a link to it (ranktable.py,
+  Dropped). Welcomed by that same parent again, it says nothing: the link is back.
 - The search ends (75) at its deadline: `reattach_timeout` after the loss, or sooner if the
   parent had said it was itself seeking (below).
 - A broker that starts seeking tells its children when its search ends (`TellChildren`); a
@@ -113,6 +117,7 @@ class Seeking:
     until: float
     candidates: dict[int, LinkId] = field(default_factory=dict)  # ancestor rank -> link
     retries: dict[int, float] = field(default_factory=dict)  # ancestor rank -> ask again at
+    dropped: int | None = None  # the parent whose connection dropped, to be said once attached
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +151,11 @@ class LineageSaid:
 
 @dataclass(frozen=True, slots=True)
 class LinkLost:
-    """The connection dropped, or the link is full (its broker stopped reading)."""
+    """The connection dropped, or the link is full (`full`: its broker stopped reading)."""
 
     link: LinkId
     reason: str
+    full: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +268,14 @@ class Decline:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportDropped:
+    """Tell rank 0, up the parent link now attached, that the connection to `parent` dropped."""
+
+    parent: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Exit:
     code: int
     reason: str
@@ -277,6 +291,7 @@ Instruction = (
     | LineageChanged
     | TellChildren
     | Decline
+    | ReportDropped
     | Exit
 )
 
@@ -448,7 +463,8 @@ def parent_lost(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
             exitcodes.LOST, f"{s.reason}; the parent's own search for a parent had ended"
         )
     opens = [m._open(card) for card in m._cards()]
-    m.state = Seeking(until, {o.card[0]: o.link for o in opens})
+    dropped = state.peer if isinstance(s, LinkLost) and not s.full else None
+    m.state = Seeking(until, {o.card[0]: o.link for o in opens}, dropped=dropped)
     return [*out, Detached(s.reason), TellChildren(until), *opens]
 
 
@@ -476,7 +492,10 @@ def candidate_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[In
     m.incarnation = s.incarnation
     m.state = m._attach(s.link, s.peer)
     out.append(AttachedTo(s.peer, False, f"reattached under rank {s.peer}"))
-    return [*out, *_adopt(m, s.lineage or m.lineage), Flush()]
+    out += [*_adopt(m, s.lineage or m.lineage), Flush()]
+    if state.dropped is not None and state.dropped != s.peer:
+        out.append(ReportDropped(state.dropped, DROPPED))
+    return out
 
 
 def candidate_refused(m: Upward, s: Refused, role: str, now: float) -> list[Instruction]:
@@ -590,6 +609,7 @@ def nothing(m: Upward, s: Stimulus, role: str, now: float) -> list[Instruction]:
 
 
 SEEKING_NOW = "this broker is seeking a parent"
+DROPPED = "connection dropped"  # as a parent words a child's drop (children.py)
 
 TRANSITIONS: dict[tuple[type, type, str], Handler] = {
     # waiting for the first welcome
