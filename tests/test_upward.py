@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tbon import exitcodes
 from tbon.overlay.links.upward import (
+    DISMISS_WAIT,
     RETRY_AFTER,
     RETRY_AFTER_KEY,
     TRANSITIONS,
@@ -188,13 +189,48 @@ def test_the_first_ancestor_to_welcome_is_the_parent_and_the_others_are_dismisse
     out = m.handle(Welcomed(1, 0, 1, (CARD0,)), 10.5)
     assert out == [
         SendMoved(2, 0),
-        Close(2, Linger.BRIEF),
         AttachedTo(0, False, "reattached under rank 0"),
         LineageChanged((CARD0,)),
         Flush(),
         ReportDropped(1, "connection dropped"),
     ]
-    assert m.state == Fostered(1, 0) and m.open_links == {1}
+    assert m.state == Fostered(1, 0) and m.open_links == {1, 2}
+    assert m.role(2) == "dismissed" and m.next_deadline() == 10.5 + DISMISS_WAIT
+
+
+def test_a_dismissed_link_stays_open_for_its_moved_to_be_read_then_closes() -> None:
+    """Issue 20, item 2: closed right behind its `moved`, the link lost it at times, and the
+    parent reported the broker lost instead of moved."""
+    m = fostered()
+    assert m.handle(Welcomed(2, 1, 1, LINEAGE), 11.0) == []  # the hello it had said: ignored
+    assert m.handle(LineageSaid(2, LINEAGE), 11.0) == []
+    assert m.handle(ParentSeeking(2, 1.0), 11.0) == [] and m.state == Fostered(1, 0)
+    assert m.handle(Tick(), 10.5 + DISMISS_WAIT - 0.01) == [] and 2 in m.open_links
+    assert m.handle(Tick(), 10.5 + DISMISS_WAIT) == [Close(2, Linger.BRIEF)]
+    assert m.open_links == {1} and m.role(2) is None and m.next_deadline() is None
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        Refused(2, exitcodes.LOST, "rank 3 incarnation 1 has moved to another parent"),
+        Refused(2, exitcodes.REFUSED, "key refused", key=True),
+        LinkLost(2, "lost the connection to the parent"),
+        Silent(2, "no answer to hello"),
+    ],
+    ids=["refused", "key", "dropped", "silent"],
+)
+def test_a_dismissed_link_that_ends_sooner_closes_at_once_and_changes_nothing(end) -> None:
+    m = fostered()
+    assert m.handle(end, 11.0) == [Close(2, Linger.NONE)]
+    assert m.state == Fostered(1, 0) and m.open_links == {1} and not m.dismissed
+
+
+def test_a_broker_that_ends_closes_its_dismissed_links_too() -> None:
+    m = fostered()
+    out = m.handle(Refused(1, exitcodes.REFUSED, "superseded"), 11.0)
+    assert out == [Close(1, Linger.NONE), Close(2, Linger.NONE), Exit(77, "superseded")]
+    assert not m.open_links and not m.dismissed
 
 
 def test_the_home_parent_taking_its_child_back_makes_it_home() -> None:
@@ -296,16 +332,18 @@ def test_a_seeking_broker_declines_to_go_home_and_keeps_seeking_once_stopped() -
 
 def test_a_fostered_broker_goes_home_and_tells_the_foster_parent() -> None:
     m = fostered()
-    assert m.handle(HomeOrder(CARD1), 11.0) == [Open(3, CARD1, 1)]
+    m.handle(Tick(), 20.0)  # the candidate dismissed while seeking is closed
+    assert m.handle(HomeOrder(CARD1), 21.0) == [Open(3, CARD1, 1)]
     assert m.state == GoingHome(1, 0, CARD1, 3) and m.parent_link == 1
-    out = m.handle(Welcomed(3, 1, 1, LINEAGE), 11.2)
+    out = m.handle(Welcomed(3, 1, 1, LINEAGE), 21.2)
     assert out == [
         SendMoved(1, 1),
-        Close(1, Linger.FULL),
         AttachedTo(1, False, "home again under rank 1"),
         LineageChanged(LINEAGE),
     ]
-    assert m.state == Home(3, 1) and m.open_links == {3}
+    assert m.state == Home(3, 1) and m.open_links == {1, 3} and m.role(1) == "dismissed"
+    assert m.handle(Tick(), 21.2 + DISMISS_WAIT) == [Close(1, Linger.BRIEF)]
+    assert m.open_links == {3}
 
 
 def test_a_key_refused_at_home_is_tried_again() -> None:
@@ -419,7 +457,8 @@ def test_input_from_a_link_already_closed_is_ignored() -> None:
 
 
 def test_every_row_names_a_known_role() -> None:
-    assert {role for _, _, role in TRANSITIONS} == {"parent", "home", "candidate", "-"}
+    roles = {"parent", "home", "candidate", "dismissed", "-"}
+    assert {role for _, _, role in TRANSITIONS} == roles
 
 
 # --- random stimuli ------------------------------------------------------------------------------
@@ -517,6 +556,13 @@ class UpwardMachine(RuleBasedStateMachine):
         assert len(parents) <= 1
         if self.m.parent_link is not None:
             assert self.m.parent_link in self.opened
+        # a dismissed link is open, neither parent nor candidate, and closed within DISMISS_WAIT
+        assert set(self.m.dismissed) <= self.opened
+        assert all(self.m.role(link) == "dismissed" for link in self.m.dismissed)
+        assert all(when <= self.now + DISMISS_WAIT for when in self.m.dismissed.values())
+        if self.m.dismissed:
+            deadline = self.m.next_deadline()
+            assert deadline is not None and deadline <= min(self.m.dismissed.values())
 
     @invariant()
     def a_search_has_a_deadline(self) -> None:

@@ -36,7 +36,8 @@ log = logging.getLogger("tbon.parent")
 __all__ = ["Card", "Uplink", "UplinkNews"]
 
 DISMISS_LINGER_MS = 200
-"""How long a "moved" to an ancestor that welcomed this broker second may take to leave."""
+"""How long what is still queued on a dismissed link may take to leave once it is closed: its
+`moved` was sent upward.DISMISS_WAIT before."""
 
 HELD_BYTES = 64 << 20
 """The most a broker holds for its parent while it has none (besides LINK_HWM messages)."""
@@ -220,8 +221,8 @@ class Uplink:
         retries and deadline, the way home's retry)."""
         news = UplinkNews()
         for lid, link in list(self._links.items()):
-            if lid not in self._links:
-                continue  # closed by what an earlier link's end set off
+            if lid not in self._links or lid in self.machine.dismissed:
+                continue  # closed by what an earlier link's end set off; or left: unheard
             ended = link.tick(now)
             if ended is None:
                 continue
@@ -315,7 +316,11 @@ class Uplink:
         return link is not None and link.verdict_due(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for link in self._links.values() if (d := link.next_deadline()) is not None]
+        deadlines = [
+            d
+            for lid, link in self._links.items()
+            if lid not in self.machine.dismissed and (d := link.next_deadline()) is not None
+        ]
         if (own := self.machine.next_deadline()) is not None:
             deadlines.append(own)
         return min(deadlines) if deadlines else None
