@@ -448,6 +448,15 @@ def test_hello_is_welcomed_through_children() -> None:
     assert inbound.reports == [Online(3, 1, "node3", 4242, 1)]
 
 
+def test_a_child_welcomed_while_this_broker_seeks_is_told_how_long_right_after() -> None:
+    """docs/protocol.md §5.6: a child welcomed after the search began hears its deadline too."""
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.seeking_for = lambda now: 15.0 - now
+    children.sessions[3] = ChildSession(Identity(3, 1), parent=1)
+    children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 2.5, Inbound())
+    assert [(m.topic, m.payload.get("for")) for m in sent] == [("welcome", None), ("seeking", 12.5)]
+
+
 def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
     children.sessions[3] = ChildSession(Identity(3, 1), ended="was lost: silent for 61.0s")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tbon import exitcodes
+from tbon.overlay.links.uplink import seeking_seconds
 from tbon.overlay.links.upward import (
     DISMISS_WAIT,
     RETRY_AFTER,
@@ -413,6 +414,39 @@ def test_a_parent_attached_again_clears_the_deadline() -> None:
     m.handle(LineageSaid(0, LINEAGE), 11.0)
     m.handle(LinkLost(0, "dropped"), 20.0)
     assert isinstance(m.state, Seeking) and m.state.until == 20.0 + REATTACH
+
+
+def test_the_deadline_a_child_must_hear_is_the_search_s_or_the_parent_s() -> None:
+    m = machine()
+    assert m.search_until is None  # waiting
+    m.handle(Welcomed(0, 1, 1, LINEAGE), 1.0)
+    assert m.search_until is None  # home, nobody above seeks
+    m.handle(ParentSeeking(0, 2.0), 10.0)
+    assert m.search_until == 12.0  # its parent's
+    m.handle(LineageSaid(0, LINEAGE), 11.0)
+    assert m.search_until is None  # its parent was welcomed again
+    m.handle(LinkLost(0, "dropped"), 20.0)
+    assert m.search_until == 20.0 + REATTACH  # its own
+    m.handle(Tick(), 20.0 + REATTACH)
+    assert m.search_until is None  # ended
+
+
+def test_a_child_welcomed_while_its_parent_seeks_hears_the_deadline_and_keeps_it() -> None:
+    """Issue 20: a child welcomed after its parent began seeking was never told, and would seek
+    for its full reattach timeout should that parent go. The parent says `seeking` right after
+    the welcome (children.py), from `search_until`."""
+    parent = Upward(1, 0, 1, REATTACH)
+    parent.handle(Welcomed(0, 0, 1, (CARD0,)), 0.0)
+    parent.handle(LinkLost(0, "dropped"), 10.0)  # rank 0's link lost: rank 1 seeks till 15
+    assert parent.search_until == 10.0 + REATTACH
+    child = machine()
+    child.handle(Welcomed(0, 1, 1, LINEAGE), 11.0)  # rank 1 welcomes rank 3 meanwhile
+    left = seeking_seconds(parent.search_until, 11.0)
+    assert child.handle(ParentSeeking(0, left), 11.0) == [TellChildren(10.0 + REATTACH)]
+    assert child.search_until == 10.0 + REATTACH  # what it tells its own children, too
+    out = child.handle(LinkLost(0, "dropped"), 12.0)  # then rank 1 goes
+    assert isinstance(child.state, Seeking) and child.state.until == 10.0 + REATTACH
+    assert TellChildren(10.0 + REATTACH) in out
 
 
 # --- defect 7: a lineage before any child is welcomed -----------------------------------------

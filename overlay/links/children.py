@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +125,9 @@ class Children:
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
+        # the seconds left of this broker's search for a parent (or its parent's), said to a
+        # child right after its welcome; None: nobody above seeks (the broker sets it: uplink.py)
+        self.seeking_for: Callable[[float], float | None] = lambda now: None
 
     def bind(self, endpoint: str) -> str:
         """Bind to `endpoint` (a port of `*` picks a free one); returns the address bound."""
@@ -374,6 +378,8 @@ class Children:
             lineage=self.lineage,
         )
         self._send_raw(routing_id, welcome)
+        if (left := self.seeking_for(now)) is not None:  # docs/protocol.md §5.6
+            self._send_raw(routing_id, _control("seeking", **{"for": left}))
         session.broker = host, pid = hello_broker(hello.payload)
         session.ended, session.returnable = "", False  # a lost one back, if it was
         session.expected_until = None

@@ -120,6 +120,12 @@ class Uplink:
     def lineage(self) -> tuple[Card, ...]:
         return self.machine.lineage
 
+    def seeking_for(self, now: float) -> float | None:
+        """What a child welcomed now is told right after its welcome: the seconds left of this
+        broker's search for a parent, or of its parent's (upward.search_until); None: none."""
+        until = self.machine.search_until
+        return None if until is None else seeking_seconds(until, now)
+
     @property
     def overflow(self) -> LinkEnded | None:
         link = self.link

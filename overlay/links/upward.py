@@ -38,7 +38,8 @@ Rules.
   parent had said it was itself seeking (below).
 - A broker that starts seeking tells its children when its search ends (`TellChildren`); a
   child attached to a seeking parent keeps that deadline (`parent_until`) and passes it on to its
-  own children. Should its parent then go, its own search ends no later than the parent's did:
+  own children; a child welcomed later hears it right after its welcome (`search_until`).
+  Should its parent then go, its own search ends no later than the parent's did:
   the parent had tried every ancestor the child would try, for the whole window. So rank 0's
   death takes the whole tree within `tbon.timeout` + `broker.reattach-timeout`, whatever its
   depth. A `lineage` message (the parent attached again) clears the deadline.
@@ -349,6 +350,16 @@ class Upward:
     @property
     def peer(self) -> int | None:
         return self.state.peer if isinstance(self.state, Attached) else None
+
+    @property
+    def search_until(self) -> float | None:
+        """When this broker's search for a parent ends, or its parent's (which its own would not
+        outlast): what every child must hear, those welcomed since as well as those told as it
+        began (docs/protocol.md §5.6). None: nobody above it seeks, as far as it knows."""
+        state = self.state
+        if isinstance(state, Seeking):
+            return state.until
+        return state.parent_until if isinstance(state, Attached) else None
 
     @property
     def admits_children(self) -> bool:
