@@ -36,6 +36,7 @@ from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.ranktable import (
     Departed,
+    Dropped,
     Event,
     Lost,
     Online,
@@ -447,6 +448,15 @@ def test_hello_is_welcomed_through_children() -> None:
     assert inbound.reports == [Online(3, 1, "node3", 4242, 1)]
 
 
+def test_a_child_welcomed_while_this_broker_seeks_is_told_how_long_right_after() -> None:
+    """docs/protocol.md §5.6: a child welcomed after the search began hears its deadline too."""
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.seeking_for = lambda now: 15.0 - now
+    children.sessions[3] = ChildSession(Identity(3, 1), parent=1)
+    children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 2.5, Inbound())
+    assert [(m.topic, m.payload.get("for")) for m in sent] == [("welcome", None), ("seeking", 12.5)]
+
+
 def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
     children.sessions[3] = ChildSession(Identity(3, 1), ended="was lost: silent for 61.0s")
@@ -835,6 +845,25 @@ events = st.one_of(
     st.builds(Departed, st.integers(0, 10**6), st.integers(0, 10**6)),
     st.builds(Torpid, st.integers(0, 10**6), st.integers(0, 10**6), st.booleans()),
 )
+
+
+def forwarded(event: Event, sender: int, rank: int = 0) -> list[Event]:
+    """What a parent of rank `rank` (kary:2 of 9) passes up of a report from child `sender`."""
+    children, _sent = bare_children(Topology("kary:2", 9), rank)
+    inbound = Inbound()
+    report = Message(Kind.CONTROL, "report", encode_event(event))
+    children._report(Identity(sender, 1), report, inbound)
+    return inbound.reports
+
+
+def test_a_broker_s_word_on_its_own_dropped_parent_is_forwarded() -> None:
+    """Rank 7, fostered by rank 0 after rank 3 (its parent) and rank 1 died, says its link to
+    rank 3 dropped; rank 1's replacement would forward it from rank 3's successor too."""
+    said = Dropped(7, 1, 3, "connection dropped")
+    assert forwarded(said, sender=7) == [said]
+    assert forwarded(said, sender=3, rank=1) == [said]  # from below: its subtree
+    assert forwarded(Dropped(8, 1, 3, "connection dropped"), sender=7) == []  # not its own
+    assert forwarded(Lost(7, 1, "x", parent=7), sender=7) == []  # its own word only as Dropped
 
 
 @given(events)

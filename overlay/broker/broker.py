@@ -90,6 +90,8 @@ class Broker:
             self._apply(Online(0, 1, config.hostname, os.getpid()), now)
         if self.children is not None:
             self.children.lineage = [self._card()] if self.rank == 0 else []
+            if self.parent is not None:  # a child welcomed while this broker seeks is told so
+                self.children.seeking_for = self.parent.seeking_for
         self.exit_code: int | None = None
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None

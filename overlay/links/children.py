@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.ranktable import Event, Lost, Moved, Online, Torpid
+from tbon.overlay.state.ranktable import Dropped, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import LINK_HWM
@@ -124,6 +125,9 @@ class Children:
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
+        # the seconds left of this broker's search for a parent (or its parent's), said to a
+        # child right after its welcome; None: nobody above seeks (the broker sets it: uplink.py)
+        self.seeking_for: Callable[[float], float | None] = lambda now: None
 
     def bind(self, endpoint: str) -> str:
         """Bind to `endpoint` (a port of `*` picks a free one); returns the address bound."""
@@ -374,6 +378,8 @@ class Children:
             lineage=self.lineage,
         )
         self._send_raw(routing_id, welcome)
+        if (left := self.seeking_for(now)) is not None:  # docs/protocol.md §5.6
+            self._send_raw(routing_id, _control("seeking", **{"for": left}))
         session.broker = host, pid = hello_broker(hello.payload)
         session.ended, session.returnable = "", False  # a lost one back, if it was
         session.expected_until = None
@@ -388,8 +394,9 @@ class Children:
         except MessageError as error:
             log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
             return
-        if not 0 <= event.rank < self.topology.size or not self.topology.is_ancestor(
-            sender.rank, event.rank
+        own = isinstance(event, Dropped) and event.rank == sender.rank  # its word on itself
+        if not 0 <= event.rank < self.topology.size or not (
+            own or self.topology.is_ancestor(sender.rank, event.rank)
         ):
             log.warning("rank %d reported on rank %d, outside its subtree", sender.rank, event.rank)
             return

@@ -38,6 +38,7 @@ from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_p
 from tbon.overlay.state.rankstates import CONFIG_PHASES, CONNECTED
 from tbon.overlay.state.ranktable import (
     Departed,
+    Dropped,
     Event,
     Lost,
     Online,
@@ -78,6 +79,8 @@ class HealService:
         actions: list[Action] = []
         if isinstance(event, Lost | Departed | Void):
             actions = self._foster_below(event.rank, now)
+        elif isinstance(event, Dropped) and table.entries[event.gone].state not in CONNECTED:
+            actions = self._foster_below(event.gone, now)  # a child's word ended it (adrift)
         elif isinstance(event, Online):
             home = self.topology.parent(event.rank)
             welcomer = event.parent if event.parent is not None else home
