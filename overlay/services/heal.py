@@ -34,8 +34,16 @@ from tbon.overlay.services.actions import (
 )
 from tbon.overlay.services.trust import unless_from_rank0
 from tbon.overlay.state.admissions import Admissions
-from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
-from tbon.overlay.state.rankstates import CONFIG_PHASES, CONNECTED
+from tbon.overlay.state.healing import (
+    Fate,
+    admission_fate,
+    away_from_home,
+    cut_off_below,
+    foster_parent,
+    goes_home,
+    may_admit,
+)
+from tbon.overlay.state.rankstates import CONNECTED
 from tbon.overlay.state.ranktable import (
     Departed,
     Event,
@@ -94,12 +102,11 @@ class HealService:
         assert table is not None
         moot: dict[int, list[tuple[int, int]]] = {}
         for rank, incarnation, parent in self.admissions.open():
-            entry = table.entries[rank]
-            current = entry.incarnation == incarnation and entry.state in CONNECTED
-            if current and entry.attached_to == parent:
-                self.admissions.close(rank, parent)  # used
-            elif not current or (entry.attached_to is not None and table.reachable(rank)):
-                self.admissions.close(rank, parent)
+            fate = admission_fate(table, rank, incarnation, parent)
+            if fate is Fate.OPEN:
+                continue
+            self.admissions.close(rank, parent)
+            if fate is Fate.MOOT:
                 moot.setdefault(parent, []).append((rank, incarnation))
         return [
             Send(
@@ -124,7 +131,7 @@ class HealService:
         return [
             Send(Message(Kind.REQUEST, "flub.revoke", dict(notice), nodeid=parent))
             for parent in sorted(parents)
-            if parent != rank and self.topology.is_ancestor(parent, rank)
+            if may_admit(self.topology, parent, rank)
         ]
 
     def _foster_below(self, rank: int, now: float) -> list[Action]:
@@ -155,15 +162,9 @@ class HealService:
         actions: list[Action] = []
         for child, incarnation, key in away_from_home(self.table, rank):
             actions.append(self._adopt(rank, child, incarnation, key))
-        home = self.topology.parent(rank)
-        entry = self.table.entries[rank]
-        if (
-            home is not None
-            and parent is not None
-            and parent != home
-            and self.table.reachable(home)
-            and (entry.key or entry.phase in CONFIG_PHASES)
-        ):
+        home = goes_home(self.table, rank, parent)
+        if home is not None:
+            entry = self.table.entries[rank]
             actions.append(self._adopt(home, rank, entry.incarnation, entry.key or ""))
         return actions
 
@@ -211,7 +212,7 @@ class HealService:
         rank, incarnation, key = item
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str)):
             return None
-        if not 0 < rank < self.topology.size or not self.topology.is_ancestor(self.rank, rank):
+        if not may_admit(self.topology, self.rank, rank):
             return None
         if key and not is_key(key):
             return None
