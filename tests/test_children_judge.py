@@ -12,6 +12,7 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rank0 import AtRank0, performed, report
 from tables import started
 from zmq.utils import z85
 
@@ -34,6 +35,7 @@ from tbon.overlay.parse.duration import format_duration, parse_duration
 from tbon.overlay.services.actions import Action, Call, Respond, Send
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.rankpath import RankPath
 from tbon.overlay.state.ranktable import (
     Departed,
     Dropped,
@@ -637,7 +639,9 @@ class TwoTwins:
     def __init__(self) -> None:
         self.table = started("kary:2", 7, launched=1)
         attributes = flub_attributes(2, 10, 60, 30)
-        self.flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
+        self.path = RankPath(self.table)
+        flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
+        self.flub = AtRank0(flub, self.path)
         self.children, self.sent = bare_children(self.table.topology, 1)
         self.key, self.now = public_key(7), 200.0
 
@@ -678,14 +682,10 @@ class TwoTwins:
         """What rank 0 does with its children's reports (Broker.report)."""
         for event in events:
             self.now += 1
-            outcome = self.table.apply(event, self.now)
-            if isinstance(event, Online) and not outcome.applied:
-                for action in self.flub.void(
-                    event.rank, event.incarnation, outcome.reason, self.now
-                ):
-                    if isinstance(action, Send):  # the revoke reaches rank 1
-                        order = action.message.payload
-                        self.children.revoke(order["rank"], order["incarnation"], order["reason"])
+            for action in report(self.path, event, self.now):
+                if isinstance(action, Send) and action.message.topic == "flub.revoke":
+                    order = action.message.payload  # the revoke reaches rank 1
+                    self.children.revoke(order["rank"], order["incarnation"], order["reason"])
 
     def online_is(self, pid: int) -> None:
         """Rank 0 and rank 1 agree: one broker, `pid`, holds rank 3."""
@@ -740,14 +740,14 @@ def test_a_second_brokers_online_reported_all_the_same_ends_the_incarnation_at_r
     """A parent that did welcome a second broker (and so cut the first off): rank 0 refuses the
     second Online, voids the incarnation, and records it ended: lost, not online."""
     table = started("kary:2", 7, launched=1)
-    flub = FlubService(0, table.topology, table, Lifecycle(), CARD, flub_attributes(2, 10, 60, 30))
+    path = RankPath(table)
     assert table.apply(Reserve(public_key(8), "node1", 1, 30.0), 200.0).applied
     assert table.apply(Online(1, 1, "node1", 10), 200.0).applied
     assert table.apply(Reserve(public_key(7), "node3", 3, 30.0), 200.0).applied
     assert table.apply(Online(3, 1, "node3", 1111), 201.0).applied
-    refused = table.apply(Online(3, 1, "node3", 2222), 202.0)
-    assert not refused.applied
-    actions = flub.void(3, 1, refused.reason, 202.0)
+    refused = path.handle(Online(3, 1, "node3", 2222), 202.0)
+    assert not refused.outcome.applied
+    actions = performed(path, refused.actions, 202.0)
     assert [a.message.topic for a in actions if isinstance(a, Send)] == ["flub.revoke"]
     entry = table.entry(3)
     assert (entry.state, entry.pid) == (RankState.LOST, None)

@@ -1,5 +1,5 @@
 """The self-healing tree in rank 0's table (issue 12): ranks attached, adrift, fostered, sent
-home and returning; the planner that says who fosters whom (fostering.py); and the reports that
+home and returning; the planner that says who fosters whom (healing.py); and the reports that
 carry the new fields and events up the tree.
 
 The table is pure, so every rule of ranktable.py's "ranks below one that ended" and "link
@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tables import specs
 from zmq.utils import z85
 
-from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
+from tbon.overlay.state.healing import away_from_home, cut_off_below, foster_parent
 from tbon.overlay.state.rankstates import CONFIG_PHASES, roll_up
 from tbon.overlay.state.ranktable import (
     CONNECTED,
@@ -411,7 +411,7 @@ def test_a_dropped_about_a_link_the_table_does_not_keep_is_refused(
     assert frozen(result) == before
 
 
-# --- fostering.py: who fosters, who is admitted, who goes home --------------------------------
+# --- healing.py: who fosters, who is admitted, who goes home --------------------------------
 
 
 def test_the_foster_parent_is_the_nearest_ancestor_that_reaches_rank_0() -> None:

@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 import pytest
+from rank0 import AtRank0
 from tables import bring_up, started
 
 from tbon import exitcodes
@@ -218,8 +219,14 @@ def test_no_new_watch_while_the_instance_stops() -> None:
 # --- FLUB: rank 0 ---------------------------------------------------------------------------
 
 
-def flub_at_rank0(table: RankTable, lifecycle: Lifecycle | None = None) -> FlubService:
-    return FlubService(0, table.topology, table, lifecycle or Lifecycle(), CARD, ATTRIBUTES)
+def flub_at_rank0(table: RankTable, lifecycle: Lifecycle | None = None) -> Any:
+    """FLUB at rank 0, its Apply actions carried out on the one path (tests/rank0.py)."""
+    flub = FlubService(0, table.topology, table, lifecycle or Lifecycle(), CARD, ATTRIBUTES)
+    return AtRank0.of(lambda _: flub, table)
+
+
+def retire_at_rank0(table: RankTable) -> Any:
+    return AtRank0.of(lambda _: RetireService(0, table.topology, table), table)
 
 
 def allocate(key: str, rank: int | None = None) -> Message:
@@ -636,7 +643,7 @@ def retire_body(rank: int, **more: Any) -> dict[str, Any]:
 def test_retire_records_first_then_orders_the_parent_then_answers_when_gone() -> None:
     table = started("kary:2", 4)
     bring_up(table, [1, 2, 3])
-    service = RetireService(0, table.topology, table)
+    service = retire_at_rank0(table)
     actions = service.retire_rank(request("retire.rank", retire_body(3)), NOW)
     assert table.entry(3).state is RankState.RETIRING  # recorded before anyone is told
     news = only_response(actions)
@@ -662,7 +669,7 @@ def test_retire_records_first_then_orders_the_parent_then_answers_when_gone() ->
 def test_retire_refusals_are_the_tables_and_a_lost_order_is_news() -> None:
     table = started("kary:2", 4)
     bring_up(table, [1, 3])
-    service = RetireService(0, table.topology, table)
+    service = retire_at_rank0(table)
     busy = only_response(service.retire_rank(request("retire.rank", retire_body(1)), NOW))
     assert busy.errnum == errno.EPERM and "children" in busy.errstr
     missing = only_response(service.retire_rank(request("retire.rank", retire_body(9)), NOW))
@@ -678,7 +685,7 @@ def test_retire_refusals_are_the_tables_and_a_lost_order_is_news() -> None:
 def test_waiting_retirements_fail_when_the_instance_ends() -> None:
     table = started("kary:2", 4)
     bring_up(table, [1, 3])
-    service = RetireService(0, table.topology, table)
+    service = retire_at_rank0(table)
     service.retire_rank(request("retire.rank", retire_body(3)), NOW)
     assert only_response(service.end()).errnum == errno.ESHUTDOWN
 

@@ -67,7 +67,7 @@ class Services:
         attributes = flub_attributes(
             config.heartbeat, config.torpid, config.timeout, config.join_timeout
         )
-        heal = HealService(rank, topology, table, card)
+        heal = HealService(rank, topology, card)
         status = None
         if table is not None:  # rank 0
             from tbon.overlay.services.status import StatusService
@@ -76,7 +76,7 @@ class Services:
         return Services(
             ping=PingService(me, topology),
             exec=ExecService(rank, topology, lifecycle),
-            flub=FlubService(rank, topology, table, lifecycle, card, attributes, heal),
+            flub=FlubService(rank, topology, table, lifecycle, card, attributes),
             retire=RetireService(rank, topology, table),
             dmesg=DmesgService(rank, recent()),
             heal=heal,
