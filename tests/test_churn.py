@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from brokers import (
     BROKER_COMM,
     Proc,
@@ -385,11 +384,6 @@ class Soak:
         return "\n".join(lines)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 20 items 1-3: under churn a rank is claimed by two live brokers, and a dead "
-    "broker's rank reads online for many seconds (flip to a hard test once the link fixes land)",
-)
 def test_churn_keeps_one_broker_per_rank_and_status_truthful() -> None:
     seed = int(os.environ.get("TBON_SOAK_SEED") or random.SystemRandom().randrange(2**32))
     seconds = soak_seconds()
