@@ -23,6 +23,7 @@ from tbon.overlay.links import downward
 from tbon.overlay.links.downward import Downward, Rejoin, Timing
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
 from tbon.overlay.links.monitor import read_event
+from tbon.overlay.links.refusals import Refusals, refusal_grace
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.flow import LINK_HWM
@@ -34,11 +35,6 @@ from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames
 log = logging.getLogger("tbon.children")
 
 __all__ = ["Children", "Inbound", "Rejoin"]
-
-REFUSAL_QUIET = 60.0
-"""Seconds during which a refused key is not logged again."""
-MAX_REFUSALS_SAID = 4096
-"""Keys remembered as logged: a flood of fresh keys empties the memory, never grows it."""
 
 MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
@@ -69,7 +65,6 @@ class Children:
         self.keyring = KeyRing()
         self.zap = ZapHandler(context, self.keyring)
         self._full: set[bytes] = set()  # routing ids of children whose link is full
-        self._refusals_said: dict[str, float] = {}  # refused key -> when to log it again
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.sndhwm = LINK_HWM  # per child; see _send_raw
@@ -87,6 +82,7 @@ class Children:
         self.topology = topology
         self._config = config
         self.machine = Downward(rank, topology, timing(config))
+        self.refusals = Refusals(refusal_grace(config.heartbeat))  # keys refused at handshake
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
@@ -100,6 +96,7 @@ class Children:
         """FLUB bootstrap learns the instance's attributes after the ROUTER was bound."""
         self._config = config
         self.machine.timing = timing(config)
+        self.refusals.grace = refusal_grace(config.heartbeat)
 
     def bind(self, endpoint: str) -> str:
         """Bind to `endpoint` (a port of `*` picks a free one); returns the address bound."""
@@ -183,15 +180,15 @@ class Children:
             kind, fd = read_event(self.monitor.recv_multipart())
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 now = time.monotonic()
-                for address, key in self.zap.refusals:
-                    if now < self._refusals_said.get(key, 0.0):
-                        continue  # a broker seeking a parent knocks every 50 ms: said once
-                    if len(self._refusals_said) >= MAX_REFUSALS_SAID:
-                        self._refusals_said.clear()
-                    self._refusals_said[key] = now + REFUSAL_QUIET
-                    log.warning(
-                        "refused a child from %s: CURVE key %s is not authorized", address, key
-                    )
+                for address, key in self.zap.refusals:  # an orphan's first knocks: debug only
+                    level = self.refusals.level(key, now)
+                    if level is not None:
+                        log.log(
+                            level,
+                            "refused a child from %s: CURVE key %s is not authorized",
+                            address,
+                            key,
+                        )
                 self.zap.refusals.clear()
             else:
                 self._connection_event(kind, fd)
