@@ -405,6 +405,20 @@ def test_the_shutdown_tells_the_connected_and_refuses_a_foster_child_that_knocks
     assert m.awaited(3.0) == []
 
 
+def test_a_connected_foster_child_knocking_again_in_the_shutdown_stays_awaited() -> None:
+    """Found by the state machine below: it used to be forgotten while still connected."""
+    m = machine()
+    m.handle(Admit(7, 1, KEY, foster_until=9.0), 0.0)
+    knock(m, Identity(7, 1), b"r7", 11)
+    m.handle(ShutdownBegan(), 1.0)
+    out = knock(m, Identity(7, 1), b"again", 12, 2.0)
+    assert sent(out) == [SendRefuse(b"again", "the instance is shutting down", exitcodes.SHUTDOWN)]
+    assert m.awaited(2.0) == [7] and m.live(b"r7", Identity(7, 1))
+    m.handle(Closed(11), 3.0)
+    assert reports(m.handle(Settle(), 3.0)) == [Lost(7, 1, "connection dropped", 1)]
+    assert m.awaited(3.0) == []
+
+
 def test_a_shutdown_after_heals_waits_only_for_the_connected_and_the_truly_expected() -> None:
     """Rank 1 fostered 7 and 8 in one heal and 9 in another: 7 came and went home (moved), 8's
     admission was withdrawn, 9's grace has passed but no tick has run yet, 10's has not passed.
@@ -551,4 +565,4 @@ class DownwardMachine(RuleBasedStateMachine):
 
 
 TestDownwardMachine = DownwardMachine.TestCase
-TestDownwardMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestDownwardMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)

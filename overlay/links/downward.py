@@ -48,8 +48,10 @@ Rules.
   incarnation only revokes its key.
 - A withdrawal forgets a foster admission whose broker has not come; one that came is left.
 - Once the shutdown began, every connected child is told to shut down; a foster child that
-  knocks is told so too (exit 0) and forgotten. A shutdown waits (`awaited`) for the children
-  connected and for foster children still within their grace, nothing else.
+  knocks is told so too (exit 0) and forgotten, unless it is connected already (on another
+  connection): then its session ends as any other, by its goodbye or its connection's close.
+  A shutdown waits (`awaited`) for the children connected and for foster children still within
+  their grace, nothing else.
 - Heartbeats go to every connected child every tbon.heartbeat.
 - Ignored: a routing id's stimulus for no live session never reaches the table (the adapter asks
   `live` first, and a message from a stale peer is a `Stale`). Any other pair the table does not
@@ -630,7 +632,8 @@ def replaced(m: Downward, s: ChildSession, st: Replaced, now: float) -> list[Ins
 
 
 def told_shutdown(m: Downward, s: ChildSession, st: ToldShutdown, now: float) -> list[Instruction]:
-    """A foster child told the instance is shutting down leaves: nobody waits for it."""
+    """A foster child not connected here, told the instance is shutting down, leaves: nobody
+    waits for it."""
     return m._forget(s) if s.foster else []
 
 
@@ -763,7 +766,7 @@ TRANSITIONS: dict[tuple[type | str, type], Handler] = {
     (Ended, Welcomed): welcome_again,  # a lost one's own broker, back (the judge saw to that)
     (Connected, Replaced): replaced,
     (Expected, ToldShutdown): told_shutdown,
-    (Connected, ToldShutdown): told_shutdown,
+    (Connected, ToldShutdown): nothing,  # its connection's close (or goodbye) ends it
     (Ended, ToldShutdown): told_shutdown,
     # a live child speaks; a peer with no live session is answered or dropped
     (Connected, Heard): heard,
