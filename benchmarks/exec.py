@@ -169,8 +169,8 @@ class Fanout:
 
 
 try:
-    from tbon.overlay.services.flow import MESSAGE_COST as _MESSAGE_COST
-    from tbon.overlay.services.flow import output_window as _window
+    from tbon.overlay.wire.flow import MESSAGE_COST as _MESSAGE_COST
+    from tbon.overlay.wire.flow import output_window as _window
 except ImportError:  # a tbon from before flow control (benchmarks/compare.py)
     _MESSAGE_COST = 0
 

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         Exit status: COMMAND's; 1 if a host cannot be reached or a broker fails to start
         (naming the host), 2 for a usage error.
         """
-        from tbon.overlay.broker.attributes import broker_config, parse_assignments
+        from tbon.overlay.config.attributes import broker_config, parse_assignments
 
         check_size(nodes, "-N")
         if size is not None:

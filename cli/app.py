@@ -10,13 +10,15 @@ exits 2.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
 from typer._click import exceptions as click_exceptions
 
 from tbon.cli.commands import TbonApp, TbonGroup
-from tbon.errors import TbonError, debugging
+from tbon.cli.common import end_by_signal
+from tbon.errors import Signalled, TbonError, debugging
 
 COMMAND_MODULES = (
     "start",
@@ -85,9 +87,24 @@ def _lift_uri(args: list[str]) -> list[str]:
     return args
 
 
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a command at once with 128+N (SIGINT does too, as KeyboardInterrupt).
+What a command started in the instance is its brokers' to end: they kill a client's jobs and
+streams once its connection closes."""
+
+
+def _end(signum: int, _frame: object) -> None:
+    end_by_signal(signum)
+
+
 def run(args: list[str]) -> int:
     """Run one command line; return its exit code instead of raising."""
     args = _lift_uri(args)
+    from tbon.cli import common
+
+    common.COMMAND = _command_name(args)
+    for signum in ENDING_SIGNALS:
+        signal.signal(signum, _end)
     command = typer.main.get_command(app)
     prog = "tbon"
     try:
@@ -98,8 +115,8 @@ def run(args: list[str]) -> int:
         print(error.format_message())
         return 2
     except typer.Abort:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except click_exceptions.UsageError as error:
         where = error.ctx.command_path if error.ctx else prog
         message = error.format_message().rstrip(".")
@@ -114,8 +131,13 @@ def run(args: list[str]) -> int:
         print(f"{_command_name(args)}: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Signalled as ended:
+        if ended.signum != signal.SIGINT:  # Ctrl-C needs no word: its person typed it
+            name = signal.Signals(ended.signum).name
+            print(f"{_command_name(args)}: ended by {name}", file=sys.stderr)
+        return 128 + ended.signum
     except Exception as error:  # never leak a traceback to a user
         if debugging():
             raise

@@ -10,11 +10,13 @@ getattr` fails for an attribute that is not set.
 
 from __future__ import annotations
 
+import errno
+
 import typer
 
-from tbon.cli.common import URI_HELP, print_json
-from tbon.errors import TbonError, UsageError
-from tbon.overlay.broker.attributes import KNOWN
+from tbon.cli.common import URI_HELP, open_client, print_json
+from tbon.errors import RankError, TbonError, UsageError
+from tbon.overlay.config.attributes import KNOWN
 
 ACTIONS = ("get", "list")
 ARGUMENT_VALUES = (*ACTIONS, *sorted(KNOWN))
@@ -50,9 +52,10 @@ def register(app: typer.Typer) -> None:
         each broker); an attribute with no value is unset.
 
         Exit status: 0; 1 if the attribute asked for is unset, or the broker cannot be asked; 2
-        for a usage error, such as a NAME that is not an attribute.
+        for a usage error, such as a NAME that is not an attribute; 68 if RANK is not in the
+        instance or has no broker online.
         """
-        from tbon.overlay.connectors.client import connect
+        from tbon.overlay.connectors.client import RequestError
         from tbon.overlay.connectors.uri import looks_like_uri
         from tbon.overlay.wire.message import ANY_RANK
 
@@ -67,15 +70,20 @@ def register(app: typer.Typer) -> None:
         if action == "get" and rest[0] not in KNOWN:
             raise UsageError(f"unknown attribute {rest[0]!r}: 'tbon attr list' lists them")
         nodeid = ANY_RANK if rank is None else rank
-        with connect(uri) as client:
-            if action == "list":
-                answer = client.rpc("attr.list", nodeid=nodeid)
-                if as_json:
-                    print_json(answer)
-                    return
-                _table(answer["attributes"])
+        topic, payload = ("attr.list", {}) if action == "list" else ("attr.get", {"name": rest[0]})
+        with open_client(uri) as client:
+            try:
+                answer = client.rpc(topic, payload, nodeid=nodeid)
+            except RequestError as error:
+                if error.errnum in (errno.ENOENT, errno.EHOSTUNREACH):
+                    raise RankError(str(error)) from None  # 68, as every command says it
+                raise
+        if action == "list":
+            if as_json:
+                print_json(answer)
                 return
-            answer = client.rpc("attr.get", {"name": rest[0]}, nodeid=nodeid)
+            _table(answer["attributes"])
+            return
         if as_json:
             print_json(answer)
             return

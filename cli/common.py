@@ -1,14 +1,17 @@
-"""What several commands share: the URI argument, durations, where progress goes, and the one
-retry of a request that a healing tree could not route."""
+"""What several commands share: the URI argument, durations, where progress goes (a line on a
+terminal while a command waits: overlay/connectors/patience.py decides when), and the one retry
+of a request that a healing tree could not route."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
@@ -18,11 +21,76 @@ from tbon.overlay.parse.duration import parse_duration
 if TYPE_CHECKING:
     from rich.status import Status
 
+    from tbon.overlay.connectors.client import Client
+
 URI_HELP = "The instance to talk to (local://PATH or ssh://...); default: $TBON_URI."
 
 
 def duration(text: str | None, what: str) -> float | None:
     return None if text is None else check_duration(parse_duration(text, what), what)
+
+
+def limit(text: str | None, what: str = "--timeout") -> float | None:
+    """A --timeout as a limit on waiting: the default answer wait if not given, none if 0."""
+    from tbon.overlay.connectors.patience import limit_of
+
+    return limit_of(duration(text, what))
+
+
+COMMAND = "tbon"
+"""`tbon NAME`, as cli/app.py's run names the command that runs: what progress lines start with."""
+
+
+class TerminalLine:
+    """One line on stderr, rewritten in place while a command waits and wiped once it is
+    over (or before anything else is written: `clear`)."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, text: str) -> None:
+        if text:
+            sys.stderr.write(f"\r{COMMAND}: {text}\x1b[K")
+            self.shown = True
+        elif self.shown:
+            sys.stderr.write("\r\x1b[K")
+            self.shown = False
+        else:
+            return
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        self("")
+
+
+HARD_END = 1.0
+"""Seconds after a signal's Signalled was raised before the command ends without it: Python
+ignores an exception raised in some callbacks (a weakref's, as the import system uses), and
+a signal that comes just then would otherwise be lost."""
+
+
+def end_by_signal(signum: int) -> NoReturn:
+    """End the command for signal `signum` (from its handler): Signalled, which cli/app.py
+    turns into 128+N once every `finally` has run; and, should Python swallow it, the same end
+    HARD_END seconds later, without those (what a command owns in the instance its brokers end
+    when its connection closes)."""
+    from tbon.errors import Signalled
+
+    def hard(_signum: int, _frame: object) -> None:
+        if signum != signal.SIGINT:
+            os.write(2, f"{COMMAND}: ended by {signal.Signals(signum).name}\n".encode())
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGALRM, hard)
+    signal.setitimer(signal.ITIMER_REAL, HARD_END)
+    raise Signalled(signum)
+
+
+def open_client(uri: str | None) -> Client:
+    """A client for `uri` (default: $TBON_URI) that, at a terminal, says whom it waits for."""
+    from tbon.overlay.connectors.client import connect
+
+    return connect(uri, TerminalLine() if interactive() else None)
 
 
 def print_json(value: Any) -> None:
@@ -98,7 +166,7 @@ def wait_healed(client: Any, limit: float, spinner: Status | None = None) -> Non
                     return
                 payload = {"timeout": round(left, 3)}
                 try:  # the broker answers ETIMEDOUT first; our own limit is a backstop
-                    client.rpc("heal.wait", payload, nodeid=nodeid, timeout=left + HEAL_GRACE)
+                    client.rpc("heal.wait", payload, nodeid, timeout=left + HEAL_GRACE, quiet=True)
                 except TbonError:
                     return
     finally:

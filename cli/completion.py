@@ -127,7 +127,7 @@ def describe(group: Any, ctx: Any) -> list[Command]:
 
 
 def attribute_names() -> list[str]:
-    from tbon.overlay.broker.attributes import KNOWN
+    from tbon.overlay.config.attributes import KNOWN
 
     return sorted(f"{name}=" for name in KNOWN)
 

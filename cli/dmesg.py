@@ -25,10 +25,10 @@ from typing import Any
 
 import typer
 
-from tbon.cli.common import URI_HELP, print_json
-from tbon.errors import TbonError, UsageError
+from tbon.cli.common import URI_HELP, open_client, print_json
+from tbon.errors import RANK_TROUBLE, TbonError, UsageError
+from tbon.overlay.connectors.patience import ANSWER_WAIT
 
-RANK_TROUBLE = 68  # a rank does not exist, is not online, or was lost: as tbon exec
 WINDOW = 16  # ranks asked at once: what they answer is at most 16 rings (about 24 MiB)
 LEVELS = ("debug", "info", "warning", "error")
 OPTION_VALUES = {"--level": LEVELS}  # what `tbon completion` offers after --level
@@ -81,11 +81,9 @@ def register(app: typer.Typer) -> None:
         """Print the brokers' recent log records, sorted by time: TIME rank RANK LEVEL: MESSAGE.
 
         Each broker keeps its last 1000 records, info and above. Exit status: 0, or 68 if a rank
-        asked for does not exist, is not online, or was lost before it answered (with --follow:
-        while followed); Ctrl-C ends --follow with that status.
+        asked for does not exist, is not online, did not answer within 10s, or was lost before
+        it answered (with --follow: while followed); Ctrl-C ends --follow with that status.
         """
-        from tbon.overlay.connectors.client import connect
-
         if level not in LEVELS:
             raise UsageError(f"invalid --level {level!r}: use one of {', '.join(LEVELS)}")
         _check_together(
@@ -95,7 +93,7 @@ def register(app: typer.Typer) -> None:
             {"--human": human, "--json": as_json},
         )
         mode = "clear" if clear else "read-clear" if read_clear else "read"
-        with connect(uri) as client:
+        with open_client(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             targets, trouble = _targets(status, ranks)
             reading = Reading(client, level, follow, as_json, trouble, mode=mode)
@@ -171,6 +169,7 @@ class Reading:
     trouble: dict[int, str]
     waiting: list[int] = field(default_factory=list)  # not asked yet, last first
     asked: dict[int, int] = field(default_factory=dict)  # tag -> rank: no answer yet
+    asked_at: dict[int, float] = field(default_factory=dict)  # tag -> when it was asked
     following: dict[int, int] = field(default_factory=dict)  # tag -> rank: streaming
     acks: dict[int, int] = field(default_factory=dict)  # tag -> `next` to acknowledge
     mode: str = "read"  # or "clear" (dmesg.clear), or "read-clear" (dmesg.get with clear)
@@ -186,7 +185,7 @@ class Reading:
         backlog: list[dict[str, Any]] = []
         while self.waiting or self.asked:
             self._ask()
-            backlog += self._take(self.client.receive(None))
+            backlog += self._take(self.client.receive(self._patience()))
         if self.mode != "clear":
             self._write(backlog, whole=True)
         if self.follow:
@@ -201,7 +200,19 @@ class Reading:
             payload["clear"] = True
         while self.waiting and len(self.asked) < WINDOW:
             rank = self.waiting.pop()
-            self.asked[self.client.send(topic, payload, nodeid=rank)] = rank
+            tag = self.client.send(topic, payload, nodeid=rank)
+            self.asked[tag], self.asked_at[tag] = rank, time.monotonic()
+
+    def _patience(self) -> float:
+        """Seconds until the oldest question goes unanswered too long; those that have are
+        given up, each rank said (a broker stopped or overloaded answers nothing)."""
+        now = time.monotonic()
+        for tag, when in list(self.asked_at.items()):
+            if now - when >= ANSWER_WAIT and (rank := self.asked.pop(tag, None)) is not None:
+                del self.asked_at[tag]
+                self._trouble(rank, f"rank {rank}: no answer within {ANSWER_WAIT:g}s")
+        oldest = min(self.asked_at.values(), default=now)
+        return max(0.0, oldest + ANSWER_WAIT - now)
 
     def _follow(self) -> None:
         """Print each batch as it comes, and acknowledge it once written, until Ctrl-C (or
@@ -229,6 +240,7 @@ class Reading:
             self._note_lost(reply)
             return []
         rank = self.asked.pop(reply.tag, None)
+        self.asked_at.pop(reply.tag, None)
         if rank is None and reply.tag in self.following:
             rank = self.following[reply.tag]
         if rank is None:
@@ -257,6 +269,7 @@ class Reading:
                 if entries[rank]["state"] not in READABLE:
                     del streams[tag]
                     self.acks.pop(tag, None)
+                    self.asked_at.pop(tag, None)
                     gone.add(rank)
         for rank in sorted(gone):
             state = entries[rank]["state"]

@@ -25,14 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tbon.cli.common import print_json
-from tbon.errors import TbonError, UsageError
+from tbon.cli.common import end_by_signal, open_client, print_json
+from tbon.errors import RANK_TROUBLE, Signalled, TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
-    from tbon.overlay.services.flow import Returns, StdinRoom
+    from tbon.overlay.wire.flow import Returns, StdinRoom
 
-RANK_TROUBLE = 68  # a target does not exist, is not online, or was lost while running
+SIGNAL_GRACE = 0.5
+"""Seconds a signalled exec still reads its jobs' last output and exits after passing the
+signal on, before it ends with 128+N. A job a stopped broker holds is killed when that broker
+wakes: it gets the signal, and sees the client gone."""
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SKIPPED_STATES = ("lost", "offline")
 """What `-r all` leaves out and says so: ranks whose broker is down. (Vacant and reserved ranks
 have none yet, and retiring ones are said apart: they still finish what they run.)"""
@@ -105,16 +109,15 @@ def register(app: typer.Typer) -> None:
 
         Each command runs in the current directory (or DIR) with this environment (as changed
         by --env), plus TBON_RANK, TBON_SIZE and TBON_URI, which name its own broker. stdout and
-        stderr are streamed in whole lines; stdin is sent to every process (unless -n); SIGINT
-        and SIGTERM are passed on to every process.
+        stderr are streamed in whole lines; stdin is sent to every process (unless -n); SIGINT,
+        SIGTERM and SIGHUP are passed on to every process, and tbon exec then ends within half
+        a second with 128+N.
 
         -r all runs on every online rank, and says on stderr which ranks it skips (lost,
         offline, retiring). Exit status: the largest of the commands' (128+N for signal N; 127
         for a command not found, 126 for one that cannot run), or 68 if a rank named with -r
         does not exist or is not online, or a rank was lost while running.
         """
-        from tbon.overlay.connectors.client import connect
-
         uri, command = _split(words)
         uri = uri or uri_option
         cwd = _directory(directory)
@@ -122,7 +125,7 @@ def register(app: typer.Typer) -> None:
         if directory is not None and "PWD" in env:
             env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
         _check_size(env)
-        with connect(uri) as client:
+        with open_client(uri) as client:
             watch, status = _watch_status(client)
             targets, problems, skipped = _targets(status, ranks, exclude)
             for line in _skipped_lines(skipped):
@@ -161,14 +164,10 @@ def _watch_status(client: Any) -> tuple[int, dict[str, Any]]:
     from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
 
     tag = client.send("status.watch", {}, nodeid=0)
-    deadline = time.monotonic() + DEFAULT_TIMEOUT
-    while (reply := client.receive(max(0.0, deadline - time.monotonic()))) is not None:
-        if reply.tag != tag:
-            continue
-        if reply.errnum:
-            raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
-        return tag, reply.payload
-    raise TbonError(f"no answer from rank 0 within {DEFAULT_TIMEOUT:g}s")
+    reply = client.answer(tag, 0, DEFAULT_TIMEOUT)
+    if reply.errnum:
+        raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+    return tag, reply.payload
 
 
 def _empty_stdin() -> bool:
@@ -339,7 +338,7 @@ def _run(
     Output is written as it comes and credited back once written (flow.py), so a reader that
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
     Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
-    from tbon.overlay.services.flow import StdinRoom, output_window
+    from tbon.overlay.wire.flow import StdinRoom, output_window
 
     job_id = uuid.uuid4().hex
     window = output_window(len(targets))
@@ -358,35 +357,130 @@ def _run(
     room = StdinRoom.for_ranks(targets)
     streams = Streams(client, job_id, window, label, as_json, outcome, room, eof_sent=job.noinput)
 
-    def forward(signum: int, _frame: object) -> None:
-        client.send("exec.signal", {"id": job_id, "signal": signum, "targets": targets}, nodeid=0)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = Signals()
+    watcher = Watcher(client, targets) if client.progress is not None else None
     stdin = None if job.noinput else _stdin_fd()
     if stdin is None and not streams.eof_sent:
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
     try:
         while outcome.pending:
+            now = time.monotonic()
+            for signum in signals.taken():  # passed on at once, ended after SIGNAL_GRACE
+                client.send("exec.signal", {"id": job_id, "signal": signum, "targets": targets}, 0)
+            if (ending := signals.ending(now)) is not None:
+                raise Signalled(ending)
             wanted = [stdin] if stdin is not None and streams.stdin.available() > 0 else []
-            _, readable = client.wait(wanted, None)
-            if readable and stdin is not None:  # it is: only a wanted fd is readable
+            watched = watcher.wait(now) if watcher is not None else None
+            wakes = [w for w in (signals.wait(now), watched) if w is not None]
+            _, readable = client.wait([*wanted, signals.fd], min(wakes, default=None))
+            if stdin is not None and stdin in readable:
                 stdin = streams.pass_stdin(stdin)
             while outcome.pending and (reply := client.receive(0)) is not None:
                 if reply.tag == tag:
+                    if watcher is not None:
+                        watcher.heard(reply.payload.get("rank"))
                     streams.answer(reply)
                 elif reply.tag == watch and not reply.errnum:
                     _note_lost(reply.payload, outcome, as_json)
                 elif reply.tag == watch and not shutdown_said:
                     shutdown_said = True  # the jobs are being stopped; their exits still come
                     print(f"tbon exec: {reply.errstr}", file=sys.stderr)
+                elif watcher is not None:
+                    watcher.answered(reply.tag)
+            if watcher is not None:
+                watcher.tick(outcome.pending)
             if stdin is None and streams.stdin.ranks and not streams.eof_sent:
                 streams.send_eof()
     except BrokenPipeError:
         raise typer.Exit(128 + signal.SIGPIPE) from None  # as a shell's pipeline: the jobs die
     finally:
-        for signum, handler in previous.items():
+        signals.close()
+        if watcher is not None:
+            watcher.close()
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP while the jobs run: each is taken to be passed on to them,
+    and the first ends this exec SIGNAL_GRACE seconds later (a second one at once). The
+    handler only notes the signal; the wake-up pipe rouses the loop, which does the rest."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.fd = self._read
+        self._taken: list[int] = []
+        self._first: tuple[int, float] | None = None
+        self._previous = {s: signal.signal(s, self._note) for s in PASSED_ON}
+        self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        if self._first is not None and self._taken == []:
+            end_by_signal(self._first[0])  # a second signal: no more grace
+        self._taken.append(signum)
+
+    def taken(self) -> list[int]:
+        """The signals that came since last asked, to pass on."""
+        try:
+            while os.read(self._read, 512):
+                pass
+        except BlockingIOError:
+            pass
+        taken, self._taken = self._taken, []
+        if taken and self._first is None:
+            self._first = (taken[0], time.monotonic())
+        return taken
+
+    def ending(self, now: float) -> int | None:
+        """The signal that ends this exec now that its grace is over, if one does."""
+        if self._first is not None and now >= self._first[1] + SIGNAL_GRACE:
+            return self._first[0]
+        return None
+
+    def wait(self, now: float) -> float | None:
+        return None if self._first is None else max(0.0, self._first[1] + SIGNAL_GRACE - now)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._wakeup)
+        for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        os.close(self._read)
+        os.close(self._write)
+
+
+class Watcher:
+    """At a terminal: pings the targets that have said nothing for a while, and shows on one
+    line those whose broker does not answer either (patience.Silence decides)."""
+
+    def __init__(self, client: Any, targets: list[int]) -> None:
+        from tbon.overlay.connectors.patience import Silence
+
+        self.client = client
+        self.silence = Silence.of(targets, time.monotonic())
+        self.pings: dict[int, int] = {}  # tag -> rank
+
+    def heard(self, rank: object) -> None:
+        if isinstance(rank, int):
+            self.client.progress("")  # the line goes before any output
+            self.silence.hear(rank, time.monotonic())
+
+    def answered(self, tag: int) -> None:
+        if (rank := self.pings.pop(tag, None)) is not None:
+            self.silence.hear(rank, time.monotonic())
+
+    def wait(self, now: float) -> float | None:
+        return self.silence.wait(now)
+
+    def tick(self, pending: set[int]) -> None:
+        now = time.monotonic()
+        for rank in [r for r in self.silence.heard if r not in pending]:
+            self.silence.done(rank)
+        for rank in self.silence.probes(now):
+            self.pings[self.client.send("broker.ping", {}, nodeid=rank)] = rank
+        if (line := self.silence.line(now)) is not None:
+            self.client.progress(line)
+
+    def close(self) -> None:
+        self.client.progress("")
 
 
 @dataclass
@@ -422,7 +516,7 @@ class Streams:
             _answer(payload, self.outcome, self.as_json)
 
     def _write(self, rank: int, stream: str, data: bytes | memoryview) -> None:
-        from tbon.overlay.services.flow import MESSAGE_COST, Returns
+        from tbon.overlay.wire.flow import MESSAGE_COST, Returns
 
         size = len(data)
         if self.as_json:
@@ -444,7 +538,7 @@ class Streams:
 
     def pass_stdin(self, fd: int) -> int | None:
         """Send what stdin has, as much as every rank has room for; at EOF, None."""
-        from tbon.overlay.services.flow import CHUNK
+        from tbon.overlay.wire.flow import CHUNK
 
         data = os.read(fd, min(CHUNK, self.stdin.available()))
         if not data:

@@ -7,6 +7,7 @@ are told there is no rank (exit 69) and nothing that was online is touched.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ import typer
 
 from tbon import exitcodes
 from tbon.cli.common import URI_HELP, duration, interactive, print_json, python_module
-from tbon.errors import TbonError, UsageError
+from tbon.errors import RankError, TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
@@ -81,7 +82,7 @@ def register(app: typer.Typer) -> None:
             "--timeout",
             "-t",
             metavar="DURATION",
-            help="Give up on brokers not online after DURATION.",
+            help="Give up on brokers not online after DURATION; 0: no limit.",
         ),
         setattr_: list[str] = typer.Option(
             [],
@@ -106,7 +107,7 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every broker joined, 69 if some found no rank (the instance was
         full), 1 if any failed otherwise.
         """
-        from tbon.overlay.connectors.client import connect
+        from tbon.cli.common import open_client
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
@@ -118,9 +119,9 @@ def register(app: typer.Typer) -> None:
         if launcher is not None and hosts is None:
             raise UsageError("--launcher ssh needs --hosts HOSTLIST")
         remote_hosts = _remote_hosts(hosts)
-        limit = duration(timeout, "--timeout")
-        limit = 60.0 if limit is None else limit
-        with connect(uri) as client:
+        given = duration(timeout, "--timeout")
+        limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
+        with open_client(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             info = client.rpc("broker.info", nodeid=0)
             wanted = _wanted(status, count, fill, ranks)
@@ -139,14 +140,15 @@ def register(app: typer.Typer) -> None:
                     if joiner.pending and joiner.process.poll() is None:
                         joiner.process.kill()  # ours, by PID: never leave a half-joined broker
                         joiner.process.wait()
-                        joiner.exit_code, joiner.reason = -1, f"not online within {limit:g}s"
+                        why = "ended" if limit is None else f"not online within {limit:g}s"
+                        joiner.exit_code, joiner.reason = -1, why
         raise typer.Exit(_report(joiners, as_json))
 
 
 def _check_attributes(extra: list[str]) -> None:
     """Refuse bad -S settings here, once, rather than in every broker started with them. The
     brokers get broker.boot-server from this command: a stand-in URI takes its place."""
-    from tbon.overlay.broker.attributes import broker_config, parse_assignments
+    from tbon.overlay.config.attributes import broker_config, parse_assignments
 
     attributes = parse_assignments(extra)
     broker_config(
@@ -161,7 +163,7 @@ def _wanted(
         chosen = parse_idset(ranks)
         beyond = [r for r in chosen if r >= status["size"]]
         if beyond:
-            raise UsageError(
+            raise RankError(
                 f"--ranks {ranks}: no rank {beyond[0]} in this instance of size {status['size']}"
             )
         return list(chosen)
@@ -317,7 +319,7 @@ def _launch_remote(
     return joiners
 
 
-def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
+def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
     """Watch rank 0's pushed status and our processes until each joiner is online or gone."""
     from rich.console import Console
     from rich.progress import (
@@ -328,7 +330,7 @@ def _follow(client: Any, joiners: list[Joiner], limit: float) -> None:
         TimeElapsedColumn,
     )
 
-    deadline = time.monotonic() + limit
+    deadline = math.inf if limit is None else time.monotonic() + limit
     by_pid = {j.process.pid: j for j in joiners if not j.host}
     by_rank = {j.wanted: j for j in joiners if j.host}
     console = Console(stderr=True)

@@ -3,7 +3,9 @@
 `tbon broker` and `tbon relay` are dispatched before Typer is imported, so that they start with
 nothing but pyzmq and PyNaCl loaded; every other command goes through the Typer app in
 `tbon.cli.app`. Each of the two shows in `ps` by what it is (tbon/proctitle.py): `tbon broker
-rank R/N ...`, `tbon relay ...`.
+rank R/N ...`, `tbon relay ...`. `tbon relay --pmi` (the far end of `tbon alloc --launcher ssh`)
+is launch/pmi_shim.py, not the relay: a connector does not import the launcher (docs/design.md
+§13).
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return broker_main(args[1:])
     if args[:1] == ["relay"]:  # started by ssh for an ssh:// URI: as lean as a broker
-        from tbon.overlay.connectors.relay import main as relay_main
         from tbon.proctitle import set_title
 
         # Shown without the broker command that `tbon alloc` has it run, so that
         # `pgrep -f "tbon broker"` finds brokers alone.
         shown = args[: args.index("--")] if "--" in args else args
         set_title(" ".join(["tbon", *shown]), b"tbon-relay")
+        if args[1:2] == ["--pmi"]:  # a broker of tbon alloc --launcher ssh, PMI over this session
+            from tbon.overlay.launch.pmi_shim import main as shim_main
+
+            return shim_main(args[2:])
+        from tbon.overlay.connectors.relay import main as relay_main
 
         return relay_main(args[1:])
     from tbon.cli.app import run

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from functools import partial
 
 import typer
 
-from tbon.cli.common import URI_HELP, duration, once_healed, print_json
-from tbon.errors import UsageError
+from tbon.cli.common import URI_HELP, duration, limit, once_healed, open_client, print_json
+from tbon.errors import RankError, UsageError
 from tbon.overlay.parse.numbers import is_decimal
 
 
@@ -29,16 +30,17 @@ def register(app: typer.Typer) -> None:
             "--timeout",
             "-t",
             metavar="DURATION",
-            help="Give up on a ping after DURATION and exit 1.",
+            help="Give up on a ping after DURATION and exit 1; 0: no limit.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     ) -> None:
         """Send a request to RANK and report how long the answer took, and how many hops.
 
         A ping that finds no route (EHOSTUNREACH: a broker on the way was lost) is sent once
-        more after the tree heals; once per command, and only for that error.
+        more after the tree heals; once per command, and only for that error. A RANK not in the
+        instance, or whose broker is not online, exits 68.
         """
-        from tbon.overlay.connectors.client import connect
+        from tbon.overlay.connectors.client import RequestError
 
         if len(words) > 2:
             raise UsageError("expected [URI] RANK")
@@ -47,18 +49,18 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"invalid rank {rank_text!r}: use a whole number")
         rank = int(rank_text)
         pause = duration(interval, "--interval") or 0.0
-        limit = duration(timeout, "--timeout")
+        wait = limit(timeout)
         times: list[float] = []
         reply: dict = {}
         sent = 0
-        with connect(uri) as client:
+        with open_client(uri) as client:
 
             def one(seq: int) -> dict:
                 """One ping, timed from its own start (a retry's, not the failed try's)."""
                 nonlocal sent
                 sent += 1
                 started = time.perf_counter()
-                answer = client.rpc("broker.ping", {"seq": seq}, nodeid=rank, timeout=limit)
+                answer = client.rpc("broker.ping", {"seq": seq}, nodeid=rank, timeout=wait)
                 times.append(time.perf_counter() - started)
                 return answer
 
@@ -67,7 +69,12 @@ def register(app: typer.Typer) -> None:
                     time.sleep(pause)  # the user asked for this pace
                 ask = partial(one, seq)
                 spent = sent > seq  # the one retry went to an earlier ping
-                reply = ask() if spent else once_healed(client, ask, limit)
+                try:
+                    reply = ask() if spent else once_healed(client, ask, wait)
+                except RequestError as error:
+                    if error.errnum in (errno.ENOENT, errno.EHOSTUNREACH):
+                        raise RankError(str(error)) from None
+                    raise
                 if not as_json:
                     typer.echo(
                         f"rank {rank} ({reply['hostname']}): seq={seq} "

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from tbon.cli.common import interactive, print_json
-from tbon.errors import UsageError
+from tbon.errors import RANK_TROUBLE, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 REFUSED = 1  # some rank could not be retired (each is named)
@@ -68,22 +68,31 @@ def register(app: typer.Typer) -> None:
         """Retire brokers: each takes no new work, lets what it runs finish, and leaves; its
         rank becomes vacant, and that broker never comes back.
 
-        Exit status: 0 if every rank is retired (or already was), 1 if some were refused.
+        Exit status: 0 if every rank is retired (or already was), 1 if some were refused, 68
+        if some are not in the instance.
         """
-        from tbon.cli.common import duration
-        from tbon.overlay.connectors.client import connect
+        from tbon.cli.common import duration, open_client
 
         uri, ranks = _split(words)
         wanted = _parse_ranks(ranks)
         drain = duration(timeout, "--timeout")
-        with connect(uri) as client:
+        with open_client(uri) as client:
             status = client.rpc("status.get", nodeid=0)
             waves = plan(status, wanted, subtree)
             results = _retire(client, status, waves, force, drain, as_json)
         ordered = sorted(results.values(), key=lambda r: r.rank)
         if as_json:
             print_json({"ranks": [r.as_dict() for r in ordered]})
-        raise typer.Exit(REFUSED if any(r.result != "retired" for r in ordered) else 0)
+        raise typer.Exit(exit_status(ordered, status["size"]))
+
+
+def exit_status(results: list[Result], size: int) -> int:
+    """0 if every rank is retired; 68 if some are not in the instance (as for every command),
+    else 1 if rank 0 refused some."""
+    failed = [r.rank for r in results if r.result != "retired"]
+    if any(rank >= size for rank in failed):
+        return RANK_TROUBLE
+    return REFUSED if failed else 0
 
 
 def _split(words: list[str]) -> tuple[str | None, str]:

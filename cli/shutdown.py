@@ -8,7 +8,7 @@ from contextlib import nullcontext
 
 import typer
 
-from tbon.cli.common import URI_HELP, duration, interactive
+from tbon.cli.common import URI_HELP, duration, interactive, open_client
 from tbon.errors import TbonError
 from tbon.overlay.connectors.uri import Uri
 
@@ -22,16 +22,14 @@ def register(app: typer.Typer) -> None:
             "--timeout",
             "-t",
             metavar="DURATION",
-            help="Give up waiting after DURATION and exit 1.",
+            help="Give up waiting after DURATION and exit 1; 0: no limit.",
         ),
         no_wait: bool = typer.Option(False, "--no-wait", help="Return once rank 0 has agreed."),
     ) -> None:
         """Shut the instance down: every broker stops its children, then itself."""
-        from tbon.overlay.connectors.client import connect
-
-        limit = duration(timeout, "--timeout")
-        limit = 60.0 if limit is None else limit
-        with connect(uri) as client:
+        given = duration(timeout, "--timeout")
+        limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
+        with open_client(uri) as client:
             # Wait on rank 0's own socket, whichever broker URI names.
             root = client.rpc("broker.info", nodeid=0, timeout=limit)["uri"]
             path = root[len("local://") :]
@@ -42,7 +40,7 @@ def register(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        deadline = time.monotonic() + limit
+        deadline = None if limit is None else time.monotonic() + limit
         console = Console(stderr=True)
         with (
             console.status("waiting for the instance to shut down")
@@ -51,7 +49,7 @@ def register(app: typer.Typer) -> None:
         ):
             # Rank 0 removes its socket as the very last thing it does.
             while _still_there(remote, path):
-                if time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
                     raise TbonError(f"the instance did not shut down within {limit:g}s")
                 time.sleep(0.02)
 

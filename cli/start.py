@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Start a local instance of N brokers and run COMMAND in it."""
-        from tbon.overlay.broker.attributes import broker_config, parse_assignments
+        from tbon.overlay.config.attributes import broker_config, parse_assignments
         from tbon.overlay.launch.capacity import check_room
 
         check_size(test_size, "--test-size")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tbon.cli.common import URI_HELP, duration, interactive, once_healed, print_json
-from tbon.errors import TbonError, UsageError
+from tbon.cli.common import URI_HELP, duration, interactive, once_healed, open_client, print_json
+from tbon.errors import RankError, TbonError, UsageError
 from tbon.overlay.connectors.client import RequestError
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
             "--timeout",
             "-t",
             metavar="DURATION",
-            help="Give up waiting after DURATION (e.g. 30s) and exit 1.",
+            help="Give up waiting after DURATION (e.g. 30s) and exit 1; 0: no limit. Default: "
+            "10s for the answer, no limit for --wait.",
         ),
         summary: bool = typer.Option(False, "--summary", help="Show only the subtree's root."),
         errors: bool = typer.Option(
@@ -120,7 +121,7 @@ def register(app: typer.Typer) -> None:
 
         --errors and --down list only the ranks that are not online, with why each went.
         """
-        from tbon.overlay.connectors.client import connect
+        from tbon.overlay.connectors.patience import limit_of
 
         if wait is not None and wait not in WAIT_STATES:
             raise UsageError(f"invalid --wait state {wait!r}: use one of {', '.join(WAIT_STATES)}")
@@ -135,8 +136,9 @@ def register(app: typer.Typer) -> None:
             shown = "--json" if as_json else "--wait" if wait is not None else f"--{kind}"
             raise UsageError(f"--highlight and {shown} do not go together: it marks the tree")
         lit = _highlight_ranks(highlight)
-        limit = duration(timeout, "--timeout")
-        with connect(uri) as client:
+        given = duration(timeout, "--timeout")
+        limit = None if given == 0 else given  # 0: no limit, as tbon.timeout=0
+        with open_client(uri) as client:
             if wait is not None:
                 table = wait_for(client, rank, wait, limit)
                 if as_json:
@@ -147,7 +149,7 @@ def register(app: typer.Typer) -> None:
                 marks = _marks(lit, console)
                 watch_live(client, rank, kind, not no_pretty, verbose, as_json, console, marks)
                 return
-            answer_in = 30.0 if limit is None else limit
+            answer_in = limit_of(given)
             table = once_healed(
                 client, lambda: client.rpc("status.get", nodeid=0, timeout=answer_in), limit
             )
@@ -212,7 +214,7 @@ def check_highlight(table: dict[str, Any], ranks: frozenset[int]) -> None:
 
 def check_rank(table: dict[str, Any], rank: int) -> None:
     if not 0 <= rank < table["size"]:
-        raise UsageError(f"--rank {rank}: no such rank in this instance of size {table['size']}")
+        raise RankError(f"--rank {rank}: no such rank in this instance of size {table['size']}")
 
 
 def show(
@@ -268,7 +270,7 @@ def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[st
     from rich.console import Console
 
     console = Console(stderr=True)
-    now_state = "unknown"
+    now_state = ""
     spinner = console.status(f"waiting for rank {rank} to be {state}") if interactive() else None
     with spinner if spinner is not None else nullcontext():
         for table in _stream_until(client, deadline, retry=True, spinner=spinner):
@@ -280,6 +282,12 @@ def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[st
                 now_state += f"; not online: {_listed(table, gone)}"
             elif now_state == state:
                 return table
+    assert limit is not None  # without one, the stream ends only by raising
+    if not now_state:
+        raise TbonError(
+            f"timed out after {limit:g}s waiting for rank {rank} to be {state} (no "
+            "status came from rank 0)"
+        )
     raise TbonError(
         f"timed out after {limit:g}s waiting for rank {rank} to be {state} (it is {now_state})"
     )

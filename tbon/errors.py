@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+RANK_TROUBLE = 68  # a rank named does not exist, is not online, or was lost while in use
+
 
 def debugging() -> bool:
     """TBON_DEBUG=1 (any value but empty or 0) shows tracebacks instead of one-line errors."""
@@ -23,3 +25,21 @@ class UsageError(TbonError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_code=2)
+
+
+class Signalled(BaseException):
+    """SIGTERM or SIGHUP (or a second SIGINT) ended the command: it exits 128+N at once, as a
+    shell reports a command a signal killed. A BaseException, as KeyboardInterrupt is, so that
+    no `except Exception` takes it for a failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class RankError(TbonError):
+    """A rank named that is not in the instance, or has no broker online: exit 68, whichever
+    command (docs/design.md §10)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=RANK_TROUBLE)

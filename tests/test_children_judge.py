@@ -12,12 +12,13 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rank0 import AtRank0, performed, report
 from tables import started
 from zmq.utils import z85
 
 from tbon import exitcodes
 from tbon.errors import UsageError
-from tbon.overlay.broker.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
+from tbon.overlay.config.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
 from tbon.overlay.links.children import Children, Inbound
 from tbon.overlay.links.downward import Goodbye
 from tbon.overlay.links.hello import (
@@ -35,8 +36,10 @@ from tbon.overlay.parse.duration import format_duration, parse_duration
 from tbon.overlay.services.actions import Action, Call, Respond, Send
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.rankpath import RankPath
 from tbon.overlay.state.ranktable import (
     Departed,
+    Dropped,
     Event,
     Lost,
     Online,
@@ -452,6 +455,15 @@ def test_hello_is_welcomed_through_children() -> None:
     assert inbound.reports == [Online(3, 1, "node3", 4242, 1)]
 
 
+def test_a_child_welcomed_while_this_broker_seeks_is_told_how_long_right_after() -> None:
+    """docs/protocol.md §5.6: a child welcomed after the search began hears its deadline too."""
+    children, sent = bare_children(TOPOLOGY, 1)
+    children.seeking_for = lambda now: 15.0 - now
+    children.sessions[3] = ChildSession(Identity(3, 1), parent=1)
+    children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 2.5, Inbound())
+    assert [(m.topic, m.payload.get("for")) for m in sent] == [("welcome", None), ("seeking", 12.5)]
+
+
 def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
     children.sessions[3] = ChildSession(Identity(3, 1), Ended("was lost: silent for 61.0s"))
@@ -635,7 +647,9 @@ class TwoTwins:
     def __init__(self) -> None:
         self.table = started("kary:2", 7, launched=1)
         attributes = flub_attributes(2, 10, 60, 30)
-        self.flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
+        self.path = RankPath(self.table)
+        flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
+        self.flub = AtRank0(flub, self.path)
         self.children, self.sent = bare_children(self.table.topology, 1)
         self.key, self.now = public_key(7), 200.0
 
@@ -676,14 +690,10 @@ class TwoTwins:
         """What rank 0 does with its children's reports (Broker.report)."""
         for event in events:
             self.now += 1
-            outcome = self.table.apply(event, self.now)
-            if isinstance(event, Online) and not outcome.applied:
-                for action in self.flub.void(
-                    event.rank, event.incarnation, outcome.reason, self.now
-                ):
-                    if isinstance(action, Send):  # the revoke reaches rank 1
-                        order = action.message.payload
-                        self.children.revoke(order["rank"], order["incarnation"], order["reason"])
+            for action in report(self.path, event, self.now):
+                if isinstance(action, Send) and action.message.topic == "flub.revoke":
+                    order = action.message.payload  # the revoke reaches rank 1
+                    self.children.revoke(order["rank"], order["incarnation"], order["reason"])
 
     def online_is(self, pid: int) -> None:
         """Rank 0 and rank 1 agree: one broker, `pid`, holds rank 3."""
@@ -738,14 +748,14 @@ def test_a_second_brokers_online_reported_all_the_same_ends_the_incarnation_at_r
     """A parent that did welcome a second broker (and so cut the first off): rank 0 refuses the
     second Online, voids the incarnation, and records it ended: lost, not online."""
     table = started("kary:2", 7, launched=1)
-    flub = FlubService(0, table.topology, table, Lifecycle(), CARD, flub_attributes(2, 10, 60, 30))
+    path = RankPath(table)
     assert table.apply(Reserve(public_key(8), "node1", 1, 30.0), 200.0).applied
     assert table.apply(Online(1, 1, "node1", 10), 200.0).applied
     assert table.apply(Reserve(public_key(7), "node3", 3, 30.0), 200.0).applied
     assert table.apply(Online(3, 1, "node3", 1111), 201.0).applied
-    refused = table.apply(Online(3, 1, "node3", 2222), 202.0)
-    assert not refused.applied
-    actions = flub.void(3, 1, refused.reason, 202.0)
+    refused = path.handle(Online(3, 1, "node3", 2222), 202.0)
+    assert not refused.outcome.applied
+    actions = performed(path, refused.actions, 202.0)
     assert [a.message.topic for a in actions if isinstance(a, Send)] == ["flub.revoke"]
     entry = table.entry(3)
     assert (entry.state, entry.pid) == (RankState.LOST, None)
@@ -843,6 +853,25 @@ events = st.one_of(
     st.builds(Departed, st.integers(0, 10**6), st.integers(0, 10**6)),
     st.builds(Torpid, st.integers(0, 10**6), st.integers(0, 10**6), st.booleans()),
 )
+
+
+def forwarded(event: Event, sender: int, rank: int = 0) -> list[Event]:
+    """What a parent of rank `rank` (kary:2 of 9) passes up of a report from child `sender`."""
+    children, _sent = bare_children(Topology("kary:2", 9), rank)
+    inbound = Inbound()
+    report = Message(Kind.CONTROL, "report", encode_event(event))
+    children._report(Identity(sender, 1), report, inbound)
+    return inbound.reports
+
+
+def test_a_broker_s_word_on_its_own_dropped_parent_is_forwarded() -> None:
+    """Rank 7, fostered by rank 0 after rank 3 (its parent) and rank 1 died, says its link to
+    rank 3 dropped; rank 1's replacement would forward it from rank 3's successor too."""
+    said = Dropped(7, 1, 3, "connection dropped")
+    assert forwarded(said, sender=7) == [said]
+    assert forwarded(said, sender=3, rank=1) == [said]  # from below: its subtree
+    assert forwarded(Dropped(8, 1, 3, "connection dropped"), sender=7) == []  # not its own
+    assert forwarded(Lost(7, 1, "x", parent=7), sender=7) == []  # its own word only as Dropped
 
 
 @given(events)

@@ -262,7 +262,7 @@ def test_every_help_wraps_only_at_the_edge_and_reads(width: int) -> None:
 
 
 def test_broker_help_looks_like_the_others_and_loads_no_typer() -> None:
-    from tbon.overlay.broker.attributes import KNOWN
+    from tbon.overlay.config.attributes import KNOWN
 
     env = child_env(COLUMNS="100")
     broker, start = tbon("broker", "--help", env=env), tbon("start", "--help", env=env)

@@ -21,7 +21,7 @@ from typing import Any
 from conftest import DEADLINE, TBON, child_env, process_gone, wait_for
 from rawlocal import RawClient
 
-from tbon.overlay.services.flow import CHUNK, STDIN_WINDOW, output_window
+from tbon.overlay.wire.flow import CHUNK, STDIN_WINDOW, output_window
 
 MiB = 1024 * 1024
 
@@ -297,7 +297,7 @@ def test_a_client_that_stops_reading_is_dropped_and_no_other_is_delayed(instance
 
 
 def test_a_window_stops_when_spent_and_a_replayed_grant_cannot_widen_it() -> None:
-    from tbon.overlay.services.flow import MESSAGE_COST, Window
+    from tbon.overlay.wire.flow import MESSAGE_COST, Window
 
     window = Window.full(8192)
     window.spend(8000)
@@ -311,7 +311,7 @@ def test_a_window_stops_when_spent_and_a_replayed_grant_cannot_widen_it() -> Non
 
 
 def test_credit_goes_back_a_quarter_window_at_a_time() -> None:
-    from tbon.overlay.services.flow import Returns
+    from tbon.overlay.wire.flow import Returns
 
     returns = Returns(4000)
     assert [returns.consumed(600) for _ in range(4)] == [0, 1200, 0, 1200]  # all that is owed
@@ -319,7 +319,7 @@ def test_credit_goes_back_a_quarter_window_at_a_time() -> None:
 
 
 def test_input_goes_no_faster_than_the_fullest_rank_and_ended_ranks_do_not_hold_it() -> None:
-    from tbon.overlay.services.flow import STDIN_WINDOW, StdinRoom
+    from tbon.overlay.wire.flow import STDIN_WINDOW, StdinRoom
 
     room = StdinRoom.for_ranks([1, 2, 3])
     room.sent(STDIN_WINDOW)
@@ -334,7 +334,7 @@ def test_input_goes_no_faster_than_the_fullest_rank_and_ended_ranks_do_not_hold_
 
 
 def test_windows_shrink_with_the_number_of_ranks_within_bounds() -> None:
-    from tbon.overlay.services.flow import MAX_WINDOW, MIN_WINDOW, OUTPUT_BUDGET
+    from tbon.overlay.wire.flow import MAX_WINDOW, MIN_WINDOW, OUTPUT_BUDGET
 
     assert output_window(1) == MAX_WINDOW
     assert output_window(16) == OUTPUT_BUDGET // 16

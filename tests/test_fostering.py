@@ -1,5 +1,5 @@
 """The self-healing tree in rank 0's table (issue 12): ranks attached, adrift, fostered, sent
-home and returning; the planner that says who fosters whom (fostering.py); and the reports that
+home and returning; the planner that says who fosters whom (healing.py); and the reports that
 carry the new fields and events up the tree.
 
 The table is pure, so every rule of ranktable.py's "ranks below one that ended" and "link
@@ -21,11 +21,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tables import specs
 from zmq.utils import z85
 
-from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
+from tbon.overlay.state.healing import away_from_home, cut_off_below, foster_parent
 from tbon.overlay.state.rankstates import CONFIG_PHASES, roll_up
 from tbon.overlay.state.ranktable import (
     CONNECTED,
     Departed,
+    Dropped,
     Event,
     Expire,
     Lost,
@@ -318,7 +319,99 @@ def test_the_snapshot_shows_where_a_rank_is_attached_and_that_it_is_reattaching(
     assert ranks[3]["attached_to"] == 0 and "reattaching" not in ranks[3]
 
 
-# --- fostering.py: who fosters, who is admitted, who goes home --------------------------------
+# --- a child's word on its parent (Dropped): issue 20, item 4 -----------------------------------
+
+
+def killed_with_its_parent() -> RankTable:
+    """kary:2 of 9: ranks 1 and 3 die together. Rank 0 sees rank 1 go: ranks 3 and 4 go adrift
+    (rank 3 is dead, but nobody above it can tell). Rank 3's child 7 saw its connection drop,
+    and rank 0 fosters it.
+
+    ::
+
+               0
+           1       2
+         3   4   5   6
+        7 8
+    """
+    result = healing_table("kary:2", 9)
+    up(result, list(range(1, 9)))
+    result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
+    assert result.apply(hello(result, 7, parent=0), 200.1).changed == (7,)
+    assert (result.entry(7).attached_to, result.entry(7).other_links) == (0, (3,))
+    return result
+
+
+def test_a_child_s_dropped_connection_ends_its_adrift_parent_at_once() -> None:
+    result = killed_with_its_parent()
+    outcome = result.apply(Dropped(7, 1, 3, "connection dropped"), 200.2)
+    assert outcome.applied and outcome.changed == (7, 3, 8)
+    three = result.entry(3)
+    assert (three.state, three.reason) == (
+        RankState.LOST,
+        "connection dropped, seen by rank 7 below it",
+    )
+    assert (three.pid, three.last_pid) == (None, 1003)
+    assert result.entry(7).other_links == () and result.reachable(7)
+    # rank 8 was still attached to rank 3: adrift now, with a grace of its own
+    assert (result.entry(8).attached_to, result.entry(8).adrift_until) == (None, 200.2 + GRACE)
+    assert result.entry(4).adrift_until == 200.0 + GRACE  # rank 1's other child: untouched
+    assert cut_off_below(result, 3) == [(8, 1, public_key(8))]
+    assert foster_parent(result, 3) == 0
+    # rank 8 said it too, after its own foster parent's Online: the link is gone already
+    assert result.apply(hello(result, 8, parent=0), 200.3).applied
+    late = result.apply(Dropped(8, 1, 3, "connection dropped"), 200.4)
+    assert not late.applied
+    assert late.reason == "rank 8 holds no other link to rank 3: its word on it is stale"
+
+
+def test_a_parent_declared_lost_by_its_child_that_is_alive_after_all_returns() -> None:
+    """Should the parent's broker be alive (it closed that connection and goes on seeking), its
+    own hello brings it back as the same incarnation, as any lost broker's."""
+    result = killed_with_its_parent()
+    result.apply(Dropped(7, 1, 3, "connection dropped"), 200.2)
+    back = result.apply(hello(result, 3, parent=0), 201.0)
+    assert back.applied and result.entry(3).state is RankState.ONLINE
+    assert (result.entry(3).incarnation, result.entry(3).pid) == (1, 1003)
+
+
+def test_a_child_s_dropped_connection_to_an_attached_parent_ends_only_the_link() -> None:
+    """Rank 2 is attached to rank 1, which is alive and will speak for it: rank 3's word ends
+    rank 3's link, nothing more, and a late Lost from rank 2 on that link is stale."""
+    result = chain(4)
+    assert result.apply(hello(result, 3, parent=1), 200.0).applied
+    assert result.entry(3).other_links == (2,)
+    before = astuple(result.entry(2))
+    outcome = result.apply(Dropped(3, 1, 2, "connection dropped"), 200.1)
+    assert outcome.applied and outcome.changed == (3,)
+    assert astuple(result.entry(2)) == before
+    assert (result.entry(3).attached_to, result.entry(3).other_links) == (1, ())
+    stale = result.apply(Lost(3, 1, "connection dropped", parent=2), 200.2)
+    assert not stale.applied and stale.reason == "rank 3 is attached to rank 1, not to rank 2"
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (Dropped(7, 1, 0, "connection dropped"), "rank 7 holds no other link to rank 0"),
+        (Dropped(8, 1, 3, "connection dropped"), "rank 8 holds no other link to rank 3"),
+        (Dropped(7, 1, 1, "connection dropped"), "rank 7 holds no other link to rank 1"),
+        (Dropped(7, 2, 3, "connection dropped"), "rank 7 incarnation 2 is not current (1)"),
+        (Dropped(1, 1, 0, "connection dropped"), "rank 1 is lost"),
+    ],
+    ids=["its-parent-now", "still-attached", "not-a-link", "old-incarnation", "ended"],
+)
+def test_a_dropped_about_a_link_the_table_does_not_keep_is_refused(
+    event: Dropped, why: str
+) -> None:
+    result = killed_with_its_parent()
+    before = frozen(result)
+    refused = result.apply(event, 200.2)
+    assert not refused.applied and refused.reason.startswith(why)
+    assert frozen(result) == before
+
+
+# --- healing.py: who fosters, who is admitted, who goes home --------------------------------
 
 
 def test_the_foster_parent_is_the_nearest_ancestor_that_reaches_rank_0() -> None:
@@ -393,6 +486,7 @@ KEY = public_key(7)
         Torpid(3, 2, False),
         Moved(3, 2, 1, 0),
         Moved(3, 2, None, 1),
+        Dropped(3, 2, 1, "connection dropped"),
     ],
     ids=str,
 )
@@ -437,6 +531,11 @@ def test_an_online_report_from_an_older_broker_has_no_key() -> None:
         ({"event": "moved", "parent": 1, "to": "0"}, "report with bad to"),
         ({"event": "moved", "parent": 1, "to": False}, "report with bad to"),
         ({"event": "moved", "parent": 1.5, "to": 0}, "report with bad parent"),
+        ({"event": "dropped", "gone": 0, "reason": "x"}, "names itself"),
+        ({"event": "dropped", "gone": 0, "reason": "x", "parent": 0}, "names itself"),
+        ({"event": "dropped", "reason": "x", "parent": 1}, "report without 'gone'"),
+        ({"event": "dropped", "gone": "0", "reason": "x", "parent": 1}, "bad gone or reason"),
+        ({"event": "dropped", "gone": 0, "parent": 1}, "report without 'reason'"),
     ],
 )
 def test_bad_reports_are_refused(payload: dict[str, Any], why: str) -> None:
@@ -720,6 +819,44 @@ class HealingMachine(RuleBasedStateMachine):
         entry = self.table.entry(child)
         assert (entry.attached_to, entry.adrift_until) == (rank, None)
         assert child not in [c for c, _, _ in away_from_home(self.table, rank)]
+
+    @rule(data=st.data())
+    def dropped(self, data: st.DataObject) -> None:
+        """A broker whose parent's connection dropped is welcomed by another ancestor, and then
+        says so: that link ends; its old parent, if adrift, is lost with all it held; if not,
+        it is left as it was. Said again, it is stale."""
+        linked = [r for r in self._connected() if self.table.entry(r).attached_to not in (None, 0)]
+        rank = self._pick(data, linked, "dropped")
+        if rank is None:
+            return
+        topology, entry = self.table.topology, self.table.entry(rank)
+        gone = entry.attached_to
+        assert gone is not None
+        others = [a for a in topology.ancestors(rank) if a != gone and self._holds(a, rank)]
+        if not others:
+            return
+        welcomer = data.draw(st.sampled_from(others), label="welcomed by")
+        self._apply(hello(self.table, rank, parent=welcomer), must=True)
+        assert gone in self.table.entry(rank).other_links
+        parent = self.table.entry(gone)
+        adrift, before = parent.adrift_until is not None, astuple(parent)
+        was = {e.rank: (e.state, e.attached_to, e.other_links) for e in self.table.entries}
+        said = Dropped(rank, entry.incarnation, gone, "connection dropped")
+        self._apply(said, must=True)
+        assert gone not in self.table.entry(rank).other_links
+        assert self.table.entry(rank).attached_to == welcomer
+        if not adrift:
+            assert astuple(self.table.entry(gone)) == before
+        else:
+            assert self.table.entry(gone).state not in CONNECTED
+            assert (
+                self.table.entry(gone).reason == f"connection dropped, seen by rank {rank} below it"
+            )
+            for other in topology.descendants(gone):  # what it held alone goes adrift
+                state, attached, links = was[other]
+                if state in CONNECTED and attached == gone and not links:
+                    assert self.table.entry(other).adrift_until == self.now + GRACE
+        self._apply(said, must=False)
 
     @rule(data=st.data(), to=st.integers(-1, 12), own=st.booleans())
     def moved(self, data: st.DataObject, to: int, own: bool) -> None:

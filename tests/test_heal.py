@@ -70,7 +70,10 @@ def test_two_levels_dying_at_once_leave_the_levels_below_fostered(instance) -> N
         "ranks 4, 7 and 8 fostered by rank 0, rank 3 lost",
     )
     assert status["ranks"][1]["state"] == "lost"
-    assert status["ranks"][3]["reason"] == "did not reattach in time"
+    # rank 3's children saw its connection drop (its grace, 2.5 s, would say "did not reattach")
+    assert status["ranks"][3]["reason"] in (
+        f"connection dropped, seen by rank {child} below it" for child in (7, 8)
+    ), status["ranks"][3]
     survivors = [rank for rank in range(15) if rank not in (1, 3)]
     assert all(pids(status)[rank] == before[rank] for rank in survivors)
     targets = "0,2,4-14"

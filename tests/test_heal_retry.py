@@ -52,6 +52,7 @@ class Scripted:
         payload: dict[str, Any] | None = None,
         nodeid: int = ANY_RANK,
         timeout: float | None = 30.0,
+        quiet: bool = False,
     ) -> dict[str, Any]:
         return self._next(topic, payload, nodeid)
 
@@ -95,7 +96,9 @@ def table() -> dict[str, Any]:
 def scripted(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[Answer]]) -> Scripted:
     """The client every command of this test connects to."""
     client = Scripted(answers)
-    monkeypatch.setattr("tbon.overlay.connectors.client.connect", lambda uri: client)
+    monkeypatch.setattr(
+        "tbon.overlay.connectors.client.connect", lambda uri, progress=None: client
+    )
     return client
 
 
@@ -219,7 +222,8 @@ def test_ping_retries_once_per_command(monkeypatch, capsys) -> None:
         monkeypatch,
         {"broker.ping": [UNREACHABLE, pong, pong, UNREACHABLE, pong], "heal.wait": HEALED},
     )
-    assert run(["ping", "local:///scripted", "1", "--count", "3"]) == 1
+    # the third ping: rank 1 not reachable, the retry spent: 68, as for any rank not online
+    assert run(["ping", "local:///scripted", "1", "--count", "3"]) == 68
     out, err = capsys.readouterr()
     assert [line.split(" time=")[0] for line in out.splitlines()] == [
         "rank 1 (n1): seq=0",  # answered on the second try
@@ -244,12 +248,13 @@ def test_ping_waits_at_most_its_timeout(monkeypatch, capsys) -> None:
 
 def test_a_lost_rank_is_pinged_twice_and_reported_once(instance) -> None:
     """A lost target is unreachable too: the wait is short (nothing is healing), and the error
-    is today's. A broker without `heal.wait` answers ENOSYS, and the ping is sent again."""
+    is today's, with the exit status of a rank not online (68, as for every command). A broker
+    without `heal.wait` answers ENOSYS, and the ping is sent again."""
     inst = instance(3)
     os.kill(inst.pid(2), signal.SIGKILL)
     inst.wait_status(lambda s: s["ranks"][2]["state"] == "lost", "rank 2 lost")
     ping = tbon("ping", inst.uri, "2")
-    assert ping.returncode == 1 and ping.stderr == "tbon ping: rank 2 is lost\n"
+    assert ping.returncode == 68 and ping.stderr == "tbon ping: rank 2 is lost\n"
 
 
 def test_status_through_a_fostered_rank_waits_for_the_tree_and_shows_it(instance) -> None:

@@ -48,7 +48,7 @@ def test_page_documents_every_option(command: str) -> None:
 
 
 def test_broker_page_documents_every_attribute_and_exit_code() -> None:
-    from tbon.overlay.broker.attributes import KNOWN
+    from tbon.overlay.config.attributes import KNOWN
 
     text = (MAN / "tbon-broker.1").read_text().replace("\\-", "-").replace("\\&", "")
     missing = [name for name in sorted(KNOWN) if name not in text]

@@ -23,6 +23,7 @@ from tbon.overlay.links.children import Inbound, Rejoin
 from tbon.overlay.services import actions
 from tbon.overlay.services.actions import (
     Action,
+    Apply,
     Authorize,
     Call,
     ForgetWatches,
@@ -43,12 +44,14 @@ from tbon.overlay.services.actions import (
     ShutDown,
     SignalJob,
     StartJob,
+    Wake,
     Withdraw,
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.rankpath import RankPath
 from tbon.overlay.services.status import StatusService, Watcher
-from tbon.overlay.state.ranktable import Event, Lost, Online
+from tbon.overlay.state.ranktable import Event, Lost, Online, Outcome, RankState
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Buffer, Kind, Message
 from tbon.record import Record
@@ -170,7 +173,9 @@ class Broker:
         self.loop = loop or Loop()
         self.children = (child_links or ChildLinks()) if children else None
         self.jobs = jobs or Jobs()
-        self.status = StatusService(started("kary:2", 7), Lifecycle()) if rank == 0 else None
+        self.table = started("kary:2", 7)
+        self.status = StatusService(self.table, Lifecycle()) if rank == 0 else None
+        self.path = RankPath(self.table) if rank == 0 else None
         self.router = Router(
             rank,
             topology,
@@ -183,7 +188,7 @@ class Broker:
             call_timeout=5.0,
         )
         self.performer = Performer(
-            rank, self.loop, self.router, self.children, self.jobs, self.status
+            rank, self.loop, self.router, self.children, self.jobs, self.status, self.path
         )
 
     def perform(self, *done: Action) -> None:
@@ -338,6 +343,40 @@ def test_forget_watches_ends_a_gone_clients_status_streams_at_rank0() -> None:
     broker.status.watchers = [Watcher(mine, 0), Watcher(other, 0)]
     broker.perform(ForgetWatches(("l0a",)))
     assert [w.request for w in broker.status.watchers] == [other]
+
+
+def test_apply_takes_the_event_through_the_one_path_then_the_continuation() -> None:
+    """At rank 0: the table changes, its follow-ups are carried out (here the void of an Online
+    refused: a revoke down to rank 1, and Wake), then the asker's continuation sees the
+    outcome."""
+    broker = Broker()
+    seen: list[tuple[bool, RankState]] = []
+
+    def then(outcome: Outcome, now: float) -> list[Action]:
+        rank = outcome.changed[0] if outcome.changed else 3
+        seen.append((outcome.applied, broker.table.entry(rank).state))
+        return [Log(logging.INFO, "seen")]
+
+    broker.perform(Apply(Online(1, 1, "node1", 11), then))
+    assert seen == [(True, RankState.ONLINE)]  # seen after the table changed
+    assert broker.loop.calls == [("wake",)]  # the table changed: the deadlines may
+    broker.perform(Apply(Online(3, 1, "node3", 33)), Apply(Online(3, 1, "node3", 34), then))
+    assert seen[-1] == (False, RankState.LOST)  # another broker's hello: voided first
+    [revoke] = [m for m in broker.down.sent if m.topic == "flub.revoke"]
+    assert (revoke.nodeid, revoke.payload["rank"], revoke.payload["incarnation"]) == (1, 3, 1)
+
+
+def test_wake_goes_to_the_loop() -> None:
+    broker = Broker(rank=3, children=False)
+    broker.perform(Wake())
+    assert broker.loop.calls == [("wake",)]
+
+
+def test_apply_anywhere_but_rank0_raises() -> None:
+    broker = Broker(rank=1)
+    with pytest.raises(CannotPerform, match=r"^Apply on a broker with no rank table"):
+        broker.perform(Apply(Lost(3, 1, "gone", 1)))
+    assert broker.loop.calls == []
 
 
 def test_shut_down_and_leave_go_to_the_loop() -> None:

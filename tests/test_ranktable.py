@@ -27,6 +27,7 @@ from tbon.overlay.state.ranktable import (
     REFUSALS,
     TRANSITIONS,
     Departed,
+    Dropped,
     Event,
     Expire,
     LinkEnded,
@@ -1138,7 +1139,8 @@ def test_allocatable_is_what_the_reserve_rows_allow() -> None:
 
 
 def test_every_event_type_has_a_refusal_and_a_row() -> None:
-    reported = {Online, Lost, Departed, Torpid, Moved}  # what a rank's parent sees
+    # what a rank's parent sees, and what a broker saw of its own old parent
+    reported = {Online, Lost, Departed, Torpid, Moved, Dropped}
     decided = {Retire, Expire, Release, Reboot, Void, Reserve}  # what rank 0 decides or grants
     events = reported | decided
     assert set(REFUSALS) == events

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rank0 import AtRank0, report
 from tables import started
 from test_children_judge import ACCEPTED, CLOSED, bare_children, hello_message, public_key
 
@@ -16,6 +17,7 @@ from tbon.overlay.links.keyring import Identity
 from tbon.overlay.services.actions import Action, Call, Send
 from tbon.overlay.services.flub import FlubService, flub_attributes
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.rankpath import RankPath
 from tbon.overlay.state.admissions import Admissions
 from tbon.overlay.state.ranktable import Lost, Online, RankTable, Reserve
 from tbon.overlay.state.topology import Topology
@@ -55,28 +57,23 @@ def test_the_record_is_bounded_by_the_depth_of_the_tree() -> None:
 
 
 class RankZero:
-    """Rank 0's table and FLUB service (with its heal service), as the broker wires them, with
-    every rank of kary:2 size 7 online under its own parent, keys known."""
+    """Rank 0's table, its one path and FLUB service, as the broker wires them, with every rank
+    of kary:2 size 7 online under its own parent, keys known."""
 
     def __init__(self) -> None:
         self.table: RankTable = started("kary:2", 7)
         attributes = flub_attributes(2, 10, 60, 30)
-        self.flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
-        self.heal = self.flub.heal
+        self.path = RankPath(self.table)
+        flub = FlubService(0, self.table.topology, self.table, Lifecycle(), CARD, attributes)
+        self.flub = AtRank0(flub, self.path)
         self.now = 101.0
         for rank in range(1, 7):
             self.report(Online(rank, 1, f"node{rank}", 1000 + rank, None, public_key(rank)))
 
     def report(self, event: Any) -> list[Action]:
-        """Broker.report at rank 0: apply, void a refused Online, run what healing calls for."""
+        """Broker.report at rank 0: the event on the one path, with all it calls for."""
         self.now += 1
-        outcome = self.table.apply(event, self.now)
-        actions: list[Action] = []
-        if isinstance(event, Online) and not outcome.applied:
-            actions += self.flub.void(
-                event.rank, event.incarnation, outcome.reason, self.now, event.parent
-            )
-        return actions + self.heal.after(event, outcome, self.now)
+        return report(self.path, event, self.now)
 
     def allocate(self, rank: int, key: str) -> list[Action]:
         ask = {"public_key": key, "hostname": "spare", "rank": rank}
@@ -181,19 +178,16 @@ def test_a_foster_admission_is_withdrawn_once_its_rank_reaches_rank_0_without_it
     and 8 never lost their parent. Once rank 3 is fostered, they reach rank 0 through it, so
     their admissions are withdrawn; rank 3's own was used and closes without a word."""
     table = started("kary:2", 15)
-    flub = FlubService(0, table.topology, table, Lifecycle(), CARD, flub_attributes(2, 10, 60, 30))
-    heal = flub.heal
+    path = RankPath(table)
     for rank in range(1, 15):
         table.apply(Online(rank, 1, f"node{rank}", 1000 + rank, None, public_key(rank)), 101.0)
-    lost = Lost(1, 1, "connection dropped", 0)
-    actions = heal.after(lost, table.apply(lost, 200.0), 200.0)
+    actions = report(path, Lost(1, 1, "connection dropped", 0), 200.0)
     assert not [a for a in actions if isinstance(a, Send)]  # nothing is moot yet
-    online = Online(3, 1, "node3", 1003, 0, public_key(3))
-    actions = heal.after(online, table.apply(online, 201.0), 201.0)
+    actions = report(path, Online(3, 1, "node3", 1003, 0, public_key(3)), 201.0)
     [withdraw] = [a.message for a in actions if isinstance(a, Send)]
     assert (withdraw.topic, withdraw.nodeid) == ("heal.withdraw", 0)
     assert sorted(map(tuple, withdraw.payload["ranks"])) == [(7, 1), (8, 1)]
-    assert sorted(rank for rank, _, _ in heal.admissions.open()) == [4, 9, 10]
+    assert sorted(rank for rank, _, _ in path.admissions.open()) == [4, 9, 10]
 
 
 def test_a_withdrawn_admission_is_forgotten_unless_its_broker_came() -> None:

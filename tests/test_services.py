@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 import pytest
+from rank0 import AtRank0
 from tables import bring_up, started
 
 from tbon import exitcodes
@@ -40,10 +41,11 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import Draining, RetireService
 from tbon.overlay.services.status import StatusService
-from tbon.overlay.services.trust import client_notice, connection_of, from_parent_of, from_rank0
+from tbon.overlay.services.trust import from_parent_of
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import client_notice, connection_of, from_rank0
 
 NOW = 200.0
 CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "parent"}
@@ -217,8 +219,14 @@ def test_no_new_watch_while_the_instance_stops() -> None:
 # --- FLUB: rank 0 ---------------------------------------------------------------------------
 
 
-def flub_at_rank0(table: RankTable, lifecycle: Lifecycle | None = None) -> FlubService:
-    return FlubService(0, table.topology, table, lifecycle or Lifecycle(), CARD, ATTRIBUTES)
+def flub_at_rank0(table: RankTable, lifecycle: Lifecycle | None = None) -> Any:
+    """FLUB at rank 0, its Apply actions carried out on the one path (tests/rank0.py)."""
+    flub = FlubService(0, table.topology, table, lifecycle or Lifecycle(), CARD, ATTRIBUTES)
+    return AtRank0.of(lambda _: flub, table)
+
+
+def retire_at_rank0(table: RankTable) -> Any:
+    return AtRank0.of(lambda _: RetireService(0, table.topology, table), table)
 
 
 def allocate(key: str, rank: int | None = None) -> Message:
@@ -635,7 +643,7 @@ def retire_body(rank: int, **more: Any) -> dict[str, Any]:
 def test_retire_records_first_then_orders_the_parent_then_answers_when_gone() -> None:
     table = started("kary:2", 4)
     bring_up(table, [1, 2, 3])
-    service = RetireService(0, table.topology, table)
+    service = retire_at_rank0(table)
     actions = service.retire_rank(request("retire.rank", retire_body(3)), NOW)
     assert table.entry(3).state is RankState.RETIRING  # recorded before anyone is told
     news = only_response(actions)
@@ -661,7 +669,7 @@ def test_retire_records_first_then_orders_the_parent_then_answers_when_gone() ->
 def test_retire_refusals_are_the_tables_and_a_lost_order_is_news() -> None:
     table = started("kary:2", 4)
     bring_up(table, [1, 3])
-    service = RetireService(0, table.topology, table)
+    service = retire_at_rank0(table)
     busy = only_response(service.retire_rank(request("retire.rank", retire_body(1)), NOW))
     assert busy.errnum == errno.EPERM and "children" in busy.errstr
     missing = only_response(service.retire_rank(request("retire.rank", retire_body(9)), NOW))
@@ -677,7 +685,7 @@ def test_retire_refusals_are_the_tables_and_a_lost_order_is_news() -> None:
 def test_waiting_retirements_fail_when_the_instance_ends() -> None:
     table = started("kary:2", 4)
     bring_up(table, [1, 3])
-    service = RetireService(0, table.topology, table)
+    service = retire_at_rank0(table)
     service.retire_rank(request("retire.rank", retire_body(3)), NOW)
     assert only_response(service.end()).errnum == errno.ESHUTDOWN
 
@@ -840,8 +848,8 @@ def test_exec_start_s_eof_is_passed_to_the_job_and_checked() -> None:
 
 
 def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_rank0() -> None:
-    from tbon.overlay.broker.attributes import broker_config
     from tbon.overlay.broker.dispatch import Services
+    from tbon.overlay.config.attributes import broker_config
 
     table = started("kary:2", 4)
     me = Whoami(0, "node0", 1, "local:///x", "tcp://h:1", "K" * 40)

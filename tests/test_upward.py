@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tbon import exitcodes
+from tbon.overlay.links.uplink import seeking_seconds
 from tbon.overlay.links.upward import (
+    DISMISS_WAIT,
     RETRY_AFTER,
     RETRY_AFTER_KEY,
     TRANSITIONS,
@@ -31,6 +33,7 @@ from tbon.overlay.links.upward import (
     Open,
     ParentSeeking,
     Refused,
+    ReportDropped,
     Seeking,
     SendMoved,
     Silent,
@@ -141,7 +144,8 @@ def test_a_lost_parent_starts_a_search_of_every_ancestor(loss) -> None:
         Open(1, CARD0, 1),
         Open(2, CARD1, 1),
     ]
-    assert m.state == Seeking(10.0 + REATTACH, {0: 1, 1: 2})
+    dropped = 1 if isinstance(loss, LinkLost) else None  # the parent to tell rank 0 of
+    assert m.state == Seeking(10.0 + REATTACH, {0: 1, 1: 2}, dropped=dropped)
     assert m.parent_link is None and m.next_deadline() == 10.0 + REATTACH
 
 
@@ -186,18 +190,82 @@ def test_the_first_ancestor_to_welcome_is_the_parent_and_the_others_are_dismisse
     out = m.handle(Welcomed(1, 0, 1, (CARD0,)), 10.5)
     assert out == [
         SendMoved(2, 0),
-        Close(2, Linger.BRIEF),
         AttachedTo(0, False, "reattached under rank 0"),
         LineageChanged((CARD0,)),
         Flush(),
+        ReportDropped(1, "connection dropped"),
     ]
-    assert m.state == Fostered(1, 0) and m.open_links == {1}
+    assert m.state == Fostered(1, 0) and m.open_links == {1, 2}
+    assert m.role(2) == "dismissed" and m.next_deadline() == 10.5 + DISMISS_WAIT
+
+
+def test_a_dismissed_link_stays_open_for_its_moved_to_be_read_then_closes() -> None:
+    """Issue 20, item 2: closed right behind its `moved`, the link lost it at times, and the
+    parent reported the broker lost instead of moved."""
+    m = fostered()
+    assert m.handle(Welcomed(2, 1, 1, LINEAGE), 11.0) == []  # the hello it had said: ignored
+    assert m.handle(LineageSaid(2, LINEAGE), 11.0) == []
+    assert m.handle(ParentSeeking(2, 1.0), 11.0) == [] and m.state == Fostered(1, 0)
+    assert m.handle(Tick(), 10.5 + DISMISS_WAIT - 0.01) == [] and 2 in m.open_links
+    assert m.handle(Tick(), 10.5 + DISMISS_WAIT) == [Close(2, Linger.BRIEF)]
+    assert m.open_links == {1} and m.role(2) is None and m.next_deadline() is None
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        Refused(2, exitcodes.LOST, "rank 3 incarnation 1 has moved to another parent"),
+        Refused(2, exitcodes.REFUSED, "key refused", key=True),
+        LinkLost(2, "lost the connection to the parent"),
+        Silent(2, "no answer to hello"),
+    ],
+    ids=["refused", "key", "dropped", "silent"],
+)
+def test_a_dismissed_link_that_ends_sooner_closes_at_once_and_changes_nothing(end) -> None:
+    m = fostered()
+    assert m.handle(end, 11.0) == [Close(2, Linger.NONE)]
+    assert m.state == Fostered(1, 0) and m.open_links == {1} and not m.dismissed
+
+
+def test_a_broker_that_ends_closes_its_dismissed_links_too() -> None:
+    m = fostered()
+    out = m.handle(Refused(1, exitcodes.REFUSED, "superseded"), 11.0)
+    assert out == [Close(1, Linger.NONE), Close(2, Linger.NONE), Exit(77, "superseded")]
+    assert not m.open_links and not m.dismissed
 
 
 def test_the_home_parent_taking_its_child_back_makes_it_home() -> None:
     m = seeking()
-    m.handle(Welcomed(2, 1, 1, LINEAGE), 10.5)
+    out = m.handle(Welcomed(2, 1, 1, LINEAGE), 10.5)
     assert m.state == Home(2, 1)
+    assert not any(isinstance(i, ReportDropped) for i in out)  # the link is back: no news
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        Silent(0, "the parent has been silent for 3.0s"),
+        Refused(0, exitcodes.LOST, "refused by the parent: rank 3 incarnation 1 was lost"),
+        LinkLost(0, "the link to the parent is full", full=True),
+    ],
+    ids=["silent", "refused", "full"],
+)
+def test_only_a_dropped_connection_is_told_once_welcomed_elsewhere(loss) -> None:
+    """A parent found silent, one that refused this broker, or one that stopped reading may be
+    alive and seeking: that is not evidence of its end (ranktable.py, Dropped)."""
+    m = home()
+    m.handle(loss, 10.0)
+    out = m.handle(Welcomed(1, 0, 1, (CARD0,)), 10.5)
+    assert m.state == Fostered(1, 0)
+    assert not any(isinstance(i, ReportDropped) for i in out)
+
+
+def test_the_drop_is_told_once_after_the_welcome_and_not_on_a_later_search() -> None:
+    m = fostered()
+    out = m.handle(Silent(1, "the parent has been silent for 3.0s"), 20.0)
+    assert isinstance(m.state, Seeking) and m.state.dropped is None
+    out = m.handle(Welcomed(m.state.candidates[0], 0, 1, (CARD0,)), 20.5)
+    assert not any(isinstance(i, ReportDropped) for i in out)
 
 
 def test_a_key_refused_at_the_handshake_is_tried_again_soon() -> None:
@@ -265,16 +333,18 @@ def test_a_seeking_broker_declines_to_go_home_and_keeps_seeking_once_stopped() -
 
 def test_a_fostered_broker_goes_home_and_tells_the_foster_parent() -> None:
     m = fostered()
-    assert m.handle(HomeOrder(CARD1), 11.0) == [Open(3, CARD1, 1)]
+    m.handle(Tick(), 20.0)  # the candidate dismissed while seeking is closed
+    assert m.handle(HomeOrder(CARD1), 21.0) == [Open(3, CARD1, 1)]
     assert m.state == GoingHome(1, 0, CARD1, 3) and m.parent_link == 1
-    out = m.handle(Welcomed(3, 1, 1, LINEAGE), 11.2)
+    out = m.handle(Welcomed(3, 1, 1, LINEAGE), 21.2)
     assert out == [
         SendMoved(1, 1),
-        Close(1, Linger.FULL),
         AttachedTo(1, False, "home again under rank 1"),
         LineageChanged(LINEAGE),
     ]
-    assert m.state == Home(3, 1) and m.open_links == {3}
+    assert m.state == Home(3, 1) and m.open_links == {1, 3} and m.role(1) == "dismissed"
+    assert m.handle(Tick(), 21.2 + DISMISS_WAIT) == [Close(1, Linger.BRIEF)]
+    assert m.open_links == {3}
 
 
 def test_a_key_refused_at_home_is_tried_again() -> None:
@@ -327,7 +397,7 @@ def test_a_child_whose_seeking_parent_goes_seeks_no_longer_than_it() -> None:
     m = home()
     m.handle(ParentSeeking(0, 2.0), 10.0)
     out = m.handle(LinkLost(0, "dropped"), 11.0)
-    assert TellChildren(12.0) in out and m.state == Seeking(12.0, {0: 1, 1: 2})
+    assert TellChildren(12.0) in out and m.state == Seeking(12.0, {0: 1, 1: 2}, dropped=1)
 
 
 def test_a_child_whose_parent_went_at_the_end_of_its_search_ends_at_once() -> None:
@@ -344,6 +414,39 @@ def test_a_parent_attached_again_clears_the_deadline() -> None:
     m.handle(LineageSaid(0, LINEAGE), 11.0)
     m.handle(LinkLost(0, "dropped"), 20.0)
     assert isinstance(m.state, Seeking) and m.state.until == 20.0 + REATTACH
+
+
+def test_the_deadline_a_child_must_hear_is_the_search_s_or_the_parent_s() -> None:
+    m = machine()
+    assert m.search_until is None  # waiting
+    m.handle(Welcomed(0, 1, 1, LINEAGE), 1.0)
+    assert m.search_until is None  # home, nobody above seeks
+    m.handle(ParentSeeking(0, 2.0), 10.0)
+    assert m.search_until == 12.0  # its parent's
+    m.handle(LineageSaid(0, LINEAGE), 11.0)
+    assert m.search_until is None  # its parent was welcomed again
+    m.handle(LinkLost(0, "dropped"), 20.0)
+    assert m.search_until == 20.0 + REATTACH  # its own
+    m.handle(Tick(), 20.0 + REATTACH)
+    assert m.search_until is None  # ended
+
+
+def test_a_child_welcomed_while_its_parent_seeks_hears_the_deadline_and_keeps_it() -> None:
+    """Issue 20: a child welcomed after its parent began seeking was never told, and would seek
+    for its full reattach timeout should that parent go. The parent says `seeking` right after
+    the welcome (children.py), from `search_until`."""
+    parent = Upward(1, 0, 1, REATTACH)
+    parent.handle(Welcomed(0, 0, 1, (CARD0,)), 0.0)
+    parent.handle(LinkLost(0, "dropped"), 10.0)  # rank 0's link lost: rank 1 seeks till 15
+    assert parent.search_until == 10.0 + REATTACH
+    child = machine()
+    child.handle(Welcomed(0, 1, 1, LINEAGE), 11.0)  # rank 1 welcomes rank 3 meanwhile
+    left = seeking_seconds(parent.search_until, 11.0)
+    assert child.handle(ParentSeeking(0, left), 11.0) == [TellChildren(10.0 + REATTACH)]
+    assert child.search_until == 10.0 + REATTACH  # what it tells its own children, too
+    out = child.handle(LinkLost(0, "dropped"), 12.0)  # then rank 1 goes
+    assert isinstance(child.state, Seeking) and child.state.until == 10.0 + REATTACH
+    assert TellChildren(10.0 + REATTACH) in out
 
 
 # --- defect 7: a lineage before any child is welcomed -----------------------------------------
@@ -388,7 +491,8 @@ def test_input_from_a_link_already_closed_is_ignored() -> None:
 
 
 def test_every_row_names_a_known_role() -> None:
-    assert {role for _, _, role in TRANSITIONS} == {"parent", "home", "candidate", "-"}
+    roles = {"parent", "home", "candidate", "dismissed", "-"}
+    assert {role for _, _, role in TRANSITIONS} == roles
 
 
 # --- random stimuli ------------------------------------------------------------------------------
@@ -430,6 +534,8 @@ class UpwardMachine(RuleBasedStateMachine):
                 self.welcomed_once = seen_welcome = True
             elif isinstance(instruction, Flush):
                 assert seen_welcome  # nothing goes up before a welcome but the hello
+            elif isinstance(instruction, ReportDropped):
+                assert seen_welcome and instruction.parent != self.m.peer
             elif isinstance(instruction, Exit):
                 self.exits += 1
                 assert isinstance(self.m.state, Ended)
@@ -442,11 +548,12 @@ class UpwardMachine(RuleBasedStateMachine):
     def welcome(self, data, peer: int, lineage) -> None:
         self.feed(Welcomed(self.some_link(data), peer, 1, lineage))
 
-    @rule(data=st.data(), kind=st.sampled_from(["lost", "silent", "key", "75", "77", "0"]))
+    @rule(data=st.data(), kind=st.sampled_from(["lost", "full", "silent", "key", "75", "77", "0"]))
     def loss(self, data, kind: str) -> None:
         link = self.some_link(data)
         stimulus = {
             "lost": LinkLost(link, "dropped"),
+            "full": LinkLost(link, "full", full=True),
             "silent": Silent(link, "silent"),
             "key": Refused(link, exitcodes.REFUSED, "key", key=True),
             "75": Refused(link, exitcodes.LOST, "was lost"),
@@ -483,6 +590,13 @@ class UpwardMachine(RuleBasedStateMachine):
         assert len(parents) <= 1
         if self.m.parent_link is not None:
             assert self.m.parent_link in self.opened
+        # a dismissed link is open, neither parent nor candidate, and closed within DISMISS_WAIT
+        assert set(self.m.dismissed) <= self.opened
+        assert all(self.m.role(link) == "dismissed" for link in self.m.dismissed)
+        assert all(when <= self.now + DISMISS_WAIT for when in self.m.dismissed.values())
+        if self.m.dismissed:
+            deadline = self.m.next_deadline()
+            assert deadline is not None and deadline <= min(self.m.dismissed.values())
 
     @invariant()
     def a_search_has_a_deadline(self) -> None:

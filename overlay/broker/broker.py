@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from tbon.errors import TbonError
-from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.errors import TbonError, UsageError
 from tbon.overlay.broker.dispatch import ROOT_TOPICS, Services
 from tbon.overlay.broker.jobs import JobRunner
 from tbon.overlay.broker.logs import set_log_rank, setup_logging
@@ -30,12 +29,13 @@ from tbon.overlay.broker.program import InitialProgram
 from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
-from tbon.overlay.services.actions import Action
-from tbon.overlay.services.heal import adrift
+from tbon.overlay.config.attributes import BrokerConfig
+from tbon.overlay.services.actions import Action, Apply
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
-from tbon.overlay.state.ranktable import Event, Online, Outcome, RankTable
+from tbon.overlay.state.healing import adrift
+from tbon.overlay.state.ranktable import Event, Online, RankTable
 from tbon.overlay.state.reports import encode_event
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
@@ -43,6 +43,7 @@ from tbon.proctitle import name_broker
 if TYPE_CHECKING:  # the links up: loaded by a broker that has a parent only, not at rank 0
     from tbon.overlay.links.parent import LinkEnded, ParentLink
     from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
+    from tbon.overlay.services.rankpath import RankPath  # rank 0's only
 
 log = logging.getLogger("tbon.broker")
 
@@ -82,26 +83,31 @@ class Broker:
             )
         now = time.monotonic()
         self.table: RankTable | None = None
+        self.path: RankPath | None = None
         if self.rank == 0:
+            from tbon.overlay.services.rankpath import RankPath
+
             grace = (config.timeout or 60.0) + self.reattach_timeout
             self.table = RankTable(
                 self.topology, wireup.hosts, now, fixed=booted.by_config, reattach_grace=grace
             )
-            self._apply(Online(0, 1, config.hostname, os.getpid()), now)
+            self.path = RankPath(self.table)
         if self.children is not None:
             self.children.lineage = [self._card()] if self.rank == 0 else []
+            if self.parent is not None:  # a child welcomed while this broker seeks is told so
+                self.children.seeking_for = self.parent.seeking_for
         self.exit_code: int | None = None
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None
         self._cut = False
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
-        self._seen_generation = -1
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
         self.jobs = JobRunner(self.rank, self.uri, self._watch, self._unwatch, self._respond)
         self.draining: Draining | None = None
         self.lifecycle = Lifecycle()
         self._build_services()
         if self.rank == 0:
+            self.perform([Apply(Online(0, 1, config.hostname, os.getpid()))])
             self._finalize_pmi()  # rank 0 is in the tree from the start
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
 
@@ -134,7 +140,9 @@ class Broker:
         self.services.exec.toward = self.router.hop_down
         self.router.on_local_response = self.services.exec.answered
         status = self.services.status
-        self.performer = Performer(self.rank, self, self.router, self.children, self.jobs, status)
+        self.performer = Performer(
+            self.rank, self, self.router, self.children, self.jobs, status, self.path
+        )
 
     def _card(self) -> list[Any]:
         """This broker as its children's lineage names it: rank, endpoint, public key."""
@@ -308,9 +316,6 @@ class Broker:
             self.perform(self.services.heal.settle(now, self._whole()))
         status = self.services.status
         if self.table is not None and status is not None:
-            if self.table.generation != self._seen_generation:
-                self._seen_generation = self.table.generation
-                self._due = 0.0  # a new lease, a rank come or gone: the deadlines change
             for watcher, update in status.pushes(now):
                 if not self._respond(update):
                     status.forget_watcher(watcher)
@@ -490,25 +495,14 @@ class Broker:
         return self.router.respond(reply)
 
     def report(self, events: Sequence[Event], now: float) -> None:
-        """Rank-table events seen here: rank 0 applies them, any other broker sends them up."""
+        """Rank-table events seen here: rank 0 applies them on its one path (rankpath.py), any
+        other broker sends them up."""
         for event in events:
-            if self.table is None:
-                assert self.parent is not None
-                self.parent.send(Message(Kind.CONTROL, "report", encode_event(event)))
+            if self.path is not None:
+                self.perform([Apply(event)])
                 continue
-            outcome = self._apply(event, now)
-            if isinstance(event, Online) and not outcome.applied:
-                reason = outcome.reason
-                flub = self.services.flub
-                self.perform(flub.void(event.rank, event.incarnation, reason, now, event.parent))
-            self.perform(self.services.heal.after(event, outcome, now))
-
-    def _apply(self, event: Event, now: float) -> Outcome:
-        assert self.table is not None
-        outcome = self.table.apply(event, now)
-        if not outcome.applied:
-            log.info("ignored %s: %s", event, outcome.reason)
-        return outcome
+            assert self.parent is not None
+            self.parent.send(Message(Kind.CONTROL, "report", encode_event(event)))
 
     # --- the end ----------------------------------------------------------------------------
 
@@ -592,6 +586,8 @@ def run_broker(config: BrokerConfig, command: list[str]) -> int:
             links.close(linger=False)
             raise
         return broker.run()
+    except UsageError:
+        raise  # found while booting: main() says it as any command says its usage
     except TbonError as error:
         log.error("%s", error)
         return error.exit_code

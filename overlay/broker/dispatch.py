@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tbon.overlay.broker.attributes import BrokerConfig
 from tbon.overlay.broker.logs import recent
 from tbon.overlay.broker.router import Handler
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.services.actions import Action, ForgetWatches, warning
 from tbon.overlay.services.attr import AttrService, describe
 from tbon.overlay.services.dmesg import DmesgService
@@ -23,10 +23,10 @@ from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
-from tbon.overlay.services.trust import client_notice, connection_of
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
+from tbon.overlay.wire.route import client_notice, connection_of
 
 if TYPE_CHECKING:
     from tbon.overlay.services.status import StatusService
@@ -67,7 +67,7 @@ class Services:
         attributes = flub_attributes(
             config.heartbeat, config.torpid, config.timeout, config.join_timeout
         )
-        heal = HealService(rank, topology, table, card)
+        heal = HealService(rank, topology, card)
         status = None
         if table is not None:  # rank 0
             from tbon.overlay.services.status import StatusService
@@ -76,7 +76,7 @@ class Services:
         return Services(
             ping=PingService(me, topology),
             exec=ExecService(rank, topology, lifecycle),
-            flub=FlubService(rank, topology, table, lifecycle, card, attributes, heal),
+            flub=FlubService(rank, topology, table, lifecycle, card, attributes),
             retire=RetireService(rank, topology, table),
             dmesg=DmesgService(rank, recent()),
             heal=heal,
@@ -88,7 +88,7 @@ class Services:
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect: the client's jobs, log follows and status streams end, and at
         rank 0 its reservations no longer count against it. Only a notice shaped as a broker
-        makes one is obeyed (trust.client_notice): a client could send one, but only about
+        makes one is obeyed (client_notice, wire/route.py): a client could send one, but only about
         itself."""
         if not client_notice(request):
             sender = "/".join(connection_of(request))

@@ -2,7 +2,7 @@
 
 Output is sent as soon as it is read, but only in whole lines (a line longer than a chunk is sent
 in pieces), so that labels from many ranks never cut a line in two. It is read only while the
-client's window has credit (overlay/services/flow.py): when the client stops reading, the job's
+client's window has credit (overlay/wire/flow.py): when the client stops reading, the job's
 pipes fill and the job blocks on write, and nothing piles up here. Input is taken up to a window
 too, and credited back as the job reads it. A job's exit is sent only after both its pipes are
 drained, so it always comes last. Pipes are non-blocking and watched by the broker's poller: a
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
-from tbon.overlay.services.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
+from tbon.overlay.wire.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Buffer, Kind, Message
 
 if TYPE_CHECKING:  # imported where a job starts (0.3 MB), not by every broker

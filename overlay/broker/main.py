@@ -160,7 +160,7 @@ def parse_args(argv: list[str]) -> Args:
 
 
 def main(argv: list[str]) -> int:
-    from tbon.overlay.broker.attributes import broker_config, parse_assignments
+    from tbon.overlay.config.attributes import broker_config, parse_assignments
     from tbon.proctitle import name_broker
 
     try:
@@ -174,6 +174,9 @@ def main(argv: list[str]) -> int:
     command = args.command
     try:
         config = broker_config(parse_assignments(args.setattr), args.config_file)
+        from tbon.overlay.broker.startup import check_files
+
+        check_files(config)
     except TbonError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return error.exit_code
@@ -182,6 +185,9 @@ def main(argv: list[str]) -> int:
     name_broker(detail=" ".join(argv))  # `tbon broker rank R/N ...` once bootstrap tells R/N
     try:
         return run_broker(config, command)
+    except UsageError as error:  # a config file's host list without this host, say
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         return exitcodes.INTERNAL
     except Exception as error:  # a broker reports, it does not print tracebacks at users

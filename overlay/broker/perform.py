@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, assert_never
 from tbon.overlay.broker.router import Router
 from tbon.overlay.services.actions import (
     Action,
+    Apply,
     Authorize,
     Call,
     ForgetWatches,
@@ -39,14 +40,16 @@ from tbon.overlay.services.actions import (
     ShutDown,
     SignalJob,
     StartJob,
+    Wake,
     Withdraw,
     WriteStdin,
 )
 from tbon.overlay.state.ranktable import Event
 from tbon.overlay.wire.message import Buffer, Message
 
-if TYPE_CHECKING:  # loaded by a broker that has children only
+if TYPE_CHECKING:  # loaded by a broker that has children only; the path, by rank 0 only
     from tbon.overlay.links.children import Inbound, Rejoin
+    from tbon.overlay.services.rankpath import RankPath
 
 log = logging.getLogger("tbon.broker")
 
@@ -106,15 +109,17 @@ class Performer:
         children: ChildLinks | None,
         jobs: Jobs,
         status: Watches | None,
+        path: RankPath | None = None,
     ) -> None:
-        """`children`: None on a broker whose rank has no children; `status`: None but at
-        rank 0."""
+        """`children`: None on a broker whose rank has no children; `status` and `path` (the
+        one way into the rank table): None but at rank 0."""
         self.rank = rank
         self.loop = loop
         self.router = router
         self.children = children
         self.jobs = jobs
         self.status = status
+        self.path = path
 
     def perform(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -136,6 +141,15 @@ class Performer:
                 log.log(level, "%s", text)
             case Report(event):
                 self.loop.report([event], now)
+            case Apply(event, then):
+                if self.path is None:
+                    raise self._cannot(action, "no rank table (rank 0 alone has one)")
+                applied = self.path.handle(event, now)
+                self.perform(applied.actions)  # every follow-up, then the asker's own
+                if then is not None:
+                    self.perform(then(applied.outcome, now))
+            case Wake():
+                self.loop.wake()
             case Authorize(rank, incarnation, key):
                 self._children(action).authorize(rank, incarnation, key)
             case Foster(admissions, until):

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import unreachable
-from tbon.overlay.services.trust import child_hop, parent_hop
+from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
+from tbon.overlay.wire.route import child_hop, parent_hop
 
 if TYPE_CHECKING:  # each link's module is loaded by a broker that has such a link only
     from tbon.overlay.links.children import Children
@@ -197,12 +198,7 @@ class Router:
         if came_from in (link, HERE) or (link == "p" and parent_hop(came_from) is not None):
             return True
         sent_to, child = child_hop(link), child_hop(came_from)
-        return (
-            sent_to is not None
-            and child is not None
-            and 0 <= child < self.topology.size
-            and self.topology.is_ancestor(sent_to, child)
-        )
+        return sent_to is not None and child is not None and is_below(self.topology, child, sent_to)
 
     def next_deadline(self) -> float | None:
         return min((p.deadline for p in self._pending.values()), default=None)
@@ -261,9 +257,7 @@ class Router:
             if children is None or not reply.route:
                 return False
             below = child_hop(reply.route[-1])
-            if below is None or not (
-                0 <= below < self.topology.size and self.topology.is_ancestor(gone, below)
-            ):
+            if below is None or not is_below(self.topology, below, gone):
                 return False
             reply.route.pop()
             if children.attached(below):

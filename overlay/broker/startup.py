@@ -22,7 +22,7 @@ from tbon.keys.cert import generate_keypair
 from tbon.overlay.boot.pmi_client import PmiClient
 from tbon.overlay.boot.singleton import singleton_wireup
 from tbon.overlay.boot.wireup import Wireup
-from tbon.overlay.broker.attributes import BrokerConfig, host_address
+from tbon.overlay.config.attributes import BrokerConfig, host_address
 from tbon.overlay.links.local import LocalServer
 from tbon.overlay.state.topology import Topology
 
@@ -125,7 +125,11 @@ class _Binder:
         self.children = Children(self.context, rank, topology, self.config, self.secret)
         address = host_address(self.config.hostname)
         where = (template or self.config.endpoint).replace("%h", address)
-        self.endpoint = self.children.bind(where)
+        try:
+            self.endpoint = self.children.bind(where)
+        except zmq.ZMQError as error:  # a port taken, an address not of this host (boot closes)
+            reason = zmq.strerror(error.errno) if error.errno is not None else str(error)
+            raise TbonError(f"cannot bind the tree endpoint {where}: {reason}") from None
         return self.endpoint
 
     def authorize(self, rank: int, incarnation: int, public_key: str) -> None:
@@ -157,6 +161,16 @@ def keypair(config: BrokerConfig, path: str | None) -> tuple[str, str]:
             f"{what}: {path} has no secret key (make one with tbon keygen)", exitcodes.USAGE
         )
     return cert.public, cert.secret
+
+
+def check_files(config: BrokerConfig) -> None:
+    """Read the files a broker is given, its config file and its certificate, before anything
+    starts: a bad one is a usage error, said on one line as every command says one (`tbon
+    broker: ...`), not logged by a broker that has begun to boot. Boot reads them again."""
+    file = _bootconfig(config.config_file) if config.config_file is not None else None
+    path = file.curve_cert if file is not None else config.cert
+    if path is not None:
+        keypair(config, path)
 
 
 def adopt(config: BrokerConfig, attributes: dict[str, Any]) -> BrokerConfig:

@@ -13,17 +13,18 @@ import os
 import select
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from tbon.errors import TbonError
+from tbon.overlay.connectors.patience import ANSWER_WAIT, Patience
 from tbon.overlay.connectors.uri import Uri, parse_uri
-from tbon.overlay.services.flow import ACK_EVERY
+from tbon.overlay.wire.flow import ACK_EVERY
 from tbon.overlay.wire.frames import Buffer as Part
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode
 
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = ANSWER_WAIT  # seconds an answer is waited for, unless told otherwise
 CHUNK = 256 << 10  # bytes read from the broker's socket at a time
 
 
@@ -35,8 +36,17 @@ class RequestError(TbonError):
         self.errnum = errnum
 
 
+class NoAnswer(TbonError):
+    """An answer did not come within the wait (exit 1, as any failure to reach the instance)."""
+
+
+Progress = Callable[[str], None]
+"""Where a command says whom it waits for ("" clears what it said): a terminal's line."""
+
+
 class Client:
-    def __init__(self, uri: str | Uri) -> None:
+    def __init__(self, uri: str | Uri, progress: Progress | None = None) -> None:
+        self.progress = progress  # None: say nothing while waiting (not at a terminal)
         self.uri = parse_uri(uri) if isinstance(uri, str) else uri
         self._transport: Transport
         if self.uri.scheme == "local":
@@ -99,17 +109,34 @@ class Client:
         payload: dict[str, Any] | None = None,
         nodeid: int = ANY_RANK,
         timeout: float | None = DEFAULT_TIMEOUT,
+        quiet: bool = False,
     ) -> dict[str, Any]:
+        """Ask and wait for the answer: `timeout` seconds at most (None: no limit), saying at
+        a terminal whom it waits for unless `quiet` (for a request that is meant to wait)."""
         tag = self.send(topic, payload, nodeid)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            reply = self.receive(left)
-            if reply is None:
-                where = f"rank {nodeid}" if nodeid != ANY_RANK else str(self.uri)
-                raise TbonError(f"no answer from {where} within {timeout:g}s")
-            if reply.tag == tag:
-                return _payload(reply)
+        return _payload(self.answer(tag, nodeid, timeout, quiet))
+
+    def answer(self, tag: int, nodeid: int, timeout: float | None, quiet: bool = False) -> Message:
+        """The first reply to the request `tag` sent to `nodeid`, or NoAnswer once `timeout`
+        seconds pass (None: none). Replies to other requests are dropped."""
+        whom = f"rank {nodeid}" if nodeid != ANY_RANK else str(self.uri)
+        started = time.monotonic()
+        patience = Patience(whom, timeout, started, self.progress is not None and not quiet)
+        shown = False
+        try:
+            while True:
+                now = time.monotonic()
+                if (line := patience.line(now)) is not None and self.progress is not None:
+                    self.progress(line)
+                    shown = True
+                if patience.expired(now):
+                    raise NoAnswer(patience.failure())
+                reply = self.receive(patience.wait(now))
+                if reply is not None and reply.tag == tag:
+                    return reply
+        finally:
+            if shown and self.progress is not None:
+                self.progress("")
 
     def watch_status(self, deadline: float | None = None) -> Iterator[dict[str, Any]]:
         """The status table as rank 0 pushes it (now, then after each change) until `deadline`
@@ -182,6 +209,7 @@ class LocalTransport:
         self._poller.register(self.socket, select.POLLIN)
         self._gone = ""  # why the connection ended, once its end of file is read
         self._broken = False  # writing failed: the broker's end is closed
+        self._extra: tuple[tuple[int, ...], Any] | None = None  # fds -> their poller
 
     def send(self, frames: list[Buffer]) -> None:
         """Send a message. If the broker has closed the connection, nothing is: the next wait
@@ -201,12 +229,7 @@ class LocalTransport:
 
     def wait(self, fds: list[int], timeout_ms: int | None) -> tuple[bool, list[int]]:
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        poller = self._poller
-        if fds:
-            poller = select.poll()
-            poller.register(self.socket, select.POLLIN)
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
+        poller = self._poller if not fds else self._poller_for(tuple(fds))
         while True:
             if self._ready and not fds:
                 return True, []  # the common case while reading a stream: no poll needed
@@ -221,6 +244,17 @@ class LocalTransport:
                 return bool(self._ready), others
             if left == 0 and not self._gone:
                 return False, []
+
+    def _poller_for(self, fds: tuple[int, ...]) -> Any:
+        """A poller of the socket and `fds`, kept while the same fds are asked for (a loop
+        that waits on stdin and a signal pipe asks at every message)."""
+        if self._extra is None or self._extra[0] != fds:
+            poller = select.poll()
+            poller.register(self.socket, select.POLLIN)
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self._extra = (fds, poller)
+        return self._extra[1]
 
     def _fill(self) -> None:
         """Read what the broker sent, keeping whole messages; note the connection's end."""
@@ -268,21 +302,32 @@ def open_socket(path: str) -> socket.socket:
         sock.connect(path)
     except OSError as error:
         sock.close()
-        raise TbonError(f"cannot connect to {uri}: {_why_not(error)}") from None
+        raise TbonError(f"cannot connect to {uri}: {_why_not(error, path)}") from None
     return sock
 
 
-def _why_not(error: OSError) -> str:
+def _why_not(error: OSError, path: str) -> str:
     if isinstance(error, FileNotFoundError):
         return "no such socket (is the instance running?)"
     if isinstance(error, PermissionError):
         return "permission denied"
+    if not _is_socket(path):  # connect(2) says ECONNREFUSED for a plain file too
+        return "not a socket (a broker's URI names its local socket: see tbon uri)"
     if isinstance(error, ConnectionRefusedError):
         return "connection refused (the broker is gone)"
     return error.strerror or str(error)
 
 
-def connect(uri: str | None) -> Client:
+def _is_socket(path: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return True  # cannot tell: let the error say what it says
+
+
+def connect(uri: str | None, progress: Progress | None = None) -> Client:
     """A client for `uri`, or for $TBON_URI when none is given."""
     text = uri or os.environ.get("TBON_URI")
     if not text:
@@ -291,4 +336,4 @@ def connect(uri: str | None) -> Client:
             "inside an instance",
             exit_code=2,
         )
-    return Client(text)
+    return Client(text, progress)

@@ -52,10 +52,6 @@ def main(argv: list[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         sys.stdout.write(help_text())
         return 0
-    if argv[:1] == ["--pmi"]:  # a broker of tbon alloc --launcher ssh, PMI over this session
-        from tbon.overlay.launch.pmi_shim import main as shim_main
-
-        return shim_main(argv[1:])
     if len(argv) != 1 or not argv[0].startswith("/"):
         print("usage: tbon relay PATH (a broker's local socket; started over ssh)", file=sys.stderr)
         return 2

@@ -37,8 +37,8 @@ from tbon import exitcodes
 from tbon.errors import TbonError
 from tbon.limits import check_duration, check_size
 from tbon.overlay.boot.wireup import instance_size
-from tbon.overlay.broker.attributes import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.broker.broker import run_broker
+from tbon.overlay.config.attributes import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.parse.duration import parse_duration

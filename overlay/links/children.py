@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
-from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links import downward
 from tbon.overlay.links.downward import Downward, Rejoin, Timing
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
@@ -26,10 +27,10 @@ from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.refusals import Refusals, refusal_grace
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.services.flow import LINK_HWM
-from tbon.overlay.state.ranktable import Event
+from tbon.overlay.state.ranktable import Dropped, Event
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
 
 log = logging.getLogger("tbon.children")
@@ -86,6 +87,9 @@ class Children:
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
+        # the seconds left of this broker's search for a parent (or its parent's), said to a
+        # child right after its welcome; None: nobody above seeks (the broker sets it: uplink.py)
+        self.seeking_for: Callable[[float], float | None] = lambda now: None
 
     @property
     def config(self) -> BrokerConfig:
@@ -286,8 +290,9 @@ class Children:
         except MessageError as error:
             log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
             return
-        if not 0 <= event.rank < self.topology.size or not self.topology.is_ancestor(
-            sender.rank, event.rank
+        own = isinstance(event, Dropped) and event.rank == sender.rank  # its word on itself
+        if not 0 <= event.rank < self.topology.size or not (
+            own or self.topology.is_ancestor(sender.rank, event.rank)
         ):
             log.warning("rank %d reported on rank %d, outside its subtree", sender.rank, event.rank)
             return
@@ -315,10 +320,10 @@ class Children:
             return ""
         declined = ""
         for instruction in instructions:
-            declined = self._carry_out(instruction, inbound) or declined
+            declined = self._carry_out(instruction, now, inbound) or declined
         return declined
 
-    def _carry_out(self, instruction: downward.Instruction, inbound: Inbound) -> str:
+    def _carry_out(self, instruction: downward.Instruction, now: float, inbound: Inbound) -> str:
         match instruction:
             case downward.SendWelcome(routing_id, identity):
                 welcome = _control(
@@ -329,6 +334,8 @@ class Children:
                     lineage=self.lineage,
                 )
                 self._send_raw(routing_id, welcome)
+                if (left := self.seeking_for(now)) is not None:  # docs/protocol.md §5.6
+                    self._send_raw(routing_id, _control("seeking", **{"for": left}))
             case downward.SendRefuse(routing_id, reason, exit_code):
                 self._send_raw(routing_id, _control("refuse", reason=reason, exit_code=exit_code))
             case downward.SendControl(routing_id, topic, payload):

@@ -45,7 +45,6 @@ from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encod
 log = logging.getLogger("tbon.local")
 
 DEFAULT_BACKLOG = 64 << 20
-MIN_BACKLOG = 32 << 20  # twice what a tbon exec lets be in flight (services/flow.py)
 MAX_INPUT = MAX_FRAME  # one message's frames together, as ZeroMQ's maxmsgsize was per frame
 CHUNK = 64 << 10  # bytes taken from a connection per read
 READ_BUDGET = 1 << 20  # bytes read from one connection per turn

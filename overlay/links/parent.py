@@ -16,11 +16,11 @@ from typing import Any
 import zmq
 
 from tbon import exitcodes
-from tbon.overlay.broker.attributes import BrokerConfig
+from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.services.flow import LINK_HWM
+from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     PROTOCOL_VERSION,
     Kind,

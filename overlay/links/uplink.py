@@ -25,16 +25,19 @@ from tbon import exitcodes
 from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
-from tbon.overlay.services.flow import LINK_HWM
-from tbon.overlay.services.trust import parent_hop
+from tbon.overlay.state.ranktable import Dropped
+from tbon.overlay.state.reports import encode_event
+from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import parent_hop
 
 log = logging.getLogger("tbon.parent")
 
 __all__ = ["Card", "Uplink", "UplinkNews"]
 
 DISMISS_LINGER_MS = 200
-"""How long a "moved" to an ancestor that welcomed this broker second may take to leave."""
+"""How long what is still queued on a dismissed link may take to leave once it is closed: its
+`moved` was sent upward.DISMISS_WAIT before."""
 
 HELD_BYTES = 64 << 20
 """The most a broker holds for its parent while it has none (besides LINK_HWM messages)."""
@@ -116,6 +119,12 @@ class Uplink:
     @property
     def lineage(self) -> tuple[Card, ...]:
         return self.machine.lineage
+
+    def seeking_for(self, now: float) -> float | None:
+        """What a child welcomed now is told right after its welcome: the seconds left of this
+        broker's search for a parent, or of its parent's (upward.search_until); None: none."""
+        until = self.machine.search_until
+        return None if until is None else seeking_seconds(until, now)
 
     @property
     def overflow(self) -> LinkEnded | None:
@@ -218,13 +227,13 @@ class Uplink:
         retries and deadline, the way home's retry)."""
         news = UplinkNews()
         for lid, link in list(self._links.items()):
-            if lid not in self._links:
-                continue  # closed by what an earlier link's end set off
+            if lid not in self._links or lid in self.machine.dismissed:
+                continue  # closed by what an earlier link's end set off; or left: unheard
             ended = link.tick(now)
             if ended is None:
                 continue
             if link.overflow is not None:
-                self._feed(upward.LinkLost(lid, ended.reason), now, news)
+                self._feed(upward.LinkLost(lid, ended.reason, full=True), now, news)
             else:
                 self._feed(upward.Silent(lid, ended.reason), now, news)
             if news.ended is not None:
@@ -237,7 +246,7 @@ class Uplink:
         news = UplinkNews()
         overflow, parent = self.overflow, self.machine.parent_link
         if overflow is not None and parent is not None:
-            self._feed(upward.LinkLost(parent, overflow.reason), now, news)
+            self._feed(upward.LinkLost(parent, overflow.reason, full=True), now, news)
         return news
 
     def move_home(self, card: Card, now: float) -> UplinkNews:
@@ -288,6 +297,9 @@ class Uplink:
                 news.seeking_until = until
             case upward.Decline(reason):
                 news.declined = reason
+            case upward.ReportDropped(parent, reason):
+                said = Dropped(self.machine.rank, self.machine.incarnation, parent, reason)
+                self.send(Message(Kind.CONTROL, "report", encode_event(said)))
             case upward.Exit(code, reason):
                 news.ended = LinkEnded(code, reason)
             case _:
@@ -310,7 +322,11 @@ class Uplink:
         return link is not None and link.verdict_due(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for link in self._links.values() if (d := link.next_deadline()) is not None]
+        deadlines = [
+            d
+            for lid, link in self._links.items()
+            if lid not in self.machine.dismissed and (d := link.next_deadline()) is not None
+        ]
         if (own := self.machine.next_deadline()) is not None:
             deadlines.append(own)
         return min(deadlines) if deadlines else None

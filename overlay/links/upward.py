@@ -16,24 +16,30 @@ States.
 Links are named by an id (`LinkId`) that the machine hands out in its `Open` instructions. A
 stimulus names the link it came on; the table is keyed by (state, stimulus type, the link's role
 in that state): `parent`, `home` (the link home), `candidate` (an ancestor asked while seeking),
-or `-` for a stimulus of no link (an order, the clock).
+`dismissed` (a link told `moved`, kept open a while), or `-` for a stimulus of no link (an order,
+the clock).
 
 Rules.
 - The first welcome attaches (Home or Fostered by the welcoming rank) and flushes the hold.
 - A loss of the parent link (connection dropped, link full, the parent silent, or a `refuse` of
   75) starts a search if the broker may seek (`may_seek`): it is not stopping and its lineage
   names an ancestor. Otherwise the broker ends with 75. Any other `refuse` ends it with its code.
-- While seeking, the first candidate to welcome it is its parent; every other candidate is told
-  `moved` and closed after a brief linger. A candidate that refused the key at the handshake is
+- While seeking, the first candidate to welcome it is its parent; every other candidate is
+  dismissed (below). A candidate that refused the key at the handshake is
   asked again after RETRY_AFTER_KEY (rank 0's admission reaches it within a round trip); one
   that refused the hello with 75, or with 77 when this broker holds the instance's shared key
   (config bootstrap: every handshake lets it through), or that dropped, after RETRY_AFTER. A
   `refuse` of 0 (shutting down) ends the broker with 0; any other 77 ends it with 77.
+- A broker whose parent's connection dropped (not one that fell silent, filled up or refused
+  it) and that another ancestor welcomes says so up its new link (`ReportDropped`): the rank
+  table believes it about that parent if nothing else holds a link to it (ranktable.py,
+  Dropped). Welcomed by that same parent again, it says nothing: the link is back.
 - The search ends (75) at its deadline: `reattach_timeout` after the loss, or sooner if the
   parent had said it was itself seeking (below).
 - A broker that starts seeking tells its children when its search ends (`TellChildren`); a
   child attached to a seeking parent keeps that deadline (`parent_until`) and passes it on to its
-  own children. Should its parent then go, its own search ends no later than the parent's did:
+  own children; a child welcomed later hears it right after its welcome (`search_until`).
+  Should its parent then go, its own search ends no later than the parent's did:
   the parent had tried every ancestor the child would try, for the whole window. So rank 0's
   death takes the whole tree within `tbon.timeout` + `broker.reattach-timeout`, whatever its
   depth. A `lineage` message (the parent attached again) clears the deadline.
@@ -42,10 +48,17 @@ Rules.
   welcomed (`admits_children`), so that no child is given an empty lineage by a parent that has
   one coming.
 - A home order while fostered opens a link home (GoingHome). Once welcomed there, the foster
-  parent is told `moved` and closed (lingering, so that it reads it). A key refused at home is
-  asked again after RETRY_AFTER_KEY; any other end of the link home gives up going home (rank 0
-  will order it again). A home order naming the current parent is ignored; one while waiting,
-  seeking, stopping or already going home elsewhere is declined with a reason.
+  parent is dismissed. A key refused at home is asked again after RETRY_AFTER_KEY; any other end
+  of the link home gives up going home (rank 0 will order it again). A home order naming the
+  current parent is ignored; one while waiting, seeking, stopping or already going home
+  elsewhere is declined with a reason.
+- Dismissed: a link left for another is told `moved` and kept open, unread and without
+  heartbeats, for DISMISS_WAIT, then closed. Closed right behind the `moved`, the link lost it
+  at times (its handshake still under way, or the connection's close overtaking what the parent
+  had not read), and the parent reported the broker lost instead of moved (issue 20, item 2).
+  Any end of the link before then (dropped, silent, refused: the parent answered or went)
+  closes it at once; a welcome or anything else on it is ignored. In every state but Waiting
+  and Ended (which closes it with the rest), each Tick closes the dismissed links that are due.
 - Stop (the broker's shutdown began) is a mode, not a state: a parent lost from then on is not
   sought; a search under way goes on (a parent found is told goodbye); a way home is abandoned.
 - Ignored: anything once ended; a stimulus about a link the machine no longer holds (its socket
@@ -70,6 +83,11 @@ LinkId = int
 
 RETRY_AFTER = 0.25
 """Seconds before an ancestor that refused a hello (not yet told to expect it) is asked again."""
+
+DISMISS_WAIT = 2.0
+"""Seconds a link told `moved` stays open before it is closed: time for a handshake under way to
+finish and for the parent to read the hello and the `moved` behind it, before the connection
+closes."""
 
 RETRY_AFTER_KEY = 0.05
 """Seconds before an ancestor that refused this broker's key is tried again: rank 0 tells the
@@ -113,6 +131,7 @@ class Seeking:
     until: float
     candidates: dict[int, LinkId] = field(default_factory=dict)  # ancestor rank -> link
     retries: dict[int, float] = field(default_factory=dict)  # ancestor rank -> ask again at
+    dropped: int | None = None  # the parent whose connection dropped, to be said once attached
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +165,11 @@ class LineageSaid:
 
 @dataclass(frozen=True, slots=True)
 class LinkLost:
-    """The connection dropped, or the link is full (its broker stopped reading)."""
+    """The connection dropped, or the link is full (`full`: its broker stopped reading)."""
 
     link: LinkId
     reason: str
+    full: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +222,7 @@ Stimulus = Welcomed | LineageSaid | Loss | ParentSeeking | HomeOrder | Stop | Ti
 
 class Linger(Enum):
     NONE = "none"  # drop what is queued
-    BRIEF = "brief"  # long enough for a "moved" to leave (DISMISS_LINGER_MS)
-    FULL = "full"  # the socket's own linger: what is queued is delivered
+    BRIEF = "brief"  # a dismissed link at its end: a moment for anything still queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +281,14 @@ class Decline:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportDropped:
+    """Tell rank 0, up the parent link now attached, that the connection to `parent` dropped."""
+
+    parent: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Exit:
     code: int
     reason: str
@@ -277,6 +304,7 @@ Instruction = (
     | LineageChanged
     | TellChildren
     | Decline
+    | ReportDropped
     | Exit
 )
 
@@ -310,6 +338,7 @@ class Upward:
         self.state: State = Waiting(0)
         self._next_link = 1
         self.open_links: set[LinkId] = {0}
+        self.dismissed: dict[LinkId, float] = {}  # told `moved`: closed at that time
 
     # --- what the adapter asks ------------------------------------------------------------
 
@@ -323,6 +352,16 @@ class Upward:
         return self.state.peer if isinstance(self.state, Attached) else None
 
     @property
+    def search_until(self) -> float | None:
+        """When this broker's search for a parent ends, or its parent's (which its own would not
+        outlast): what every child must hear, those welcomed since as well as those told as it
+        began (docs/protocol.md §5.6). None: nobody above it seeks, as far as it knows."""
+        state = self.state
+        if isinstance(state, Seeking):
+            return state.until
+        return state.parent_until if isinstance(state, Attached) else None
+
+    @property
     def admits_children(self) -> bool:
         """Whether this broker has been welcomed once (so its children get a lineage)."""
         return not isinstance(self.state, Waiting)
@@ -330,6 +369,8 @@ class Upward:
     def role(self, link: LinkId) -> str | None:
         """What `link` is to this broker now; None: not one it holds."""
         state = self.state
+        if link in self.dismissed:
+            return "dismissed"
         if isinstance(state, Waiting | Home | Fostered | GoingHome) and link == state.link:
             return "parent"
         if isinstance(state, GoingHome) and link == state.trying:
@@ -340,11 +381,12 @@ class Upward:
 
     def next_deadline(self) -> float | None:
         state = self.state
+        deadlines = list(self.dismissed.values())
         if isinstance(state, Seeking):
-            return min([state.until, *state.retries.values()])
-        if isinstance(state, GoingHome):
-            return state.retry_at
-        return None
+            deadlines += [state.until, *state.retries.values()]
+        if isinstance(state, GoingHome) and state.retry_at is not None:
+            deadlines.append(state.retry_at)
+        return min(deadlines) if deadlines else None
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
         """Apply one stimulus at `now`; returns what to do."""
@@ -372,7 +414,13 @@ class Upward:
 
     def _close(self, link: LinkId, linger: Linger) -> Close:
         self.open_links.discard(link)
+        self.dismissed.pop(link, None)
         return Close(link, linger)
+
+    def _dismiss(self, link: LinkId, to: int, now: float) -> SendMoved:
+        """Tell `link`'s parent this broker went to `to`; the link stays open a while."""
+        self.dismissed[link] = now + DISMISS_WAIT
+        return SendMoved(link, to)
 
     def _cards(self) -> list[Card]:
         return [card for card in self.lineage if card[0] != self.rank]
@@ -448,7 +496,8 @@ def parent_lost(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
             exitcodes.LOST, f"{s.reason}; the parent's own search for a parent had ended"
         )
     opens = [m._open(card) for card in m._cards()]
-    m.state = Seeking(until, {o.card[0]: o.link for o in opens})
+    dropped = state.peer if isinstance(s, LinkLost) and not s.full else None
+    m.state = Seeking(until, {o.card[0]: o.link for o in opens}, dropped=dropped)
     return [*out, Detached(s.reason), TellChildren(until), *opens]
 
 
@@ -472,11 +521,14 @@ def candidate_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[In
     out: list[Instruction] = []
     for _rank, link in sorted(state.candidates.items()):
         if link != s.link:
-            out += [SendMoved(link, s.peer), m._close(link, Linger.BRIEF)]
+            out.append(m._dismiss(link, s.peer, now))
     m.incarnation = s.incarnation
     m.state = m._attach(s.link, s.peer)
     out.append(AttachedTo(s.peer, False, f"reattached under rank {s.peer}"))
-    return [*out, *_adopt(m, s.lineage or m.lineage), Flush()]
+    out += [*_adopt(m, s.lineage or m.lineage), Flush()]
+    if state.dropped is not None and state.dropped != s.peer:
+        out.append(ReportDropped(state.dropped, DROPPED))
+    return out
 
 
 def candidate_refused(m: Upward, s: Refused, role: str, now: float) -> list[Instruction]:
@@ -544,7 +596,7 @@ def declined(reason: str) -> Handler:
 def home_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruction]:
     state = m.state
     assert isinstance(state, GoingHome)
-    out: list[Instruction] = [SendMoved(state.link, s.peer), m._close(state.link, Linger.FULL)]
+    out: list[Instruction] = [m._dismiss(state.link, s.peer, now)]
     m.incarnation = s.incarnation
     m.state = m._attach(s.link, s.peer)
     out.append(AttachedTo(s.peer, False, f"home again under rank {s.peer}"))
@@ -589,7 +641,23 @@ def nothing(m: Upward, s: Stimulus, role: str, now: float) -> list[Instruction]:
     return []
 
 
+def dismissed_ended(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
+    """A dismissed link's parent answered or went: nothing is left to wait for."""
+    return [m._close(s.link, Linger.NONE)]
+
+
+def ticking(handler: Handler) -> Handler:
+    """A Tick closes the dismissed links that are due, then is the state's own."""
+
+    def tick(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]:
+        due = sorted(link for link, when in m.dismissed.items() if now >= when)
+        return [*(m._close(link, Linger.BRIEF) for link in due), *handler(m, s, role, now)]
+
+    return tick
+
+
 SEEKING_NOW = "this broker is seeking a parent"
+DROPPED = "connection dropped"  # as a parent words a child's drop (children.py)
 
 TRANSITIONS: dict[tuple[type, type, str], Handler] = {
     # waiting for the first welcome
@@ -618,9 +686,9 @@ TRANSITIONS: dict[tuple[type, type, str], Handler] = {
     (Home, Stop, "-"): stop,
     (Fostered, Stop, "-"): stop,
     (GoingHome, Stop, "-"): stop,
-    (Home, Tick, "-"): nothing,
-    (Fostered, Tick, "-"): nothing,
-    (GoingHome, Tick, "-"): home_retry,
+    (Home, Tick, "-"): ticking(nothing),
+    (Fostered, Tick, "-"): ticking(nothing),
+    (GoingHome, Tick, "-"): ticking(home_retry),
     # the link home
     (GoingHome, Welcomed, "home"): home_welcomed,
     (GoingHome, Refused, "home"): home_refused,
@@ -631,9 +699,22 @@ TRANSITIONS: dict[tuple[type, type, str], Handler] = {
     (Seeking, Refused, "candidate"): candidate_refused,
     (Seeking, LinkLost, "candidate"): candidate_gone,
     (Seeking, Silent, "candidate"): candidate_gone,
-    (Seeking, Tick, "-"): seeking_tick,
+    (Seeking, Tick, "-"): ticking(seeking_tick),
     (Seeking, Stop, "-"): stop,
     (Seeking, HomeOrder, "-"): declined(SEEKING_NOW),
+    # a dismissed link, in any state that may hold one
+    **{
+        (state, stimulus, "dismissed"): handler
+        for state in (Home, Fostered, GoingHome, Seeking)
+        for stimulus, handler in (
+            (Welcomed, nothing),
+            (LineageSaid, nothing),
+            (ParentSeeking, nothing),
+            (LinkLost, dismissed_ended),
+            (Silent, dismissed_ended),
+            (Refused, dismissed_ended),
+        )
+    },
 }
 """Every transition: (state, stimulus, role of its link) -> handler. Ended is absent: it ignores
 everything (see the rules)."""

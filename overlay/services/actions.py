@@ -19,6 +19,7 @@ from tbon.record import Record
 
 if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
     from tbon.overlay.links.children import Rejoin
+    from tbon.overlay.state.ranktable import Outcome, Reserve  # records, but not actions
 
 
 class Respond(Record):
@@ -76,6 +77,29 @@ class Report(Record):
 
     def __init__(self, event: Event) -> None:
         self.event = event
+
+
+class Apply(Record):
+    """Rank 0: apply an event to the rank table through its one path (services/rankpath.py),
+    which carries out every follow-up; then `then(outcome, now)`, if given, says what the asking
+    service does with the table's answer."""
+
+    __slots__ = __match_args__ = ("event", "then")
+
+    def __init__(
+        self,
+        event: Event | Reserve,
+        then: Callable[[Outcome, float], list[Action]] | None = None,
+    ) -> None:
+        self.event = event
+        self.then = then
+
+
+class Wake(Record):
+    """Something changed what the loop's timers wait for (a lease, a rank adrift): recompute
+    them on its next turn."""
+
+    __slots__ = __match_args__ = ()
 
 
 class Authorize(Record):
@@ -244,6 +268,8 @@ Action = (
     | Forward
     | Log
     | Report
+    | Apply
+    | Wake
     | Authorize
     | Foster
     | Withdraw

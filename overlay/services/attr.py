@@ -1,5 +1,5 @@
 """attr.get and attr.list, served by every broker: its attributes (`-S NAME=VALUE`,
-overlay/broker/attributes.py), each with the value it runs with and where that value came from,
+overlay/config/attributes.py), each with the value it runs with and where that value came from,
 for `tbon attr` (as `flux getattr` and `flux lsattr` ask a Flux broker).
 
 The table is worked out once, when the broker's services are built, from what it was started
@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tbon.overlay.broker.attributes import DEFAULTS, KNOWN, BrokerConfig
+from tbon.overlay.config.attributes import DEFAULTS, KNOWN, BrokerConfig
 from tbon.overlay.parse.duration import format_duration
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.ping import Whoami

@@ -29,9 +29,10 @@ from tbon.overlay.services.actions import (
     StartJob,
     WriteStdin,
 )
-from tbon.overlay.services.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.wire.message import Kind, Message
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
@@ -115,7 +116,7 @@ class ExecService:
             return [Respond(request.fail(errno.EINVAL, why))]
         below: dict[int, list[int]] = {}
         for target in targets:
-            if 0 <= target < self.topology.size and self.topology.is_ancestor(self.rank, target):
+            if is_below(self.topology, target, self.rank):
                 below.setdefault(self.toward(target), []).append(target)
         actions: list[Action] = [
             self._copy_down(request, child, ranks) for child, ranks in below.items()

@@ -26,6 +26,7 @@ from tbon.keys.cert import fingerprint, is_key
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
+    Apply,
     Authorize,
     Call,
     Readmit,
@@ -35,25 +36,20 @@ from tbon.overlay.services.actions import (
     info,
     warning,
 )
-from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import (
-    Connection,
-    connection_of,
-    from_parent_of,
-    unless_from_rank0,
-)
+from tbon.overlay.services.trust import from_parent_of, unless_from_rank0
 from tbon.overlay.state.ranktable import (
     CONNECTED,
+    Outcome,
     RankState,
     RankTable,
     Reboot,
     Release,
     Reserve,
-    Void,
 )
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.route import Connection, connection_of
 
 if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
     from tbon.overlay.links.children import Rejoin
@@ -76,7 +72,6 @@ class FlubService:
         lifecycle: Lifecycle,
         card: Card,
         attributes: dict[str, float],
-        heal: HealService | None = None,
     ) -> None:
         """`table` is rank 0's (None elsewhere); `card` is this broker's own, for joiners that
         become its children; `attributes` are the liveness settings every joiner adopts."""
@@ -86,7 +81,6 @@ class FlubService:
         self.lifecycle = lifecycle
         self.card = card
         self.attributes = attributes
-        self.heal = heal or HealService(rank, topology, table, card)  # what a Void calls for
         self.waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
         # rank 0: the reservations each client connection (trust.connection_of) was granted first
         self.held: dict[Connection, set[tuple[int, int]]] = {}
@@ -120,11 +114,25 @@ class FlubService:
                 *fail(request, errno.EAGAIN, why),
             ]
         lease = float(self.attributes["broker.join-timeout"])
-        grant = self.table.apply(Reserve(key, host, rank, lease), now).reservation
+        return [
+            Apply(
+                Reserve(key, host, rank, lease),
+                then=lambda outcome, now: self._reserved(request, outcome, now),
+            )
+        ]
+
+    def _reserved(self, request: Message, outcome: Outcome, now: float) -> list[Action]:
+        """The table's answer to a joiner's Reserve (the one before it, if replaced, is
+        revoked on the one path): refused, told its reservation, and its parent ordered to
+        admit the key when the parent is online."""
+        assert self.table is not None
+        payload = request.payload
+        key, host, rank = payload.get("public_key"), payload.get("hostname"), payload.get("rank")
+        grant = outcome.reservation
         assert grant is not None  # a Reserve always answers with one
         if not grant.granted:
             errnum = errno.ENOSPC if rank is None else errno.EBUSY
-            if rank is not None and not 0 <= rank < self.topology.size:
+            if isinstance(rank, int) and not 0 <= rank < self.topology.size:
                 errnum = errno.ENOENT
             if grant.never:
                 errnum = errno.EPERM
@@ -134,14 +142,13 @@ class FlubService:
             ]
         actions: list[Action] = []
         if not grant.repeated:  # a repeat is told its reservation, and holds it only if it did
-            self.held.setdefault(route, set()).add((grant.rank, grant.incarnation))
+            self.held.setdefault(connection_of(request), set()).add((grant.rank, grant.incarnation))
             actions.append(
                 info(
                     f"FLUB: rank {grant.rank} incarnation {grant.incarnation} reserved for "
-                    f"{host} (key {fingerprint(key)})"
+                    f"{host} (key {fingerprint(str(key))})"
                 )
             )
-            actions += self._supersede(grant.rank, grant.incarnation - 1)
         parent = self.topology.parent(grant.rank)
         assert parent is not None  # rank 0 is never reserved
 
@@ -171,7 +178,7 @@ class FlubService:
             self._order_authorize(
                 grant.rank,
                 grant.incarnation,
-                key,
+                str(key),
                 then=lambda reply, now: answer(None if reply.errnum else _card(reply), now),
             ),
         ]
@@ -222,14 +229,15 @@ class FlubService:
                 *fail(request, errno.EPERM, why),
             ]
         host = self.table.entry(rank).host
-        outcome = self.table.apply(Release(rank, incarnation, key), now)
-        if not outcome.applied:  # verify passed, so the table's own row agrees: kept as a guard
-            return fail(request, errno.EPERM, outcome.reason)
-        return [
-            info(f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"),
-            *self.void(rank, incarnation, "the joiner released its reservation", now),
-            Respond(request.respond({})),
-        ]
+
+        def released(outcome: Outcome, now: float) -> list[Action]:
+            """The rank is vacant, and its parents told to drop the key (the one path)."""
+            if not outcome.applied:  # verify passed, so the table's row agrees: kept as a guard
+                return fail(request, errno.EPERM, outcome.reason)
+            said = f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"
+            return [info(said), Respond(request.respond({}))]
+
+        return [Apply(Release(rank, incarnation, key), then=released)]
 
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect at rank 0: the connection's reservations no longer count against
@@ -285,54 +293,25 @@ class FlubService:
         return max(0.0, (until or now) - now)
 
     def expire(self, now: float) -> list[Action]:
-        """Void every reservation whose lease ran out before its joiner said hello."""
+        """Have every reservation whose lease ran out before its joiner said hello ended (the
+        one path voids it at its parents)."""
         assert self.table is not None
-        actions: list[Action] = []
-        for expiry in self.table.expired(now):
-            host = self.table.entry(expiry.rank).host
-            if self.table.apply(expiry, now).applied:
-                actions.append(
-                    warning(
-                        f"FLUB: the reservation of rank {expiry.rank} incarnation "
-                        f"{expiry.incarnation} for {host} expired"
-                    )
-                )
-                why = "the reservation expired"
-                actions += self.void(expiry.rank, expiry.incarnation, why, now)
-        return actions
+        return [
+            Apply(expiry, then=self._expired(expiry.rank, expiry.incarnation))
+            for expiry in self.table.expired(now)
+        ]
 
-    def void(
-        self, rank: int, incarnation: int, reason: str, now: float, at: int | None = None
-    ) -> list[Action]:
-        """Have every parent that may still admit that incarnation drop its key and cut its
-        broker off (one-way): its topology parent, each parent rank 0 told to admit it, and `at`
-        (the broker that welcomed it, when an Online is refused). The parents report nothing of
-        it, so an incarnation the table still shows connected (an Online refused as another
-        broker's) ends in the table too (Void): status never shows a broker that its parent has
-        cut off."""
-        if self.topology.parent(rank) is None:
-            return []
-        actions: list[Action] = []
-        voided = Void(rank, incarnation, reason)
-        also = {at} if at is not None else set()
-        if self.table is not None:
-            attached = self.table.entry(rank).attached_to
-            if attached is not None:
-                also.add(attached)
-            outcome = self.table.apply(voided, now)
-            if outcome.applied:
-                said = f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"
-                actions += [warning(said), *self.heal.after(voided, outcome, now)]
-        return [*actions, *self.heal.revocations(rank, incarnation, reason, also)]
+    def _expired(self, rank: int, incarnation: int) -> Callable[[Outcome, float], list[Action]]:
+        assert self.table is not None
+        host = self.table.entry(rank).host  # the joiner's, until the rank is vacant again
 
-    def _supersede(self, rank: int, incarnation: int) -> list[Action]:
-        """Rank 0 gave `rank` a new incarnation: the one before it (if there was one) is
-        revoked wherever it may still be admitted, so that its broker, should it come back
-        from a partition, is refused as superseded (77) instead of welcomed (issue 20)."""
-        if incarnation < 1:
-            return []
-        why = f"superseded: rank {rank} is now incarnation {incarnation + 1}"
-        return self.heal.revocations(rank, incarnation, why)
+        def said(outcome: Outcome, now: float) -> list[Action]:
+            if not outcome.applied:
+                return []
+            why = f"FLUB: the reservation of rank {rank} incarnation {incarnation} for {host}"
+            return [warning(f"{why} expired")]
+
+        return said
 
     def rejoin(self, request: Message, now: float) -> list[Action]:
         """A parent asks for the incarnation of its config-booted child, back at its door."""
@@ -343,14 +322,16 @@ class FlubService:
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if not 0 < rank < self.topology.size or not from_parent_of(request, self.topology, rank):
             return fail(request, errno.EPERM, "config.rejoin comes from the rank's parent only")
-        before = self.table.entry(rank).incarnation
-        outcome = self.table.apply(Reboot(rank, incarnation), now)  # the ended one, or 0
-        if not outcome.applied:
-            said = info(f"ignored {Reboot(rank, incarnation)}: {outcome.reason}")
-            return [said, *fail(request, errno.EPERM, outcome.reason)]
-        now_is = self.table.entry(rank).incarnation
-        superseded = self._supersede(rank, before) if now_is > before else []
-        return [*superseded, Respond(request.respond({"incarnation": now_is}))]
+
+        def answered(outcome: Outcome, now: float) -> list[Action]:
+            """The current incarnation (a raised one supersedes the last: the one path)."""
+            if not outcome.applied:
+                return fail(request, errno.EPERM, outcome.reason)
+            assert self.table is not None
+            now_is = self.table.entry(rank).incarnation
+            return [Respond(request.respond({"incarnation": now_is}))]
+
+        return [Apply(Reboot(rank, incarnation), then=answered)]  # the ended one, or 0
 
     # --- a parent -----------------------------------------------------------------------------
 

@@ -1,13 +1,12 @@
-"""Healing the tree (docs/protocol.md §12): rank 0 has brokers cut off below a rank that ended
-fostered by a live ancestor, and sends them home once their parent's rank is online again;
-every broker obeys those orders from rank 0 alone; and `heal.wait` lets a client wait for the
-tree to be whole before it asks again.
+"""Healing the tree (docs/protocol.md §12), at any broker: rank 0's orders obeyed from rank 0
+alone, and `heal.wait`, which lets a client wait for the tree to be whole before it asks again.
 
-Rank 0 decides from its table (fostering.py) after each event it applies; the orders travel as
-requests down the tree, so that only what rank 0 confirms as current (rank, incarnation, key)
-is ever admitted anywhere:
+Rank 0 decides after each event it applies (services/rankpath.py, by the rules of
+state/healing.py); the orders travel as requests down the tree, so that only what rank 0
+confirms as current (rank, incarnation, key) is ever admitted anywhere:
 
 * `heal.foster` to the foster parent: admit these (rank, incarnation, key), for a while;
+* `heal.withdraw` to a foster parent: forget these admissions, moot now;
 * `heal.adopt` to the rank online again: admit this child (it answers with its card);
 * `heal.home` to the child, through its foster parent: go to this card.
 """
@@ -22,31 +21,16 @@ from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
     Authorize,
-    Call,
     Foster,
     GoHome,
     Respond,
-    Send,
     Withdraw,
     fail,
-    info,
-    warning,
 )
 from tbon.overlay.services.trust import unless_from_rank0
-from tbon.overlay.state.admissions import Admissions
-from tbon.overlay.state.fostering import away_from_home, cut_off_below, foster_parent
-from tbon.overlay.state.rankstates import CONFIG_PHASES, CONNECTED
-from tbon.overlay.state.ranktable import (
-    Departed,
-    Event,
-    Lost,
-    Online,
-    Outcome,
-    RankTable,
-    Void,
-)
+from tbon.overlay.state.healing import may_admit
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.message import Message
 
 MAX_ADMISSIONS = 65536
 """The most (rank, incarnation, key) one heal.foster may carry: an instance's size bounds it."""
@@ -56,134 +40,12 @@ MAX_WAIT = 3600.0
 
 
 class HealService:
-    def __init__(
-        self, rank: int, topology: Topology, table: RankTable | None, card: dict[str, str]
-    ) -> None:
-        """`table` is rank 0's (None elsewhere); `card` is this broker's own, for children that
-        come home to it."""
+    def __init__(self, rank: int, topology: Topology, card: dict[str, str]) -> None:
+        """`card` is this broker's own, for children that come home to it."""
         self.rank = rank
         self.topology = topology
-        self.table = table
         self.card = card
         self.waiting: list[tuple[Message, float]] = []  # heal.wait requests and their deadlines
-        self.admissions = Admissions(topology)  # rank 0: who was told to admit whom
-
-    # --- rank 0: what an applied event calls for --------------------------------------------
-
-    def after(self, event: Event, outcome: Outcome, now: float) -> list[Action]:
-        """Orders that an event rank 0 just applied calls for."""
-        table = self.table
-        if table is None or not outcome.applied:
-            return []
-        actions: list[Action] = []
-        if isinstance(event, Lost | Departed | Void):
-            actions = self._foster_below(event.rank, now)
-        elif isinstance(event, Online):
-            home = self.topology.parent(event.rank)
-            welcomer = event.parent if event.parent is not None else home
-            if welcomer is not None:
-                self.admissions.told(event.rank, event.incarnation, welcomer)
-            actions = self._send_home(event.rank, event.parent)
-        return actions + self._withdraw_moot()
-
-    def _withdraw_moot(self) -> list[Action]:
-        """Withdraw each open foster admission that is moot now (admissions.py): its rank is
-        attached to another broker that reaches rank 0, or its incarnation is no longer a
-        connected one. One that its rank used is closed without a word."""
-        table = self.table
-        assert table is not None
-        moot: dict[int, list[tuple[int, int]]] = {}
-        for rank, incarnation, parent in self.admissions.open():
-            entry = table.entries[rank]
-            current = entry.incarnation == incarnation and entry.state in CONNECTED
-            if current and entry.attached_to == parent:
-                self.admissions.close(rank, parent)  # used
-            elif not current or (entry.attached_to is not None and table.reachable(rank)):
-                self.admissions.close(rank, parent)
-                moot.setdefault(parent, []).append((rank, incarnation))
-        return [
-            Send(
-                Message(
-                    Kind.REQUEST,
-                    "heal.withdraw",
-                    {"ranks": [list(a) for a in ranks]},
-                    nodeid=parent,
-                )
-            )
-            for parent, ranks in sorted(moot.items())
-            if table.entries[parent].state in CONNECTED
-        ]
-
-    def revocations(
-        self, rank: int, incarnation: int, reason: str, also: set[int] | None = None
-    ) -> list[Action]:
-        """Rank 0 ended (rank, incarnation) for good (replaced, or voided): `flub.revoke` to
-        every parent that may still admit it (admissions.py), and to those in `also`."""
-        parents = self.admissions.withdraw(rank, incarnation) | (also or set())
-        notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
-        return [
-            Send(Message(Kind.REQUEST, "flub.revoke", dict(notice), nodeid=parent))
-            for parent in sorted(parents)
-            if parent != rank and self.topology.is_ancestor(parent, rank)
-        ]
-
-    def _foster_below(self, rank: int, now: float) -> list[Action]:
-        assert self.table is not None
-        admitted = cut_off_below(self.table, rank)
-        if not admitted:
-            return []
-        foster = foster_parent(self.table, rank)
-        for admitted_rank, incarnation, _ in admitted:
-            self.admissions.fostered(admitted_rank, incarnation, foster)
-        order = {
-            "ranks": [list(admission) for admission in admitted],
-            "for": self.table.reattach_grace,
-        }
-        shown = ",".join(str(r) for r, _, _ in admitted[:8]) + ("..." if len(admitted) > 8 else "")
-        return [
-            info(f"rank {rank} ended: rank {foster} fosters what it held ({shown})"),
-            Call(
-                Message(Kind.REQUEST, "heal.foster", order, nodeid=foster),
-                then=lambda reply, now: _unless_failed(reply, f"fostering at rank {foster}"),
-            ),
-        ]
-
-    def _send_home(self, rank: int, parent: int | None) -> list[Action]:
-        """`rank` is online: its children away from home go back to it, and it goes home itself
-        if it came online under a foster parent while its own parent is there."""
-        assert self.table is not None
-        actions: list[Action] = []
-        for child, incarnation, key in away_from_home(self.table, rank):
-            actions.append(self._adopt(rank, child, incarnation, key))
-        home = self.topology.parent(rank)
-        entry = self.table.entries[rank]
-        if (
-            home is not None
-            and parent is not None
-            and parent != home
-            and self.table.reachable(home)
-            and (entry.key or entry.phase in CONFIG_PHASES)
-        ):
-            actions.append(self._adopt(home, rank, entry.incarnation, entry.key or ""))
-        return actions
-
-    def _adopt(self, parent: int, child: int, incarnation: int, key: str) -> Call:
-        """Have `parent` admit `child`, then tell the child to go to it."""
-        order = {"rank": child, "incarnation": incarnation, "public_key": key}
-        self.admissions.told(child, incarnation, parent)
-
-        def adopted(reply: Message, now: float) -> list[Action]:
-            if reply.errnum:
-                return [warning(f"rank {parent} could not take rank {child} home: {reply.errstr}")]
-            card = {k: reply.payload.get(k) for k in ("rank", "endpoint", "public_key")}
-            go = Message(Kind.REQUEST, "heal.home", {**card, "incarnation": incarnation})
-            go.nodeid = child
-            return [
-                info(f"rank {child} goes home to rank {parent}"),
-                Call(go, then=lambda r, now: _unless_failed(r, f"sending rank {child} home")),
-            ]
-
-        return Call(Message(Kind.REQUEST, "heal.adopt", order, nodeid=parent), then=adopted)
 
     # --- any broker: rank 0's orders ---------------------------------------------------------
 
@@ -211,7 +73,7 @@ class HealService:
         rank, incarnation, key = item
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str)):
             return None
-        if not 0 < rank < self.topology.size or not self.topology.is_ancestor(self.rank, rank):
+        if not may_admit(self.topology, self.rank, rank):
             return None
         if key and not is_key(key):
             return None
@@ -296,12 +158,3 @@ class HealService:
 
     def next_deadline(self) -> float | None:
         return min((deadline for _, deadline in self.waiting), default=None)
-
-
-def adrift(table: RankTable) -> bool:
-    """Whether some connected rank is seeking a parent now."""
-    return any(entry.adrift_until is not None for entry in table.entries)
-
-
-def _unless_failed(reply: Message, what: str) -> list[Action]:
-    return [warning(f"{what}: {reply.errstr}")] if reply.errnum else []

@@ -19,6 +19,7 @@ from tbon import exitcodes
 from tbon.overlay.parse.numbers import is_int, is_number
 from tbon.overlay.services.actions import (
     Action,
+    Apply,
     Call,
     KillAllJobs,
     Leave,
@@ -29,7 +30,7 @@ from tbon.overlay.services.actions import (
     warning,
 )
 from tbon.overlay.services.trust import unless_from_rank0
-from tbon.overlay.state.ranktable import RankState, RankTable, Retire
+from tbon.overlay.state.ranktable import Outcome, RankState, RankTable, Retire
 from tbon.overlay.state.retirement import Retirement, Step
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
@@ -78,14 +79,29 @@ class RetireService:
             why = "retire.rank: incarnation must be a whole number"
             return [Respond(request.fail(errno.EINVAL, why))]
         was = table.entry(rank).state
-        event = Retire(rank, incarnation)
-        outcome = table.apply(event, now)
+
+        def recorded(outcome: Outcome, now: float) -> list[Action]:
+            return self._recorded(request, rank, incarnation, was, outcome, now)
+
+        return [Apply(Retire(rank, incarnation), then=recorded)]
+
+    def _recorded(
+        self,
+        request: Message,
+        rank: int,
+        incarnation: int,
+        was: RankState,
+        outcome: Outcome,
+        now: float,
+    ) -> list[Action]:
+        """The table's answer to the Retire (a refusal is logged on the one path): answered
+        at once if retired already, else the rank's parent is ordered to retire it."""
+        assert self.table is not None
         if not outcome.applied:
-            return [
-                info(f"ignored {event}: {outcome.reason}"),
-                Respond(request.fail(errno.EPERM, outcome.reason)),
-            ]
-        entry = table.entry(rank)
+            return [Respond(request.fail(errno.EPERM, outcome.reason))]
+        payload = request.payload
+        force, timeout = payload.get("force"), payload.get("timeout")
+        entry = self.table.entry(rank)
         if entry.state is RankState.VACANT:  # retired already
             return [Respond(request.respond({"rank": rank, "event": "retired", "already": True}))]
         already = was is RankState.RETIRING

@@ -9,18 +9,21 @@ good (a new one replaces it, or it is voided), the revocation goes to every pare
 expect it, not only to the one it is attached to now (issue 20: a foster parent never told of
 the new incarnation welcomed the old broker back as a second holder of its rank).
 
-Pure and bounded: a parent is always an ancestor of the rank, so each incarnation names at most
-the tree's depth of parents; an incarnation is forgotten when it is revoked, and an older one of
-the same rank when a newer one is recorded (its revocation has gone out by then).
+Pure and bounded: a parent is always an ancestor of the rank (healing.py, rule 1), so each
+incarnation names at most the tree's depth of parents; an incarnation is forgotten when it is
+revoked, and an older one of the same rank when a newer one is recorded (its revocation has gone
+out by then).
 
-A foster admission is also *withdrawn* once it is moot (docs/protocol.md §12.1): the rank it
-names is attached to another broker that reaches rank 0, or its incarnation ended. Left open it
+A foster admission is also *withdrawn* once it is moot (docs/protocol.md §12.1; the rule is
+healing.py's `admission_fate`): the rank it names is attached to another broker that reaches
+rank 0, or its incarnation ended. Left open it
 would let a later seek be welcomed by two parents (issue 20, item 2), and its parent would wait
 at a shutdown for a child that never comes (item 6).
 """
 
 from __future__ import annotations
 
+from tbon.overlay.state.healing import may_admit
 from tbon.overlay.state.topology import Topology
 
 
@@ -34,7 +37,7 @@ class Admissions:
     def fostered(self, rank: int, incarnation: int, parent: int) -> None:
         """`parent` was told to foster (rank, incarnation) for a while (heal.foster)."""
         self.told(rank, incarnation, parent)
-        if self.topology.is_ancestor(parent, rank):
+        if may_admit(self.topology, parent, rank):
             self._open[(rank, parent)] = incarnation
 
     def open(self) -> list[tuple[int, int, int]]:
@@ -47,7 +50,7 @@ class Admissions:
 
     def told(self, rank: int, incarnation: int, parent: int) -> None:
         """`parent` was told to admit (rank, incarnation), or welcomed it. An ancestor only."""
-        if not (0 <= parent < self.topology.size and self.topology.is_ancestor(parent, rank)):
+        if not may_admit(self.topology, parent, rank):
             return
         known = self._told.get(rank)
         if known is None or known[0] < incarnation:

@@ -90,6 +90,22 @@ class Moved(Record):
         self.to = to
 
 
+class Dropped(Record):
+    """This rank's broker saw its connection to `gone`, the parent it was attached by, drop, and
+    was welcomed by another ancestor since: it says so through its new parent, once there. The
+    rank's own word on its own link (`parent` is the rank itself, the broker that saw it); rank
+    0 believes it about `gone` only while no broker holds a link to `gone` (ranktable.py)."""
+
+    __slots__ = __match_args__ = ("rank", "incarnation", "gone", "reason", "parent")
+
+    def __init__(self, rank: int, incarnation: int, gone: int, reason: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.gone = gone
+        self.reason = reason
+        self.parent = rank  # the broker that saw it: this rank's own
+
+
 class Retire(Record):
     """`tbon retire` begins for this incarnation: it is drained, then leaves (as Departed)."""
 
@@ -144,7 +160,9 @@ class Reboot(Record):
         self.incarnation = incarnation
 
 
-Event = Online | Lost | Departed | Torpid | Moved | Expire | Release | Retire | Reboot | Void
+Event = (
+    Online | Lost | Departed | Torpid | Moved | Dropped | Expire | Release | Retire | Reboot | Void
+)
 """What brokers report about a rank (they travel up the tree to rank 0), and what rank 0 decides
 itself (Expire, Release, Retire, Reboot, Void)."""
 

@@ -52,6 +52,22 @@ they were: a repeat, or the torpid flag.
   last parent that holds its broker says so, so a stale `connection dropped` from a parent the
   broker left never hands its rank out while it runs on elsewhere (issue 20). A rank that ends
   leaves every link below it that it held: those attached to it by their only link go adrift.
+- Special case: a child's word on its parent (Dropped). A broker whose connection to its parent
+  dropped and that was welcomed by another ancestor says so, once there: rank `rank`'s link to
+  `gone` is over. Its new parent's Online went up the same path first and kept the old link in
+  `other_links`; a Dropped about any link the table does not keep so is stale and refused. The
+  link ends. And if `gone` is adrift, the child's word is believed about it: `gone` is Lost
+  ("connection dropped, seen by rank R below it") at once, rather than at the end of its
+  reattach grace (issue 20, item 4: a rank killed together with its parent showed online with a
+  dead pid for minutes). Why that is safe. An adrift rank has no live link above it, so the
+  ranks below it are the only brokers that can see it go, and nothing they say can contradict a
+  live link. Only a dropped connection counts: it is made by the other end's close or death, not
+  by the child's own stop or a partition (the child does not report a parent it found silent or
+  that refused it: that parent may be alive and seeking, its own child's hello refused or
+  stopped). Should a live `gone` be declared lost all the same, its own broker's next hello
+  brings it back online (a lost rank's same broker returns, below), unless its rank was given
+  to a new broker meanwhile, which is then the one holder. A `gone` attached to a live broker
+  is left to that broker's word.
 - Torpid sets or clears a flag on a connected rank: it is not a state, and `since` stays.
 - Retire: an online rank other than rank 0, whose children are none of them online, reserved or
   retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
@@ -101,6 +117,7 @@ from typing import Any
 
 from tbon.overlay.state.rankevents import (
     Departed,
+    Dropped,
     Event,
     Expire,
     Lost,
@@ -135,6 +152,7 @@ __all__ = [
     "REFUSALS",
     "TRANSITIONS",
     "Departed",
+    "Dropped",
     "Event",
     "Expire",
     "Lease",
@@ -294,6 +312,14 @@ def parent_not_retiring(
     return None
 
 
+def held_that_link(table: RankTable, entry: RankEntry, event: Dropped, now: float) -> str | None:
+    """A Dropped speaks of a link the table keeps beside the one the rank is attached by: its
+    new parent's Online, sent up the same path before it, moved the old link there."""
+    if event.gone in entry.other_links:
+        return None
+    return f"rank {entry.rank} holds no other link to rank {event.gone}: its word on it is stale"
+
+
 # --- effects: what an event writes besides the phase (each returns the ranks it changed) --------
 
 
@@ -326,6 +352,22 @@ def end_link(table: RankTable, entry: RankEntry, event: LinkEnded, now: float) -
         entry.attached_to = others.pop() if others else None
     entry.other_links = tuple(others)
     return (entry.rank,)
+
+
+def dropped(table: RankTable, entry: RankEntry, event: Dropped, now: float) -> tuple[int, ...]:
+    """The rank's link to `gone` is over. If `gone` is adrift, no broker holds a link to it but
+    the ones below it: this child saw its connection drop, so it is lost (Lost, as rank 0's own
+    word: its attachees go adrift in turn)."""
+    entry.other_links = tuple(p for p in entry.other_links if p != event.gone)
+    changed = [entry.rank]
+    gone = table.entries[event.gone]
+    if gone.state in CONNECTED and gone.adrift_until is not None:
+        why = f"{event.reason}, seen by rank {entry.rank} below it"
+        lost = Lost(gone.rank, gone.incarnation, why)
+        rule = table._rule(gone, lost, now)
+        if isinstance(rule, Rule):
+            changed += table._fire(gone, rule, lost, now)
+    return tuple(changed)
 
 
 def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[int, ...]:
@@ -509,6 +551,11 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.RETIRING, Moved): Rule(None, (on_its_link,), (move,)),
     (Phase.CONFIG_ONLINE, Moved): Rule(None, (on_its_link,), (move,)),
     (Phase.CONFIG_RETIRING, Moved): Rule(None, (on_its_link,), (move,)),
+    # Dropped: the rank's broker saw its old parent's connection drop (the rank's own word)
+    (Phase.ONLINE, Dropped): Rule(None, (held_that_link,), (dropped,)),
+    (Phase.RETIRING, Dropped): Rule(None, (held_that_link,), (dropped,)),
+    (Phase.CONFIG_ONLINE, Dropped): Rule(None, (held_that_link,), (dropped,)),
+    (Phase.CONFIG_RETIRING, Dropped): Rule(None, (held_that_link,), (dropped,)),
     # Retire: `tbon retire`
     (Phase.ONLINE, Retire): Rule(Phase.RETIRING, (root_not_retired, children_idle)),
     (Phase.CONFIG_ONLINE, Retire): Rule(Phase.CONFIG_RETIRING, (root_not_retired, children_idle)),
@@ -556,6 +603,7 @@ REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     Departed: lambda e: f"rank {e.rank} is already {e.state}",
     Torpid: lambda e: f"rank {e.rank} is {e.state}",
     Moved: lambda e: f"rank {e.rank} is {e.state}",
+    Dropped: lambda e: f"rank {e.rank} is {e.state}",
     Retire: lambda e: (
         "rank 0 cannot retire: shut the instance down instead"
         if e.rank == 0

@@ -1,7 +1,8 @@
 """Rank-table events as they travel up the tree, from a parent to rank 0.
 
 Only the parent of a rank sees its broker come and go; it reports each change as a `report`
-control message that every broker on the way up forwards unchanged.
+control message that every broker on the way up forwards unchanged. One event is a broker's
+word on itself: Dropped, its connection to its old parent dropped (sent once welcomed again).
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.ranktable import Departed, Event, Lost, Moved, Online, Torpid
+from tbon.overlay.state.ranktable import Departed, Dropped, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.wire.message import MessageError
 
-Reported = Online | Lost | Departed | Torpid | Moved
-"""The events a report carries: what a parent sees of its children (each names that parent)."""
+Reported = Online | Lost | Departed | Torpid | Moved | Dropped
+"""The events a report carries: what a parent sees of its children (each names that parent),
+and what a broker saw of its own link up (Dropped, which names the broker itself)."""
 
 
 def encode_event(event: Event) -> dict[str, Any]:
@@ -29,6 +31,8 @@ def encode_event(event: Event) -> dict[str, Any]:
             shown = {"event": "torpid", "torpid": torpid}
         case Moved(to=to):
             shown = {"event": "moved", "to": to}
+        case Dropped(gone=gone, reason=reason):
+            shown = {"event": "dropped", "gone": gone, "reason": reason}
         case _:
             raise TypeError(f"not a rank table event: {event!r}")
     shown |= {"rank": event.rank, "incarnation": event.incarnation}
@@ -59,6 +63,11 @@ def decode_event(payload: dict[str, Any]) -> Reported:
             to = payload["to"]
             _require(is_int(to), "to")
             return Moved(rank, incarnation, parent, to)
+        if kind == "dropped":
+            gone, reason = payload["gone"], payload["reason"]
+            _require(is_int(gone) and isinstance(reason, str), "gone or reason")
+            _require(parent == rank, "parent: a broker's own word names itself")
+            return Dropped(rank, incarnation, gone, reason)
         if kind == "torpid":
             torpid = payload["torpid"]
             _require(isinstance(torpid, bool), "torpid")

@@ -35,6 +35,7 @@ KNOWN = frozenset(
     }
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_BACKLOG = 32 << 20  # broker.client-backlog: twice OUTPUT_BUDGET (wire/flow.py)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,6 @@ def _check_boot_servers(text: str) -> None:
 
 
 def _client_backlog(text: str) -> int:
-    from tbon.overlay.links.local import MIN_BACKLOG
     from tbon.overlay.parse.numbers import parse_bytes
 
     size = parse_bytes(text)

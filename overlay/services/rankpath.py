@@ -1,0 +1,257 @@
+"""The one path by which an event reaches rank 0's rank table, and everything it calls for.
+
+The rule: nothing but `RankPath.handle` calls `RankTable.apply` (tests/test_one_path.py holds
+every module under overlay/ to it). A service that wants an event applied (FLUB's Reserve,
+Release, Expire and Reboot, retire's Retire) returns an `Apply` action, with a continuation if it
+needs the table's answer; what a link saw (an Online, a Lost) reaches it as a report
+(`Broker.report`). The performer hands each to `handle` and carries out what comes back, then
+the continuation. So a new way of changing the table cannot forget a follow-up: they are all
+here, in this order:
+
+1. The table decides the event. A refused one is said in the log (but a Reserve: FLUB answers
+   its joiner why).
+2. An Online refused is voided: another broker's hello reported all the same, or an incarnation
+   rank 0 has ended. Every parent that may still admit that incarnation drops its key and cuts
+   its broker off (`flub.revoke`): its topology parent, each parent rank 0 told to admit it
+   (admissions.py), the broker that reported it, and the one it is attached to. If the table
+   still shows it connected, it ends there too (Void, through this same list from step 3 on).
+3. An incarnation ended for good is revoked the same way: a reservation released or expired
+   before its hello (voided), or one replaced by a newer incarnation (Reserve, Reboot: the one
+   before is "superseded"), so that its broker, back from a partition, is refused (77).
+4. Healing (docs/protocol.md §12, rules in state/healing.py): a rank that ended (Lost, Departed,
+   Void, or a Dropped that a child's word made lost) has the brokers cut off below it fostered
+   by its nearest live ancestor (`heal.foster`);
+   a rank online again has its children away from home, and itself if it came online under a
+   foster parent, sent home (`heal.adopt`, then `heal.home`).
+5. Every open foster admission that is moot now is withdrawn (`heal.withdraw`).
+6. If the table changed, the loop's deadlines are recomputed (`Wake`): a new lease, a rank adrift.
+   Status streams and retire waiters follow the table's `generation`, which the table counts.
+
+Then the performer runs the asking service's continuation with the table's Outcome. Rank 0 alone
+has a path; any other broker sends its events up (`Report`), and an Apply there is a bug
+(CannotPerform). Pure: events in, actions out; the orders travel through the router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tbon.overlay.services.actions import Action, Call, Send, Wake, info, warning
+from tbon.overlay.state.admissions import Admissions
+from tbon.overlay.state.healing import (
+    Fate,
+    admission_fate,
+    away_from_home,
+    cut_off_below,
+    foster_parent,
+    goes_home,
+    may_admit,
+)
+from tbon.overlay.state.rankstates import CONNECTED
+from tbon.overlay.state.ranktable import (
+    Departed,
+    Dropped,
+    Event,
+    Expire,
+    Lost,
+    Online,
+    Outcome,
+    RankTable,
+    Reboot,
+    Release,
+    Reserve,
+    Void,
+)
+from tbon.overlay.wire.message import Kind, Message
+
+RELEASED = "the joiner released its reservation"
+EXPIRED = "the reservation expired"
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What an event did to the table, and every follow-up it calls for, in order."""
+
+    outcome: Outcome
+    actions: list[Action]
+
+
+class RankPath:
+    """Rank 0's one way into its table (rules at the top of this module)."""
+
+    def __init__(self, table: RankTable) -> None:
+        self.table = table
+        self.topology = table.topology
+        self.admissions = Admissions(table.topology)  # who was told to admit whom
+
+    def handle(self, event: Event | Reserve, now: float) -> Applied:
+        generation = self.table.generation
+        outcome = self.table.apply(event, now)
+        actions = self._follow_ups(event, outcome, now)
+        if self.table.generation != generation:
+            actions.append(Wake())
+        return Applied(outcome, actions)
+
+    def _follow_ups(self, event: Event | Reserve, outcome: Outcome, now: float) -> list[Action]:
+        if not outcome.applied:
+            if isinstance(event, Reserve):
+                return []  # FLUB tells its joiner why
+            said: list[Action] = [info(f"ignored {event}: {outcome.reason}")]
+            if isinstance(event, Online):
+                return said + self._void(
+                    event.rank, event.incarnation, outcome.reason, now, event.parent
+                )
+            return said
+        return self._ended_for_good(event, outcome, now) + self._heal(event, now)
+
+    # --- steps 2 and 3: incarnations ended for good ----------------------------------------
+
+    def _ended_for_good(self, event: Event | Reserve, outcome: Outcome, now: float) -> list[Action]:
+        if isinstance(event, Release | Expire):
+            why = RELEASED if isinstance(event, Release) else EXPIRED
+            return self._void(event.rank, event.incarnation, why, now)
+        if isinstance(event, Reserve):
+            grant = outcome.reservation
+            if grant is None or not grant.granted or grant.repeated:
+                return []
+            return self._supersede(grant.rank, grant.incarnation - 1)
+        if isinstance(event, Reboot) and outcome.changed:  # it raised the incarnation
+            return self._supersede(event.rank, self.table.entry(event.rank).incarnation - 1)
+        return []
+
+    def _void(
+        self, rank: int, incarnation: int, reason: str, now: float, at: int | None = None
+    ) -> list[Action]:
+        """Have every parent that may still admit (rank, incarnation) drop its key and cut its
+        broker off (one-way): those rank 0 told, `at` (the broker that reported it welcomed),
+        and the one it is attached to. The parents report nothing of it, so an incarnation the
+        table still shows connected ends there too (Void): status never shows a broker that its
+        parent has cut off."""
+        if self.topology.parent(rank) is None:
+            return []
+        also = {at} if at is not None else set()
+        attached = self.table.entry(rank).attached_to
+        if attached is not None:
+            also.add(attached)
+        actions: list[Action] = []
+        voided = Void(rank, incarnation, reason)
+        if self.table.apply(voided, now).applied:  # else nothing of it is connected
+            said = f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"
+            actions += [warning(said), *self._heal(voided, now)]
+        return actions + self._revoke(rank, incarnation, reason, also)
+
+    def _supersede(self, rank: int, incarnation: int) -> list[Action]:
+        """`rank` has a new incarnation: the one before it (if there was one) is revoked
+        wherever it may still be admitted (issue 20)."""
+        if incarnation < 1:
+            return []
+        why = f"superseded: rank {rank} is now incarnation {incarnation + 1}"
+        return self._revoke(rank, incarnation, why)
+
+    def _revoke(
+        self, rank: int, incarnation: int, reason: str, also: set[int] | None = None
+    ) -> list[Action]:
+        """`flub.revoke` to every parent that may still admit (rank, incarnation), and to those
+        in `also` that may admit it at all."""
+        parents = self.admissions.withdraw(rank, incarnation) | (also or set())
+        notice = {"rank": rank, "incarnation": incarnation, "reason": reason}
+        return [
+            Send(Message(Kind.REQUEST, "flub.revoke", dict(notice), nodeid=parent))
+            for parent in sorted(parents)
+            if may_admit(self.topology, parent, rank)
+        ]
+
+    # --- steps 4 and 5: healing ---------------------------------------------------------------
+
+    def _heal(self, event: Event | Reserve, now: float) -> list[Action]:
+        actions: list[Action] = []
+        if isinstance(event, Lost | Departed | Void):
+            actions = self._foster_below(event.rank)
+        elif isinstance(event, Dropped) and self.table.entries[event.gone].state not in CONNECTED:
+            actions = self._foster_below(event.gone)  # a child's word ended it (adrift)
+        elif isinstance(event, Online):
+            home = self.topology.parent(event.rank)
+            welcomer = event.parent if event.parent is not None else home
+            if welcomer is not None:
+                self.admissions.told(event.rank, event.incarnation, welcomer)
+            actions = self._send_home(event.rank, event.parent)
+        return actions + self._withdraw_moot()
+
+    def _foster_below(self, rank: int) -> list[Action]:
+        admitted = cut_off_below(self.table, rank)
+        if not admitted:
+            return []
+        foster = foster_parent(self.table, rank)
+        for admitted_rank, incarnation, _ in admitted:
+            self.admissions.fostered(admitted_rank, incarnation, foster)
+        order = {
+            "ranks": [list(admission) for admission in admitted],
+            "for": self.table.reattach_grace,
+        }
+        shown = ",".join(str(r) for r, _, _ in admitted[:8]) + ("..." if len(admitted) > 8 else "")
+        return [
+            info(f"rank {rank} ended: rank {foster} fosters what it held ({shown})"),
+            Call(
+                Message(Kind.REQUEST, "heal.foster", order, nodeid=foster),
+                then=lambda reply, now: _unless_failed(reply, f"fostering at rank {foster}"),
+            ),
+        ]
+
+    def _send_home(self, rank: int, parent: int | None) -> list[Action]:
+        """`rank` is online: its children away from home go back to it, and it goes home itself
+        if it came online under a foster parent while its own parent is there."""
+        actions: list[Action] = [
+            self._adopt(rank, child, incarnation, key)
+            for child, incarnation, key in away_from_home(self.table, rank)
+        ]
+        home = goes_home(self.table, rank, parent)
+        if home is not None:
+            entry = self.table.entry(rank)
+            actions.append(self._adopt(home, rank, entry.incarnation, entry.key or ""))
+        return actions
+
+    def _adopt(self, parent: int, child: int, incarnation: int, key: str) -> Call:
+        """Have `parent` admit `child`, then tell the child to go to it."""
+        order = {"rank": child, "incarnation": incarnation, "public_key": key}
+        self.admissions.told(child, incarnation, parent)
+
+        def adopted(reply: Message, now: float) -> list[Action]:
+            if reply.errnum:
+                return [warning(f"rank {parent} could not take rank {child} home: {reply.errstr}")]
+            card = {k: reply.payload.get(k) for k in ("rank", "endpoint", "public_key")}
+            go = Message(Kind.REQUEST, "heal.home", {**card, "incarnation": incarnation})
+            go.nodeid = child
+            return [
+                info(f"rank {child} goes home to rank {parent}"),
+                Call(go, then=lambda r, now: _unless_failed(r, f"sending rank {child} home")),
+            ]
+
+        return Call(Message(Kind.REQUEST, "heal.adopt", order, nodeid=parent), then=adopted)
+
+    def _withdraw_moot(self) -> list[Action]:
+        """Close each open foster admission that its rank used, and withdraw each that is moot
+        (state/healing.py); a parent that is not connected is not told."""
+        moot: dict[int, list[tuple[int, int]]] = {}
+        for rank, incarnation, parent in self.admissions.open():
+            fate = admission_fate(self.table, rank, incarnation, parent)
+            if fate is Fate.OPEN:
+                continue
+            self.admissions.close(rank, parent)
+            if fate is Fate.MOOT:
+                moot.setdefault(parent, []).append((rank, incarnation))
+        return [
+            Send(
+                Message(
+                    Kind.REQUEST,
+                    "heal.withdraw",
+                    {"ranks": [list(a) for a in ranks]},
+                    nodeid=parent,
+                )
+            )
+            for parent, ranks in sorted(moot.items())
+            if self.table.entries[parent].state in CONNECTED
+        ]
+
+
+def _unless_failed(reply: Message, what: str) -> list[Action]:
+    return [warning(f"{what}: {reply.errstr}")] if reply.errnum else []

@@ -1,0 +1,152 @@
+"""Healing the tree (docs/protocol.md §12): every rule of who may hold, foster, admit or report
+on whom, in one room. Pure functions of the topology or of rank 0's table; the brokers ask them.
+
+The rules:
+
+1. **Above.** A broker's parent, foster or not, is always one of its rank's ancestors: a parent
+   admits, fosters, reports on and routes to its own subtree only (`is_below`, `may_admit`).
+   The hello judge, the revocations, the admissions record, the router and exec ask it.
+2. **Reports.** A child reports on its own subtree only, and only events seen by itself or by a
+   broker below it (`may_report`): a broker cannot end a rank elsewhere in the tree.
+3. **Foster choice.** When a rank's broker ends, every connected broker below it whose chain of
+   links ran through it is cut off from rank 0 (`cut_off_below`), though only those attached
+   to it directly know so yet. All of them are given to one foster parent: the nearest
+   ancestor of the rank that ended whose own chain still reaches rank 0 (`foster_parent`).
+   Each is named with the incarnation and key rank 0 holds as current, and only those: a
+   foster parent admits exactly them. A broker whose key rank 0 does not know is left to its
+   reattach timeout.
+4. **Going home.** When a rank is online again, its children that live under a foster parent,
+   or still seek one, go home to it (`away_from_home`); a rank that came online under a foster
+   parent while its own parent is there goes home itself (`goes_home`).
+5. **Admissions and their withdrawal.** A foster admission is used once its rank is attached,
+   as that incarnation, to the parent told; it is moot once that incarnation is no longer
+   connected, or its rank is attached to another broker that reaches rank 0; else it stays open
+   (`admission_fate`). Rank 0 withdraws moot ones (services/rankpath.py): left open, one would
+   let a later seek be welcomed by two parents, and its parent wait for it at a shutdown.
+6. **Whole.** The tree is whole when no connected rank is adrift (`adrift`): what heal.wait
+   waits for at rank 0.
+
+Rank 0 decides from these after each event it applies (services/rankpath.py) and records whom
+it told (admissions.py); the orders travel as requests down the tree (services/heal.py).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from tbon.overlay.state.rankstates import CONFIG_PHASES, CONNECTED
+from tbon.overlay.state.topology import Topology
+
+if TYPE_CHECKING:  # the table imports nothing from here; only its type is named
+    from tbon.overlay.state.ranktable import RankTable
+
+Admission = tuple[int, int, str]
+"""(rank, incarnation, key): a broker a parent is told to admit; key "" is the instance's shared
+key (config bootstrap), with which the broker must claim exactly that incarnation."""
+
+
+# --- 1 and 2: above, and reports -----------------------------------------------------------------
+
+
+def is_below(topology: Topology, rank: int, upper: int) -> bool:
+    """Whether `rank` is in `upper`'s subtree, strictly below it (both ranks of the instance)."""
+    size = topology.size
+    return 0 <= rank < size and 0 <= upper < size and topology.is_ancestor(upper, rank)
+
+
+def may_admit(topology: Topology, parent: int, rank: int) -> bool:
+    """Whether `parent` may ever hold `rank`'s broker as a child: one of its ancestors."""
+    return is_below(topology, rank, parent)
+
+
+def may_report(topology: Topology, sender: int, rank: int, seen_by: int | None) -> bool:
+    """Whether the child `sender` may report an event on `rank` seen by `seen_by`: a rank of
+    its subtree, seen by itself or by a broker below it."""
+    if not is_below(topology, rank, sender) or seen_by is None:
+        return False
+    return seen_by == sender or is_below(topology, seen_by, sender)
+
+
+# --- 3: foster choice ----------------------------------------------------------------------------
+
+
+def foster_parent(table: RankTable, rank: int) -> int:
+    """The nearest ancestor of `rank` whose broker is connected and reaches rank 0 now."""
+    for ancestor in table.topology.ancestors(rank):
+        if table.reachable(ancestor):
+            return ancestor
+    return 0
+
+
+def cut_off_below(table: RankTable, rank: int) -> list[Admission]:
+    """The connected brokers below `rank` that no longer reach rank 0, as admissions. A broker
+    whose key rank 0 does not know (one that came online before keys were reported) is left to
+    its reattach timeout."""
+    found: list[Admission] = []
+    for below in table.topology.descendants(rank):
+        entry = table.entries[below]
+        if entry.state not in CONNECTED or table.reachable(below):
+            continue
+        if entry.key:
+            found.append((below, entry.incarnation, entry.key))
+        elif entry.phase in CONFIG_PHASES:
+            found.append((below, entry.incarnation, ""))
+    return found
+
+
+# --- 4: going home -------------------------------------------------------------------------------
+
+
+def away_from_home(table: RankTable, rank: int) -> list[Admission]:
+    """The children of `rank` (online again) that are connected but not attached to it."""
+    found: list[Admission] = []
+    for child in table.topology.children(rank):
+        entry = table.entries[child]
+        if entry.state not in CONNECTED or entry.attached_to == rank:
+            continue
+        key = entry.key or ""
+        if key or entry.phase in CONFIG_PHASES:
+            found.append((child, entry.incarnation, key))
+    return found
+
+
+def goes_home(table: RankTable, rank: int, parent: int | None) -> int | None:
+    """The rank's own parent, if `rank` came online under another broker (`parent`, a foster
+    parent) while its own parent reaches rank 0, and rank 0 can name it (a key, or config
+    bootstrap's shared one); else None."""
+    home = table.topology.parent(rank)
+    if home is None or parent is None or parent == home or not table.reachable(home):
+        return None
+    entry = table.entries[rank]
+    return home if entry.key or entry.phase in CONFIG_PHASES else None
+
+
+# --- 5: admissions and their withdrawal ----------------------------------------------------------
+
+
+class Fate(Enum):
+    """What becomes of an open foster admission now."""
+
+    OPEN = "open"  # it may still be used
+    USED = "used"  # its broker came: closed without a word
+    MOOT = "moot"  # withdrawn at its parent
+
+
+def admission_fate(table: RankTable, rank: int, incarnation: int, parent: int) -> Fate:
+    """The fate of `parent`'s open admission of (rank, incarnation)."""
+    entry = table.entries[rank]
+    current = entry.incarnation == incarnation and entry.state in CONNECTED
+    if current and entry.attached_to == parent:
+        return Fate.USED
+    if not current or (entry.attached_to is not None and table.reachable(rank)):
+        return Fate.MOOT
+    return Fate.OPEN
+
+
+# --- 6: whole ------------------------------------------------------------------------------------
+
+
+def adrift(table: RankTable) -> bool:
+    """Whether some connected rank is seeking a parent now."""
+    return any(entry.adrift_until is not None for entry in table.entries)

@@ -1,0 +1,73 @@
+"""What a request's route says about who sent it: the hops brokers push, the client connection a
+request came by, and whether rank 0 itself sent it.
+
+Every broker that receives a request pushes on its route the hop it came from (docs/protocol.md
+§3.2): "p<rank>" from the parent it is attached to (rank), "c<rank>" from a child, "l<id>" from
+a local client, and "s" for a request of its own. Each link hop names the authenticated peer the
+request came from, so a route says which brokers it passed even when one of them was a foster
+parent (docs/protocol.md §12). A client may send a route of its own, but whatever it writes comes
+before the hop of the broker it is a client of, and that broker's hop is never a link hop.
+
+Pure readings of a route, shared by the links, the router and the services; the orders that
+services refuse on these grounds are in services/trust.py.
+"""
+
+from __future__ import annotations
+
+from tbon.overlay.parse.numbers import is_decimal
+from tbon.overlay.wire.message import Message
+
+Connection = tuple[str, ...]
+"""A client connection (or a broker's own requests) as the brokers on the way wrote it."""
+
+
+def from_rank0(request: Message) -> bool:
+    """Whether rank 0 itself sent `request`: rank 0's own "s", then "p0" pushed by the broker
+    attached to it, then only "p<rank>" hops pushed by each broker on the way down. A route that
+    starts with "s" was started by a broker's own request; only rank 0's is followed by "p0"
+    (a client's route always holds its broker's "l<id>"; another broker's request going up holds
+    "c" hops). Counting hops would not do: a fostered broker is fewer hops from rank 0 than its
+    level in the topology."""
+    route = request.route
+    if not route or route[0] != "s":
+        return False
+    if len(route) == 1:
+        return True  # rank 0's request to itself
+    return route[1] == "p0" and all(parent_hop(hop) is not None for hop in route[2:])
+
+
+
+
+def connection_of(request: Message) -> Connection:
+    """The connection that started `request`: the hop its first broker pushed ("l<id>" or "s"),
+    then the link hops of the brokers after it. Hops before that were written by the sender, so
+    two requests name the same connection however their senders padded their routes, and no
+    sender can name another's."""
+    route = request.route
+    first = len(route) - 1
+    while first > 0 and _link(route[first]):
+        first -= 1
+    return tuple(route[max(first, 0) :])
+
+
+def client_notice(request: Message) -> bool:
+    """Whether `request` (client.disconnect) is shaped as a broker makes one: the gone client's
+    hop, then only the brokers' own. One with hops before it was written by a client, and could
+    only ever be about that client itself."""
+    route = request.route
+    return bool(route) and route[0].startswith("l") and connection_of(request) == tuple(route)
+
+
+def parent_hop(hop: str) -> int | None:
+    """The parent's rank that a "p<rank>" hop names, or None for any other hop."""
+    return int(hop[1:]) if hop.startswith("p") and is_decimal(hop[1:]) else None
+
+
+def child_hop(hop: str) -> int | None:
+    """The child's rank that a "c<rank>" hop names, or None for any other hop."""
+    return int(hop[1:]) if hop.startswith("c") and is_decimal(hop[1:]) else None
+
+
+def _link(hop: str) -> bool:
+    """A hop that a broker pushed for a request from another broker."""
+    return parent_hop(hop) is not None or child_hop(hop) is not None
