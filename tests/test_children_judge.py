@@ -20,6 +20,7 @@ from tbon import exitcodes
 from tbon.errors import UsageError
 from tbon.overlay.config.attributes import DEFAULTS, KNOWN, broker_config, parse_assignments
 from tbon.overlay.links.children import Children, Inbound
+from tbon.overlay.links.downward import Goodbye
 from tbon.overlay.links.hello import (
     AskRankZero,
     Parent,
@@ -30,7 +31,7 @@ from tbon.overlay.links.hello import (
     judge_stale,
 )
 from tbon.overlay.links.keyring import Identity, KeyRing
-from tbon.overlay.links.sessions import ChildSession
+from tbon.overlay.links.sessions import ChildSession, Ended
 from tbon.overlay.parse.duration import format_duration, parse_duration
 from tbon.overlay.services.actions import Action, Call, Respond, Send
 from tbon.overlay.services.flub import FlubService, flub_attributes
@@ -425,14 +426,18 @@ def bare_children(topology: Topology, rank: int) -> tuple[Children, list[Message
     """A Children with no sockets, recording what it would send: enough to drive `_hello`.
     Connection events are fed to it as the socket monitor would (`_connection_event`)."""
     children = object.__new__(Children)
-    children._start_sessions()
-    children.rank = rank
-    children.topology = topology
-    children.config = broker_config({"hostname": "test"})
+    children._start(rank, topology, broker_config({"hostname": "test"}))
     children.keyring = KeyRing()
     sent: list[Message] = []
     children._send_raw = lambda _routing_id, message: sent.append(message) or True  # type: ignore[method-assign]
     return children, sent
+
+
+def said_goodbye(children: Children, routing_id: bytes) -> list[Event]:
+    """The child on `routing_id` says goodbye; what its parent reports."""
+    inbound = Inbound()
+    children._feed(Goodbye(routing_id), 1.0, inbound)
+    return inbound.reports
 
 
 def hello_message(identity: Identity) -> Message:
@@ -461,7 +466,7 @@ def test_a_child_welcomed_while_this_broker_seeks_is_told_how_long_right_after()
 
 def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
-    children.sessions[3] = ChildSession(Identity(3, 1), ended="was lost: silent for 61.0s")
+    children.sessions[3] = ChildSession(Identity(3, 1), Ended("was lost: silent for 61.0s"))
     inbound = Inbound()
     children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
     assert inbound.reports == []
@@ -472,9 +477,10 @@ def test_hello_from_an_ended_incarnation_is_told_it_was_lost() -> None:
 
 def test_a_retiring_child_that_leaves_is_retired_for_good() -> None:
     children, sent = bare_children(TOPOLOGY, 1)
-    session = ChildSession(Identity(3, 1), retiring=True, parent=1)
-    children.sessions[3] = session
-    assert children._end(session, "departed", "said goodbye") == Departed(3, 1, 1)
+    children.sessions[3] = ChildSession(Identity(3, 1), retiring=True, parent=1)
+    welcomed_on(children, b"id3", 11)
+    sent.clear()
+    assert said_goodbye(children, b"id3") == [Departed(3, 1, 1)]
     children.sessions[3] = ChildSession(Identity(3, 2), parent=1)  # the rank is filled again afresh
     inbound = Inbound()
     children._hello(b"id3", 11, Identity(3, 1), hello_message(Identity(3, 1)), 0.0, inbound)
@@ -487,7 +493,9 @@ def test_a_retiring_child_lost_is_retired_too() -> None:
     children, _ = bare_children(TOPOLOGY, 1)
     session = ChildSession(Identity(3, 1), retiring=True, parent=1)
     children.sessions[3] = session
-    assert isinstance(children._end(session, "lost", "silent for 61.0s"), Lost)
+    welcomed_on(children, b"id3", 11)
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == [Lost(3, 1, "connection dropped", 1)]
     assert (session.ended, session.end_code) == ("has retired", exitcodes.SHUTDOWN)
 
 
@@ -579,7 +587,7 @@ def test_a_goodbye_makes_the_close_that_follows_no_news() -> None:
     session = ChildSession(CHILD, parent=1)
     children.sessions[3] = session
     welcomed_on(children, b"id3", 11)
-    assert children._end(session, "departed", "said goodbye") == Departed(3, 1, 1)
+    assert said_goodbye(children, b"id3") == [Departed(3, 1, 1)]
     children._connection_event(CLOSED, 11)
     assert children.settle() == []
 

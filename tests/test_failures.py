@@ -70,9 +70,12 @@ def broker_info(inst, rank: int = 0) -> dict:
         return client.rpc("broker.info", nodeid=rank)
 
 
-def handshake_outcome(endpoint: str, server_key: str) -> tuple[int, bool]:
-    """Connect with a fresh key pair and say hello as rank 1; (monitor event, got an answer)."""
-    public, secret = generate_keypair()
+def handshake_outcome(
+    endpoint: str, server_key: str, keypair: tuple[str, str] | None = None
+) -> tuple[int, bool]:
+    """Connect with `keypair` (default: a fresh one) and say hello as rank 1; (monitor event,
+    got an answer)."""
+    public, secret = keypair or generate_keypair()
     context = zmq.Context()
     rogue = context.socket(zmq.DEALER)
     rogue.linger = 0
@@ -114,10 +117,30 @@ def test_unauthorized_key_is_refused_and_instance_undisturbed(instance) -> None:
     assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED and not answered
     healthy(inst, 3)
     assert [r["incarnation"] for r in inst.status()["ranks"]] == [1, 1, 1]
-    inst.stop()
-    assert re.search(
-        r"refused a child from 127\.0\.0\.1: CURVE key \S+ is not authorized", inst.stderr()
+
+
+def test_a_foreign_key_that_keeps_knocking_is_warned_about_once(instance) -> None:
+    """Its first refusal is said at debug level only (an orphan knocks so during a heal); one
+    still refused past the grace is warned about, and not again for a minute."""
+    inst = instance(3, "tbon.heartbeat=100ms")
+    info = broker_info(inst)
+    keypair = generate_keypair()
+    warned = re.compile(
+        rf"warning: refused a child from 127\.0\.0\.1: CURVE key {re.escape(keypair[0])} "
+        r"is not authorized"
     )
+
+    def knocked() -> bool:
+        event, answered = handshake_outcome(info["endpoint"], info["public_key"], keypair)
+        assert event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not answered
+        return warned.search(inst.stderr()) is not None
+
+    wait_for(knocked, "a warning about the foreign key")
+    for _ in range(5):
+        knocked()
+    healthy(inst, 3)
+    inst.stop()
+    assert len(warned.findall(inst.stderr())) == 1, inst.stderr()
 
 
 @pytest.mark.parametrize(

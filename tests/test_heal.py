@@ -159,3 +159,22 @@ def test_a_fostered_broker_can_be_retired_where_it_is(instance) -> None:
     wait_for(lambda: process_gone(pid), "the retired broker to exit")
     status = inst.wait_status(lambda s: s["ranks"][3]["state"] == "vacant", "rank 3 vacant")
     assert status["ranks"][3].get("retired") is True
+
+
+NOT_AUTHORIZED = re.compile(r"warning: refused a child from \S+: CURVE key \S+ is not authorized")
+
+
+def test_a_normal_heal_warns_of_no_refused_key(instance) -> None:
+    """An orphan knocks at its grandparent before rank 0's order to admit it arrives: those
+    first refusals are expected, and said at debug level only (issue 22, item 3)."""
+    inst = instance(15, "tbon.fanout=2", *QUICK)
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGKILL)
+    inst.wait_status(
+        lambda s: s["ranks"][1]["state"] == "lost" and attached(s, 3, 4) == [0, 0],
+        "ranks 3 and 4 fostered by rank 0",
+    )
+    assert tbon("exec", inst.uri, "-r", "0,2-14", "true").returncode == 0
+    inst.stop()
+    assert launcher_said(inst.stderr(), 1, before[1], "killed by signal SIGKILL")
+    assert not NOT_AUTHORIZED.search(inst.stderr()), inst.stderr()

@@ -9,7 +9,7 @@ from typing import Any
 
 from rank0 import AtRank0, report
 from tables import started
-from test_children_judge import ACCEPTED, bare_children, hello_message, public_key
+from test_children_judge import ACCEPTED, CLOSED, bare_children, hello_message, public_key
 
 from tbon import exitcodes
 from tbon.overlay.links.children import Inbound
@@ -114,8 +114,8 @@ def test_a_lost_foster_child_revoked_is_refused_as_superseded_when_it_knocks() -
     first = Inbound()
     children._hello(b"old", 11, Identity(3, 1), hello_message(Identity(3, 1)), 1.0, first)
     assert first.reports[0] == Online(3, 1, "node3", 4242, 0, public_key(3))
-    session = children.sessions[3]
-    children._end(session, "lost", "silent for 1.5s")
+    children._connection_event(CLOSED, 11)
+    assert children.settle() == [Lost(3, 1, "connection dropped", 0)]
     children.revoke(3, 1, "superseded: rank 3 is now incarnation 2")
     sent.clear()
     again = Inbound()

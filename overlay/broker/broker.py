@@ -532,7 +532,7 @@ class Broker:
     def _maybe_finish(self, now: float) -> None:
         if not self.lifecycle.stopping or self.exit_code is not None:
             return
-        waiting = self.children.awaited() if self.children is not None else []
+        waiting = self.children.awaited(now) if self.children is not None else []
         running = self.program.running() or self.jobs.busy()
         if (waiting or running) and self.stop_deadline is not None and now < self.stop_deadline:
             return  # children's goodbyes and the initial program's exit wake us up

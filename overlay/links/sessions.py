@@ -1,21 +1,42 @@
-"""One child incarnation as its parent knows it: where to reach it, how alive it is, how it ended.
-
-Pure: the parent's socket layer (children.py) owns the ROUTER, the keys and the connections, and
-asks the session what a goodbye, a drop or a silence makes of it.
+"""One child incarnation as its parent knows it: its phase (expected, connected, ended) and what
+rank 0 said of it. Plain data: downward.py decides every change of phase.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tbon import exitcodes
 from tbon.overlay.links.hello import Broker, Standing
 from tbon.overlay.links.keyring import Identity
-from tbon.overlay.links.liveness import Liveness, Verdict
-from tbon.overlay.state.ranktable import Departed, Event, Lost, Torpid
+from tbon.overlay.links.liveness import Liveness
 
-log = logging.getLogger("tbon.children")
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """Admitted; its broker has not been welcomed (yet)."""
+
+    until: float | None = None  # a foster admission's grace: forgotten if it has not come by then
+
+
+@dataclass(slots=True)
+class Connected:
+    """Welcomed on the connection the ledger ties it to; `routing_id` reaches it."""
+
+    routing_id: bytes
+    liveness: Liveness
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """This incarnation is over here. `why` completes "rank R incarnation I ..."."""
+
+    why: str  # "was lost: WHY", "has departed", "has retired", "was revoked: WHY", ...
+    code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
+    returnable: bool = False  # lost, and its own broker may say hello again (its key is kept)
+
+
+Phase = Expected | Connected | Ended
 
 
 @dataclass(slots=True, eq=False)
@@ -24,69 +45,58 @@ class ChildSession:
     one that a newer incarnation displaced is still the one its connection's close ends."""
 
     identity: Identity
-    routing_id: bytes | None = None
-    liveness: Liveness | None = None
-    ended: str = ""  # why this incarnation ended; empty while it may still connect
-    end_code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
-    retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
+    phase: Phase = field(default_factory=Expected)
+    key: str = ""  # its public key (Z85) as authorized here; "" for the instance's shared key
     shared: bool = False  # a config-booted rank, whose broker holds the instance's shared key
+    foster: bool = False  # not a child in the topology: fostered at rank 0's word
+    expected: bool = False  # rank 0 said to expect it (fostered, or a shared key coming home)
+    retiring: bool = False  # told to retire: however it ends, it is retired (exit 0)
     broker: Broker | None = None  # the broker last welcomed as this incarnation (host, pid)
     parent: int | None = None  # this parent's rank, named in every event it reports
-    key: str = ""  # its public key (Z85) as authorized here; "" for the instance's shared key
-    foster: bool = False  # not a child in the topology: fostered at rank 0's word
-    expected: bool = False  # rank 0 said to expect it (fostered, or coming home)
-    expected_until: float | None = None  # a foster child that has not come by then is forgotten
-    returnable: bool = False  # lost, and its own broker may say hello again (its key is kept)
 
     @property
     def connected(self) -> bool:
-        return self.routing_id is not None and not self.ended
+        return isinstance(self.phase, Connected)
+
+    @property
+    def routing_id(self) -> bytes | None:
+        return self.phase.routing_id if isinstance(self.phase, Connected) else None
+
+    @property
+    def ended(self) -> str:
+        """Why this incarnation ended; empty while it may still connect."""
+        return self.phase.why if isinstance(self.phase, Ended) else ""
+
+    @property
+    def end_code(self) -> int:
+        return self.phase.code if isinstance(self.phase, Ended) else exitcodes.LOST
+
+    @property
+    def returnable(self) -> bool:
+        return isinstance(self.phase, Ended) and self.phase.returnable
+
+    @property
+    def awaited_until(self) -> float | None:
+        """A foster admission's grace, while its broker has not come."""
+        return self.phase.until if isinstance(self.phase, Expected) and self.foster else None
 
     def standing(self) -> Standing:
         """What the hello judge needs of this session."""
-        incarnation, connected = self.identity.incarnation, self.connected
-        broker = self.broker if connected else None
+        connected = self.connected
         return Standing(
-            incarnation,
+            self.identity.incarnation,
             self.ended,
             self.end_code,
             connected,
             self.shared,
-            broker,
+            self.broker if connected else None,
             foster=self.foster,
             expected=self.expected,
             returnable=self.returnable,
             last_broker=self.broker,
         )
 
-    def end(self, how: str, why: str) -> Event:
-        """End this incarnation ("lost" or "departed") and say so. One that was retiring is
-        retired whichever way it went: should it speak again, it is told so and exits 0."""
-        identity = self.identity
-        self.ended = f"was {how}: {why}" if how == "lost" else f"has {how}"
-        self.returnable = how == "lost" and not self.retiring and not self.shared
-        if self.retiring:
-            self.ended, self.end_code = "has retired", exitcodes.SHUTDOWN
-        if how == "lost":
-            log.warning("rank %d lost: %s", identity.rank, why)
-            return Lost(identity.rank, identity.incarnation, why, self.parent)
-        log.info("rank %d %s", identity.rank, "retired" if self.retiring else "departed")
-        return Departed(identity.rank, identity.incarnation, self.parent)
-
-    def judge_silence(self, now: float) -> Event | None:
-        """What its silence at `now` makes it: torpid, lost (and so ended), or nothing new."""
-        if not self.connected or self.liveness is None:
-            return None
-        verdict = self.liveness.check(now)
-        if verdict is Verdict.TORPID:
-            log.warning("rank %d is torpid", self.identity.rank)
-            return Torpid(self.identity.rank, self.identity.incarnation, True, self.parent)
-        if verdict is Verdict.LOST:
-            return self.end("lost", f"silent for {now - self.liveness.last_heard:.1f}s")
-        return None
-
     def deadline(self) -> float | None:
         """When its silence is next judged, if it is connected."""
-        if not self.connected or self.liveness is None:
-            return None
-        return self.liveness.deadline()
+        phase = self.phase
+        return phase.liveness.deadline() if isinstance(phase, Connected) else None
