@@ -213,6 +213,9 @@ def test_a_lost_broker_is_welcomed_back_only_as_itself() -> None:
         b"x", "rank 3 incarnation 1 was lost: connection dropped", exitcodes.LOST
     )
     assert sent(knock(m, R3, b"back", 13, 3.0))[0] == SendWelcome(b"back", R3)
+    # the connection it was lost on leads nowhere now: one way to the session, the new one
+    assert m.session_on(b"r") is None and m.session_on(b"back") is m.sessions[3]
+    assert not m.live(b"r", R3)
 
 
 def test_a_shared_key_hello_goes_to_rank_zero_and_its_answer_is_carried_out() -> None:
@@ -312,8 +315,8 @@ def test_a_routing_id_of_no_live_session_is_refused_by_the_table() -> None:
     m = connected()
     with pytest.raises(Unexpected, match="can't handle Heard when phase=Absent"):
         m.handle(Heard(b"nobody"), 1.0)
-    m.handle(Goodbye(b"r"), 1.0)
-    with pytest.raises(Unexpected, match="can't handle Goodbye when phase=Ended"):
+    m.handle(Goodbye(b"r"), 1.0)  # ended: its connection leads to no session any more
+    with pytest.raises(Unexpected, match="can't handle Goodbye when phase=Absent"):
         m.handle(Goodbye(b"r"), 1.0)
 
 

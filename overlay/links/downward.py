@@ -450,6 +450,12 @@ class Downward:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def _unroute(self, session: ChildSession) -> None:
+        """Its connection is no longer its own (it is ending): what comes on it is stale, and a
+        welcome of the same session on another connection leaves no second way to it."""
+        if session.routing_id is not None and self._by_routing.get(session.routing_id) is session:
+            del self._by_routing[session.routing_id]
+
     def _end(self, session: ChildSession, how: str, why: str) -> list[Instruction]:
         """End its incarnation ("lost" or "departed") and say so. One that was retiring is
         retired whichever way it went: should it speak again, it is told so and exits 0. Its key
@@ -457,6 +463,7 @@ class Downward:
         new incarnation's key replaces it)."""
         identity = session.identity
         lost = how == "lost"
+        self._unroute(session)
         if session.retiring:
             session.phase = Ended("has retired", exitcodes.SHUTDOWN)
             self.retired.add(identity)
@@ -530,6 +537,7 @@ def revoke(m: Downward, s: ChildSession | None, st: Revoke, now: float) -> list[
     out: list[Instruction] = []
     if s.routing_id is not None:
         out.append(SendRefuse(s.routing_id, st.reason, exitcodes.REFUSED))
+    m._unroute(s)
     s.phase = Ended(f"was revoked: {st.reason}", exitcodes.REFUSED)
     m.ledger.forget(s)
     text = f"rank {st.rank} incarnation {st.incarnation} revoked: {st.reason}"
