@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from conftest import process_gone, tbon, wait_for
@@ -60,3 +61,40 @@ def test_a_shutdown_after_a_heal_does_not_wait_for_admissions_never_used(instanc
     inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "ranks 3 and 4 fostered by rank 0")
     assert inst.stop() == 0
     assert "shutdown: gave up waiting" not in inst.stderr()
+
+
+def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> None:
+    """Issue 20 item 2. Rank 1's death has rank 0 admit every broker cut off below it, its
+    grandchildren 7-10 too, which stay with their own parents: those admissions are moot at
+    once. Rank 1 replaced and its children home, rank 3 dies: rank 0 sends 7 and 8 to the new
+    rank 1, their nearest live ancestor. No admission of the first heal may let rank 0 welcome
+    them as well (the second welcome's link, left, read as a loss, had the rank handed out again
+    while its broker ran on): each stays one broker, under rank 1, and never reads lost."""
+    inst = instance(15, "tbon.fanout=2", *QUICK, "broker.reattach-timeout=60s")
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGKILL)
+    inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "ranks 3 and 4 fostered by rank 0")
+    joiner = inst.join()
+    inst.wait_status(
+        lambda s: s["ranks"][1]["pid"] == joiner.pid and attached(s, 3, 4) == [1, 1],
+        "rank 1 replaced and its children home",
+    )
+    os.kill(before[3], signal.SIGKILL)
+    inst.wait_status(
+        lambda s: s["ranks"][3]["state"] == "lost" and attached(s, 7, 8) == [1, 1],
+        "ranks 7 and 8 fostered by the new rank 1",
+    )
+    # Stay a while: two liveness timeouts, in which a second welcome's end would be reported.
+    watched_until = time.monotonic() + 2 * 1.5
+    while time.monotonic() < watched_until:
+        status = inst.status()
+        for rank in (7, 8):
+            entry = status["ranks"][rank]
+            assert (entry["state"], entry["pid"], entry["incarnation"]) == (
+                "online",
+                before[rank],
+                1,
+            ), entry
+            assert entry.get("attached_to") == 1, entry
+        time.sleep(0.1)  # a poll's pace, not a wait for anything
+    assert tbon("exec", inst.uri, "-r", "7,8", "true").returncode == 0
