@@ -145,8 +145,13 @@ class Wire:
     user_id: str = ""
     child_closed: bool = False
     parent_closed: bool = False
-    partitioned: bool = False
+    partitioned: bool = False  # nothing gets through, either way, until healed
+    broken: bool = False  # the connection dropped under both ends (a reset)
     link: SimParentLink | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.accepted and not (self.child_closed or self.parent_closed or self.broken)
 
     @property
     def routing_id(self) -> bytes:
@@ -158,6 +163,8 @@ class Wire:
             return
         self.child_closed = True
         self.to_child.clear()
+        if self.broken:
+            return
         if not self.accepted or not keep:
             self.to_parent.clear()
         if self.accepted and not self.parent_closed:
@@ -168,8 +175,20 @@ class Wire:
             return
         self.parent_closed = True
         self.to_parent.clear()
-        if self.accepted and not self.child_closed:
+        if self.accepted and not self.broken and not self.child_closed:
             self.to_child.append(("dropped", None))
+
+    def reset(self) -> None:
+        """The connection drops under both ends (a reset): what was in flight is lost, and each
+        end's monitor says so. The child's DEALER would connect again, but says no second hello
+        on it: its end of the link is over."""
+        if not self.open:
+            return
+        self.broken = True
+        self.to_parent.clear()
+        self.to_child.clear()
+        self.to_parent.append(("closed", None))
+        self.to_child.append(("dropped", None))
 
 
 class FakeDealer:
@@ -180,7 +199,7 @@ class FakeDealer:
 
     def send_multipart(self, frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
         wire = self.wire
-        if not wire.child_closed and not wire.parent_closed:
+        if not (wire.child_closed or wire.parent_closed or wire.broken):
             wire.to_parent.append(("msg", [bytes(f) for f in frames]))
 
     def recv_multipart(self, copy: bool = True) -> list[Frame]:
@@ -233,7 +252,7 @@ class FakeRouter:
     def send_multipart(self, frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
         routing_id, *rest = (bytes(f) for f in frames)
         wire = self.node.net.by_routing.get(routing_id)
-        if wire is None or wire.parent is not self.node or wire.child_closed or wire.parent_closed:
+        if wire is None or wire.parent is not self.node or not wire.open:
             raise zmq.ZMQError(zmq.EHOSTUNREACH)
         message = decode(rest)
         if message.topic == "welcome":
@@ -693,7 +712,7 @@ class Net:
         return (
             not self.deliverable()
             and all(node.running for node in self.nodes if node.alive)
-            and not any(wire.partitioned for wire in self.wires)
+            and not any(wire.partitioned and wire.open for wire in self.wires)
         )
 
     def holders(self, rank: int) -> list[Node]:
@@ -707,7 +726,7 @@ class Net:
                 continue
             wire = link.socket.wire  # type: ignore[attr-defined]
             parent = wire.parent
-            if not parent.alive or parent.children is None or wire.parent_closed:
+            if not parent.alive or parent.children is None or not wire.open:
                 continue
             session = parent.children.sessions.get(rank)
             if session is not None and session.connected and session.routing_id == wire.routing_id:

@@ -26,7 +26,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from linkmodel import REATTACH, TIMEOUT, Clock, Net, Node, model_time
+from linkmodel import REATTACH, TIMEOUT, Clock, Net, Node, Wire, model_time
 
 from tbon.overlay.state.ranktable import RankState
 
@@ -74,6 +74,37 @@ def test_a_killed_interior_rank_is_healed_and_refilled() -> None:
         for rank in (3, 4):  # home again
             assert table.entry(rank).attached_to == 1
         assert [n.rank for n in net.holders(1)] == [1]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: a revocation rank 0 cannot deliver is lost")
+def test_a_superseded_child_of_a_parent_that_returns_is_cut_off() -> None:
+    """Found by the model. kary:2, 8 ranks. SIGSTOP rank 1, then its child rank 4. Rank 0
+    declares rank 1 lost (silent), then rank 4 (adrift, "did not reattach in time"). A joiner
+    is granted rank 4 (incarnation 2): rank 0 supersedes incarnation 1 with `flub.revoke` to
+    rank 1, but rank 1 is lost, so rank 0's router fails the one-way order at once and it is
+    never sent again. The joiner cannot get its parent's card (rank 1 is not online) and gives
+    up; its lease runs out (vacant). SIGCONT both: rank 1 comes back as itself (same broker,
+    online again), still holding the old rank 4 connected, heartbeats and all. So a broker of an
+    incarnation rank 0 replaced serves rank 4 under a live parent for as long as both run, while
+    `tbon status` shows rank 4 vacant (or reserved). The same happens without the joiner: rank 4
+    shows lost while its old broker serves. The fix belongs at rank 0: a parent that comes back
+    online is told again what it must not admit (or asked which children it holds)."""
+    net, stack = booted(8)
+    with stack:
+        parent, child = net.nodes[1], net.nodes[4]
+        parent.running = False
+        net.advance(0.25)
+        child.running = False
+        net.advance(18.0)
+        table = net.table
+        assert (table.entry(1).state, table.entry(4).state) == (RankState.LOST, RankState.LOST)
+        net.refill(4)
+        net.settle()
+        assert table.entry(4).incarnation == 2
+        parent.running = child.running = True
+        net.advance(SETTLED_AFTER + 30.0)  # the lease runs out too
+        assert table.entry(1).state is RankState.ONLINE
+        assert net.holders(4) == [], f"rank 4 is vacant in status, yet held: {net.holders(4)}"
 
 
 class LinkModel(RuleBasedStateMachine):
@@ -130,9 +161,18 @@ class LinkModel(RuleBasedStateMachine):
         self._disturbed()
 
     def _refillable(self) -> list[int]:
-        table = self.n.table
+        """Lost and vacant ranks whose parent is online: a joiner for a rank whose parent is
+        lost leaves a superseded broker behind (the xfail test above), which would hide the
+        rest."""
+        table, topology = self.n.table, self.n.topology
         free = (RankState.LOST, RankState.VACANT)
-        return [e.rank for e in table.entries if e.state in free and not self.n.joiners]
+        return [
+            e.rank
+            for e in table.entries
+            if e.state in free
+            and table.entry(topology.parent(e.rank) or 0).state is RankState.ONLINE
+            and not self.n.joiners
+        ]
 
     @precondition(lambda self: self.net is not None and bool(self._refillable()))
     @rule(pick=st.integers(min_value=0, max_value=1 << 16))
@@ -140,6 +180,62 @@ class LinkModel(RuleBasedStateMachine):
         free = self._refillable()
         self.n.refill(free[pick % len(free)])
         self._disturbed()
+
+    def _running(self) -> list[Node]:
+        return [node for node in self._alive() if node.running]
+
+    @precondition(lambda self: self.net is not None and bool(self._running()))
+    @rule(pick=st.integers(min_value=0, max_value=1 << 16))
+    def stop(self, pick: int) -> None:
+        """SIGSTOP: the broker reads nothing and keeps no timer; time passes for the others."""
+        running = self._running()
+        running[pick % len(running)].running = False
+        self._disturbed()
+
+    def _stopped(self) -> list[Node]:
+        return [node for node in self._alive() if not node.running]
+
+    @precondition(lambda self: self.net is not None and bool(self._stopped()))
+    @rule(pick=st.integers(min_value=0, max_value=1 << 16))
+    def wake(self, pick: int) -> None:
+        stopped = self._stopped()
+        stopped[pick % len(stopped)].running = True
+        self._disturbed()
+
+    # --- single links -------------------------------------------------------------------------
+
+    def _links(self, partitioned: bool) -> list[Wire]:
+        return [w for w in self.n.wires if w.open and w.partitioned == partitioned]
+
+    @precondition(lambda self: self.net is not None and bool(self._links(False)))
+    @rule(pick=st.integers(min_value=0, max_value=1 << 16), reset=st.booleans())
+    def cut_link(self, pick: int, reset: bool) -> None:
+        """One link fails: it drops under both ends (`reset`), or it is partitioned: nothing
+        gets through either way, and no end hears of it, until it heals."""
+        links = self._links(False)
+        wire = links[pick % len(links)]
+        if reset:
+            wire.reset()
+        else:
+            wire.partitioned = True
+        self._disturbed()
+
+    @precondition(lambda self: self.net is not None and bool(self._links(True)))
+    @rule(pick=st.integers(min_value=0, max_value=1 << 16))
+    def heal_link(self, pick: int) -> None:
+        links = self._links(True)
+        links[pick % len(links)].partitioned = False
+        self._disturbed()
+
+    @rule()
+    def calm(self) -> None:
+        """Every broker woken, every link healed, and time enough for status to be true."""
+        for node in self.n.nodes:
+            node.running = True
+        for wire in self.n.wires:
+            wire.partitioned = False
+        self._disturbed()
+        self.n.advance(SETTLED_AFTER)
 
     # --- the oracle -----------------------------------------------------------------------------
 
