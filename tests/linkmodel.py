@@ -58,7 +58,7 @@ from tbon.overlay.services.rankpath import Applied, RankPath
 from tbon.overlay.state.ranktable import Event, Online, RankTable, Reserve
 from tbon.overlay.state.reports import encode_event
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, decode, encode
+from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, decode
 
 HEARTBEAT = 1.0
 TIMEOUT = 5.0
@@ -589,18 +589,40 @@ class Net:
 
     def deliverable(self) -> list[tuple[Wire, bool]]:
         """(wire, upward) for each queue whose next item can be delivered now."""
-        found = []
-        for wire in self.wires:
-            if wire.partitioned:
-                continue
-            parent, child = wire.parent, wire.child
-            if wire.to_parent and parent.alive and parent.running and not wire.parent_closed:
-                kind = wire.to_parent[0][0]
-                if kind != "msg" or parent.admitting:
-                    found.append((wire, True))
-            if wire.to_child and child.alive and child.running and not wire.child_closed:
-                found.append((wire, False))
-        return found
+        self._prune()
+        return [
+            (wire, upward)
+            for wire in self.wires
+            for upward in (True, False)
+            if self.ready(wire, upward)
+        ]
+
+    def ready(self, wire: Wire, upward: bool) -> bool:
+        """Whether the next item on `wire` (toward the parent if `upward`) can be delivered."""
+        if wire.partitioned:
+            return False
+        if upward:
+            parent = wire.parent
+            if not (wire.to_parent and parent.alive and parent.running) or wire.parent_closed:
+                return False
+            return wire.to_parent[0][0] != "msg" or parent.admitting
+        child = wire.child
+        return bool(wire.to_child) and child.alive and child.running and not wire.child_closed
+
+    def _prune(self) -> None:
+        """Forget the wires that are over at both ends, with nothing left on them."""
+        if len(self.wires) < 2 * len(self.nodes) + 64:
+            return
+        done = [
+            wire
+            for wire in self.wires
+            if (wire.child_closed or wire.parent_closed or wire.broken)
+            and not wire.to_parent
+            and not wire.to_child
+        ]
+        for wire in done:
+            self.wires.remove(wire)
+            del self.by_routing[wire.routing_id]
 
     def deliver(self, wire: Wire, upward: bool) -> None:
         now = self.clock.now
@@ -646,7 +668,7 @@ class Net:
             if not ready:
                 return count
             for wire, upward in ready:
-                if (wire, upward) in self.deliverable():
+                if self.ready(wire, upward):
                     self.deliver(wire, upward)
                     count += 1
             if count > limit:
