@@ -354,7 +354,7 @@ LinkModelTruth.TestCase.settings = BOUNDED
 TestLinkModel = LinkModel.TestCase
 TestLinkModelTruth = pytest.mark.skipif(
     not os.environ.get("TBON_LINK_MODEL_TRUTH"),
-    reason="fails on the known bugs of the xfail tests; set TBON_LINK_MODEL_TRUTH=1 to run",
+    reason="finds the xfail tests' known bugs (not every run): TBON_LINK_MODEL_TRUTH=1",
 )(LinkModelTruth.TestCase)
 
 
