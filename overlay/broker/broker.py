@@ -365,6 +365,8 @@ class Broker:
         children = self.children
         assert children is not None
         children.drain_monitor()
+        if children.socket not in self._handlers:
+            return  # no hello is read before this broker's own welcome (_admit_children)
         for _ in range(BATCH):
             if not children.socket.poll(0):
                 self.report(children.settle(), now)
