@@ -449,6 +449,8 @@ class Node:
             self.incarnation = uplink.incarnation
             if news.first:
                 self.admitting = True
+            elif self.children is not None:
+                self.report(self.children.census(), now)  # as broker.py: up a new link
         if news.lineage and self.children is not None:
             self.children.lineage = [*map(list, uplink.lineage), self.card()]
             self.children.send_lineage()

@@ -287,6 +287,31 @@ def test_a_retiring_child_is_retired_however_it_ends_even_once_refilled() -> Non
     ]
 
 
+def test_the_census_says_again_what_this_parent_reported_of_each_child() -> None:
+    """Connected: its Online; ended: the Lost or Departed reported then; moved away or revoked:
+    nothing (rank 0 was told by another parent, or decided it), nor one still expected."""
+    m = machine()
+    for rank in (3, 4):
+        m.handle(Admit(rank, 1, KEY), 0.0)
+    m.handle(Admit(7, 1, KEY, foster_until=9.0), 0.0)
+    m.handle(Admit(8, 1, KEY, foster_until=9.0), 0.0)
+    m.handle(Admit(9, 1, KEY, foster_until=9.0), 0.0)
+    knock(m, Identity(3, 1), b"r3", 11)
+    knock(m, Identity(4, 1), b"r4", 12)
+    knock(m, Identity(7, 1), b"r7", 13)
+    knock(m, Identity(8, 1), b"r8", 14)
+    m.handle(Closed(11), 1.0)
+    lost = reports(m.handle(Settle(), 1.0))
+    departed = reports(m.handle(Goodbye(b"r4"), 1.0))
+    m.handle(MovedAway(b"r7", 3), 1.0)
+    m.handle(Revoke(8, 1, "voided"), 1.0)
+    assert lost == [Lost(3, 1, "connection dropped", 1)]
+    assert departed == [Departed(4, 1, 1)]
+    assert m.census() == [*lost, *departed]
+    knock(m, Identity(3, 1), b"back", 15, 2.0)  # its own broker back: connected again
+    assert m.census() == [Online(3, 1, "node", 4242, 1, KEY), *departed]
+
+
 @pytest.mark.parametrize("foster", [False, True])
 def test_a_child_that_moved_ends_its_link_here_not_its_incarnation(foster: bool) -> None:
     m = machine()

@@ -14,7 +14,6 @@ moves; after every step a simple oracle checks who may hold each rank:
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 
 import pytest
@@ -99,7 +98,6 @@ def test_a_superseded_broker_woken_under_its_foster_parent_is_refused() -> None:
         assert [(n.rank, n.incarnation) for n in net.holders(3)] == [(3, 2)]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: a revocation rank 0 cannot deliver is lost")
 def test_a_superseded_child_of_a_parent_that_returns_is_cut_off() -> None:
     """Found by the model. kary:2, 8 ranks. SIGSTOP rank 1, then its child rank 4. Rank 0
     declares rank 1 lost (silent), then rank 4 (adrift, "did not reattach in time"). A joiner
@@ -110,8 +108,8 @@ def test_a_superseded_child_of_a_parent_that_returns_is_cut_off() -> None:
     online again), still holding the old rank 4 connected, heartbeats and all. So a broker of an
     incarnation rank 0 replaced serves rank 4 under a live parent for as long as both run, while
     `tbon status` shows rank 4 vacant (or reserved). The same happens without the joiner: rank 4
-    shows lost while its old broker serves. The fix belongs at rank 0: a parent that comes back
-    online is told again what it must not admit (or asked which children it holds)."""
+    shows lost while its old broker serves. Now a parent welcomed again says its census: rank 0
+    refuses the old incarnation's Online and voids it there."""
     net, stack = booted(8)
     with stack:
         parent, child = net.nodes[1], net.nodes[4]
@@ -139,13 +137,13 @@ def _wire(net: Net, child: int, parent: int) -> Wire:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: a report in flight dies with its forwarder")
 def test_a_leaf_killed_just_before_its_grandparent_reads_lost() -> None:
     """Found by the model. kary:2, 12 ranks. kill -9 rank 7 (a leaf, child of rank 3); rank 3
     sees the connection drop and reports rank 7 lost up its link to rank 1; kill -9 rank 1
     before it forwards that report. Rank 3 is fostered by rank 0, but a report is sent once,
-    hop by hop, and nothing sends it again: rank 7 shows online with a dead pid for as long as
-    the instance runs (rank 3 is attached and answers, so nothing ever times rank 7 out)."""
+    hop by hop, and nothing sent it again: rank 7 showed online with a dead pid for as long as
+    the instance ran (rank 3 is attached and answers, so nothing ever times rank 7 out). Now rank
+    3, welcomed by its foster parent, says its census: rank 7's Lost among it."""
     net, stack = booted(12)
     with stack:
         leaf = _wire(net, 7, 3)
@@ -157,7 +155,6 @@ def test_a_leaf_killed_just_before_its_grandparent_reads_lost() -> None:
         assert net.table.entry(7).state is not RankState.ONLINE, "a dead rank shown online"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: a rank back as itself leaves its subtree adrift")
 def test_the_children_of_a_rank_back_as_itself_stay_online() -> None:
     """Found by the model. kary:2, 12 ranks. The connection from rank 1 to rank 0 drops under
     both ends (a reset; both brokers live). Rank 0 reports rank 1 lost, and the table sets
@@ -167,7 +164,8 @@ def test_the_children_of_a_rank_back_as_itself_stay_online() -> None:
     reattaching to the tree", so heal.home to them fails), and at the end of the reattach grace
     declares them lost ("did not reattach in time"), with their own children, while every one
     of those brokers runs on under rank 1. A refill of one of them then gives its rank to a
-    second broker, and a revocation for it is sent to no one (its parent shows lost)."""
+    second broker, and a revocation for it is sent to no one (its parent shows lost). Now rank 1,
+    welcomed back, says its census: each child's Online attaches it again."""
     net, stack = booted(12)
     with stack:
         _wire(net, 1, 0).reset()
@@ -316,7 +314,9 @@ class LinkModel(RuleBasedStateMachine):
 
 
 class LinkModelTruth(LinkModel):
-    """The oracle's other half, which the known bugs (the xfail tests above) break today."""
+    """The oracle's other half: status tells the truth, and no revoked or superseded incarnation
+    is held. The three regression tests above are what it found before a reattached broker said
+    its census (downward.py)."""
 
     @invariant()
     def no_revoked_incarnation_is_held(self) -> None:
@@ -352,10 +352,7 @@ BOUNDED = settings(
 LinkModel.TestCase.settings = BOUNDED
 LinkModelTruth.TestCase.settings = BOUNDED
 TestLinkModel = LinkModel.TestCase
-TestLinkModelTruth = pytest.mark.skipif(
-    not os.environ.get("TBON_LINK_MODEL_TRUTH"),
-    reason="finds the xfail tests' known bugs (not every run): TBON_LINK_MODEL_TRUTH=1",
-)(LinkModelTruth.TestCase)
+TestLinkModelTruth = LinkModelTruth.TestCase
 
 
 @pytest.fixture(autouse=True)

@@ -407,6 +407,9 @@ class Broker:
                 self.perform(self.services.flub.welcomed())
                 self._finalize_pmi()
                 self._admit_children()
+            elif self.children is not None:
+                # up a new link: what the lost one carried may be lost with it (downward.py)
+                self.report(self.children.census(), now)
             self._due = 0.0  # heartbeats to the parent start now
         if news.lineage and self.children is not None:
             self.children.lineage = [*map(list, parent.lineage), self._card()]

@@ -128,6 +128,11 @@ class Children:
     def connected(self) -> list[int]:
         return self.machine.connected()
 
+    def census(self) -> list[Event]:
+        """Every child's state as this parent reported it (downward.py): said again up a new
+        link."""
+        return self.machine.census()
+
     def awaited(self, now: float | None = None) -> list[int]:
         """What a shutdown waits for (downward.py): the children connected, and the foster
         children still within their grace at `now` (None: whatever their grace)."""

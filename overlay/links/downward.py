@@ -53,6 +53,9 @@ Rules.
   A shutdown waits (`awaited`) for the children connected and for foster children still within
   their grace, nothing else.
 - Heartbeats go to every connected child every tbon.heartbeat.
+- A census (`census`, a query) is every child's state as this parent reported it: an Online for
+  each connected broker, the Lost or Departed it reported for each that ended (not one that
+  moved or was revoked: rank 0 knows those). The broker says it again up every new link.
 - Ignored: a routing id's stimulus for no live session never reaches the table (the adapter asks
   `live` first, and a message from a stale peer is a `Stale`). Any other pair the table does not
   list raises `Unexpected`, naming phase and stimulus.
@@ -396,6 +399,24 @@ class Downward:
     def session_on(self, routing_id: bytes) -> ChildSession | None:
         return self._by_routing.get(routing_id)
 
+    def census(self) -> list[Event]:
+        """What this parent knows of its children, as the reports it made: an Online for each
+        broker connected here, the Lost or Departed it reported for each that ended. Said again
+        up a new link (this broker reattached, or came back as itself): a report in flight when
+        the link went died with it, and rank 0 may have taken this parent's children for adrift.
+        Rank 0's table takes what it knew already as a repeat, and refuses what is stale."""
+        events: list[Event] = []
+        for rank, session in sorted(self.sessions.items()):
+            identity, phase = session.identity, session.phase
+            if isinstance(phase, Connected) and session.broker is not None:
+                host, pid = session.broker
+                events.append(
+                    Online(rank, identity.incarnation, host, pid, self.rank, session.key)
+                )
+            elif isinstance(phase, Ended) and phase.told is not None:
+                events.append(phase.told)
+        return events
+
     def awaited(self, now: float | None = None) -> list[int]:
         """What a shutdown waits for: the children connected, and the foster children still
         within their grace (told the instance is shutting down when they come)."""
@@ -464,21 +485,22 @@ class Downward:
         identity = session.identity
         lost = how == "lost"
         self._unroute(session)
-        if session.retiring:
-            session.phase = Ended("has retired", exitcodes.SHUTDOWN)
-            self.retired.add(identity)
-        elif lost:
-            session.phase = Ended(f"was lost: {why}", exitcodes.LOST, not session.shared)
-        else:
-            session.phase = Ended(f"has {how}", exitcodes.LOST)
         out: list[Instruction] = []
+        event: Lost | Departed
         if lost:
             out.append(Note(WARNING, f"rank {identity.rank} lost: {why}"))
-            event: Event = Lost(identity.rank, identity.incarnation, why, session.parent)
+            event = Lost(identity.rank, identity.incarnation, why, session.parent)
         else:
             gone = "retired" if session.retiring else "departed"
             out.append(Note(INFO, f"rank {identity.rank} {gone}"))
             event = Departed(identity.rank, identity.incarnation, session.parent)
+        if session.retiring:
+            session.phase = Ended("has retired", exitcodes.SHUTDOWN, told=event)
+            self.retired.add(identity)
+        elif lost:
+            session.phase = Ended(f"was lost: {why}", exitcodes.LOST, not session.shared, event)
+        else:
+            session.phase = Ended(f"has {how}", exitcodes.LOST, told=event)
         if not session.returnable:
             out.append(RevokeKey(identity))
         self.ledger.forget(session)

@@ -10,6 +10,7 @@ from tbon import exitcodes
 from tbon.overlay.links.hello import Broker, Standing
 from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.liveness import Liveness
+from tbon.overlay.state.ranktable import Departed, Lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class Ended:
     why: str  # "was lost: WHY", "has departed", "has retired", "was revoked: WHY", ...
     code: int = exitcodes.LOST  # the exit code its broker is told, should it speak again
     returnable: bool = False  # lost, and its own broker may say hello again (its key is kept)
+    told: Lost | Departed | None = None  # the end this parent reported (said again in a census)
 
 
 Phase = Expected | Connected | Ended
