@@ -267,7 +267,8 @@ def test_a_goodbye_ends_the_incarnation_and_the_close_that_follows_is_no_news() 
     m = connected()
     out = m.handle(Goodbye(b"r"), 1.0)
     assert sent(out) == [RevokeKey(R3), Report(Departed(3, 1, 1))]
-    assert m.sessions[3].phase == Ended("has departed") and not m.sessions[3].returnable
+    assert m.sessions[3].phase == Ended("has departed", told=Departed(3, 1, 1))
+    assert not m.sessions[3].returnable
     m.handle(Closed(11), 2.0)
     assert m.handle(Settle(), 2.0) == []
 
@@ -279,7 +280,8 @@ def test_a_retiring_child_is_retired_however_it_ends_even_once_refilled() -> Non
     ]
     m.handle(Closed(11), 2.0)
     assert reports(m.handle(Settle(), 2.0)) == [Lost(3, 1, "connection dropped", 1)]
-    assert m.sessions[3].phase == Ended("has retired", exitcodes.SHUTDOWN)
+    lost = Lost(3, 1, "connection dropped", 1)
+    assert m.sessions[3].phase == Ended("has retired", exitcodes.SHUTDOWN, told=lost)
     m.handle(Admit(3, 2, KEY), 3.0)
     out = knock(m, R3, b"again", 12, 4.0)
     assert sent(out) == [
