@@ -21,7 +21,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tables import specs
 from zmq.utils import z85
 
-from tbon.overlay.state.healing import away_from_home, cut_off_below, foster_parent
+from tbon.overlay.state.healing import (
+    away_from_home,
+    cut_off_below,
+    foster_parent,
+    may_report,
+)
 from tbon.overlay.state.rankstates import CONFIG_PHASES, roll_up
 from tbon.overlay.state.ranktable import (
     CONNECTED,
@@ -412,6 +417,27 @@ def test_a_dropped_about_a_link_the_table_does_not_keep_is_refused(
 
 
 # --- healing.py: who fosters, who is admitted, who goes home --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sender", "rank", "seen_by", "own", "may"),
+    [
+        (1, 3, 1, False, True),  # its child, seen by itself
+        (1, 7, 3, False, True),  # a grandchild, seen by the child in between
+        (1, 7, 7, False, True),  # seen by the rank itself (a child's word on itself, below)
+        (1, 1, 1, False, False),  # on itself: only as its own link's word (Dropped)
+        (1, 1, 1, True, True),
+        (1, 2, 1, False, False),  # a rank outside its subtree
+        (1, 3, 2, False, False),  # seen by a broker outside its subtree
+        (1, 3, None, False, False),  # seen by nobody it names
+        (3, 7, 1, False, False),  # seen by its own parent: not below it
+        (1, 99, 1, False, False),  # no such rank
+    ],
+)
+def test_a_child_reports_on_its_subtree_as_seen_there(
+    sender: int, rank: int, seen_by: int | None, own: bool, may: bool
+) -> None:
+    assert may_report(Topology("kary:2", 15), sender, rank, seen_by, own) is may
 
 
 def test_the_foster_parent_is_the_nearest_ancestor_that_reaches_rank_0() -> None:

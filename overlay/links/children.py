@@ -27,6 +27,7 @@ from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.refusals import Refusals, refusal_grace
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.state.healing import may_report
 from tbon.overlay.state.ranktable import Dropped, Event
 from tbon.overlay.state.reports import decode_event
 from tbon.overlay.state.topology import Topology
@@ -295,21 +296,14 @@ class Children:
         except MessageError as error:
             log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
             return
-        own = isinstance(event, Dropped) and event.rank == sender.rank  # its word on itself
-        if not 0 <= event.rank < self.topology.size or not (
-            own or self.topology.is_ancestor(sender.rank, event.rank)
-        ):
-            log.warning("rank %d reported on rank %d, outside its subtree", sender.rank, event.rank)
-            return
-        seen_by = event.parent
-        if seen_by is None or not (
-            seen_by == sender.rank
-            or (
-                0 <= seen_by < self.topology.size
-                and self.topology.is_ancestor(sender.rank, seen_by)
+        own = isinstance(event, Dropped)  # its word on its own link
+        if not may_report(self.topology, sender.rank, event.rank, event.parent, own):
+            log.warning(
+                "rank %d reported on rank %d seen by rank %s, outside its subtree",
+                sender.rank,
+                event.rank,
+                event.parent,
             )
-        ):
-            log.warning("rank %d reported an event seen by rank %s", sender.rank, seen_by)
             return
         inbound.reports.append(event)
 

@@ -7,7 +7,8 @@ The rules:
    admits, fosters, reports on and routes to its own subtree only (`is_below`, `may_admit`).
    The hello judge, the revocations, the admissions record, the router and exec ask it.
 2. **Reports.** A child reports on its own subtree only, and only events seen by itself or by a
-   broker below it (`may_report`): a broker cannot end a rank elsewhere in the tree.
+   broker below it (`may_report`): a broker cannot end a rank elsewhere in the tree. Its own
+   word on its own link (`dropped`: the parent it lost) is the one report about itself.
 3. **Foster choice.** When a rank's broker ends, every connected broker below it whose chain of
    links ran through it is cut off from rank 0 (`cut_off_below`), though only those attached
    to it directly know so yet. All of them are given to one foster parent: the nearest
@@ -60,10 +61,13 @@ def may_admit(topology: Topology, parent: int, rank: int) -> bool:
     return is_below(topology, rank, parent)
 
 
-def may_report(topology: Topology, sender: int, rank: int, seen_by: int | None) -> bool:
+def may_report(
+    topology: Topology, sender: int, rank: int, seen_by: int | None, own: bool = False
+) -> bool:
     """Whether the child `sender` may report an event on `rank` seen by `seen_by`: a rank of
-    its subtree, seen by itself or by a broker below it."""
-    if not is_below(topology, rank, sender) or seen_by is None:
+    its subtree, seen by itself or by a broker below it; or, `own`, its word on itself."""
+    about = (own and rank == sender) or is_below(topology, rank, sender)
+    if not about or seen_by is None:
         return False
     return seen_by == sender or is_below(topology, seen_by, sender)
 
