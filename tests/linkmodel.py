@@ -229,6 +229,7 @@ class SimParentLink(ParentLink):
         self.socket = FakeDealer(wire)  # type: ignore[assignment]
         self.monitor = FakeMonitor()  # type: ignore[assignment]
         self.welcomed = False
+        self.handshaken = True  # the model's handshake is one step, done as the wire opens
         self._next_heartbeat = 0.0
         self.endpoint = wire.parent.endpoint
         self._liveness = Liveness(0, node.config.timeout, now)

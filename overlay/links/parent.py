@@ -33,7 +33,8 @@ from tbon.overlay.wire.message import (
 log = logging.getLogger("tbon.parent")
 
 MONITORED = (
-    zmq.EVENT_DISCONNECTED
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -91,6 +92,9 @@ class ParentLink:
         self.socket.curve_secretkey = secret.encode()
         self.monitor = self.socket.get_monitor_socket(MONITORED)
         self.welcomed = False
+        # a broker has answered at the other end (its handshake done, or a message read): until
+        # then nobody there can have welcomed this one
+        self.handshaken = False
         self._next_heartbeat = 0.0
         self.endpoint, parent_public_z85 = parent
         self.socket.curve_serverkey = parent_public_z85.encode()
@@ -124,7 +128,9 @@ class ParentLink:
     def drain_monitor(self) -> LinkEnded | None:
         while self.monitor.poll(0):
             event, _fd = read_event(self.monitor.recv_multipart())
-            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshaken = True
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 return LinkEnded(
                     exitcodes.REFUSED, f"parent at {self.endpoint} refused this broker's key"
                 )
@@ -138,6 +144,7 @@ class ParentLink:
     def read(self, now: float) -> ParentInbound:
         inbound = ParentInbound()
         frames = self.socket.recv_multipart(copy=False)
+        self.handshaken = True
         try:
             message = decode_frames(frames)
         except MessageError as error:

@@ -281,7 +281,14 @@ class Uplink:
             case upward.Close(lid, linger):
                 self._close(lid, linger)
             case upward.SendMoved(lid, to):
-                self._links[lid].send(Message(Kind.CONTROL, "moved", {"to": to}))
+                link = self._links[lid]
+                if link.handshaken:
+                    link.send(Message(Kind.CONTROL, "moved", {"to": to}))
+                else:
+                    # Nobody ever answered there, so nobody welcomed this broker: nothing to
+                    # tell. Left open, ZeroMQ would connect it to the next broker at that
+                    # address (its rank restarted) and deliver a stale hello and "moved".
+                    self._close(lid, Linger.NONE)
             case upward.Flush():
                 self._flush()
             case upward.AttachedTo(_peer, first, why):
