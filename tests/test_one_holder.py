@@ -10,6 +10,8 @@ from typing import Any
 
 from conftest import process_gone, tbon, wait_for
 
+from tbon.overlay.links.upward import DISMISS_WAIT
+
 QUICK = ("tbon.heartbeat=100ms", "tbon.torpid=0", "tbon.timeout=1500ms")
 """Liveness settings short enough for a stopped broker to be judged within a test."""
 
@@ -79,6 +81,9 @@ def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> No
         lambda s: s["ranks"][1]["pid"] == joiner.pid and attached(s, 3, 4) == [1, 1],
         "rank 1 replaced and its children home",
     )
+    # Rank 3 keeps its link to rank 0, told `moved`, open for DISMISS_WAIT after going home; a
+    # kill inside that window is another race (issue 20's note), not this item's: wait it out.
+    time.sleep(DISMISS_WAIT + 0.5)
     os.kill(before[3], signal.SIGKILL)
     inst.wait_status(
         lambda s: s["ranks"][3]["state"] == "lost" and attached(s, 7, 8) == [1, 1],
