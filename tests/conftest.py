@@ -59,6 +59,20 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+HEAL_QUICK = ("tbon.heartbeat=100ms", "tbon.torpid=0", "tbon.timeout=1500ms")
+"""Liveness settings short enough for a stopped broker to be judged within a healing test."""
+
+
+def pids(status: dict[str, Any]) -> dict[int, int]:
+    """Each rank's broker pid, as status shows it (ranks with none left out)."""
+    return {r["rank"]: r["pid"] for r in status["ranks"] if r["pid"]}
+
+
+def attached(status: dict[str, Any], *ranks: int) -> list[Any]:
+    """The broker each rank is attached to now (None: reattaching)."""
+    return [status["ranks"][rank].get("attached_to") for rank in ranks]
+
+
 def launcher_said(log: str, rank: int, pid: int, how: str) -> bool:
     """Whether `tbon start` reported that broker's end (`how`: "exited with status 75", "killed
     by signal SIGKILL"), alone (`rank 3 (pid 812) ...`) or with others that ended the same way

@@ -6,20 +6,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-from typing import Any
 
-from conftest import launcher_said, process_gone, start_exec, tbon, wait_for
-
-QUICK = ("tbon.heartbeat=100ms", "tbon.torpid=0", "tbon.timeout=1500ms")
-"""Liveness settings short enough for a stopped broker to be judged within a test."""
-
-
-def pids(status: dict[str, Any]) -> dict[int, int]:
-    return {r["rank"]: r["pid"] for r in status["ranks"] if r["pid"]}
-
-
-def attached(status: dict[str, Any], *ranks: int) -> list[Any]:
-    return [status["ranks"][rank].get("attached_to") for rank in ranks]
+from conftest import HEAL_QUICK as QUICK
+from conftest import (
+    attached,
+    launcher_said,
+    pids,
+    process_gone,
+    start_exec,
+    tbon,
+    wait_for,
+)
 
 
 def test_an_interior_broker_killed_costs_one_rank_not_its_subtree(instance) -> None:

@@ -17,13 +17,9 @@ import time
 from typing import Any
 
 from brokers import alive
-from conftest import launcher_said, process_gone, tbon, wait_for
+from conftest import launcher_said, pids, process_gone, tbon, wait_for
 
 FAST = ("tbon.heartbeat=100ms", "tbon.torpid=0")
-
-
-def pids(status: dict[str, Any]) -> dict[int, int]:
-    return {r["rank"]: r["pid"] for r in status["ranks"] if r["pid"]}
 
 
 def home(status: dict[str, Any]) -> bool:

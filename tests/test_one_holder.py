@@ -6,22 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
 
-from conftest import process_gone, tbon, wait_for
+from conftest import HEAL_QUICK as QUICK
+from conftest import attached, pids, process_gone, tbon, wait_for
 
 from tbon.overlay.links.upward import DISMISS_WAIT
-
-QUICK = ("tbon.heartbeat=100ms", "tbon.torpid=0", "tbon.timeout=1500ms")
-"""Liveness settings short enough for a stopped broker to be judged within a test."""
-
-
-def pids(status: dict[str, Any]) -> dict[int, int]:
-    return {r["rank"]: r["pid"] for r in status["ranks"] if r["pid"]}
-
-
-def attached(status: dict[str, Any], *ranks: int) -> list[Any]:
-    return [status["ranks"][rank].get("attached_to") for rank in ranks]
 
 
 def test_a_fostered_broker_replaced_while_stopped_is_refused_when_woken(instance) -> None:
