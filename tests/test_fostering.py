@@ -24,7 +24,7 @@ from zmq.utils import z85
 from tbon.overlay.state.healing import (
     away_from_home,
     cut_off_below,
-    foster_parent,
+    foster_parents,
     may_report,
 )
 from tbon.overlay.state.rankstates import CONFIG_PHASES, roll_up
@@ -239,6 +239,8 @@ def test_moved_to_an_ancestor_that_is_not_connected_leaves_it_where_it_was() -> 
 
 
 def test_rank_0_declares_lost_a_rank_adrift_past_its_grace_and_its_attachees_go_adrift() -> None:
+    """Its attachees keep its deadline (they searched no longer than it did), so a dead chain
+    reads lost one grace after its top, not one grace per level."""
     result = chain(4)
     assert result.next_expiry() is None
     result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
@@ -249,9 +251,25 @@ def test_rank_0_declares_lost_a_rank_adrift_past_its_grace_and_its_attachees_go_
     outcome = result.apply(expired[0], 200.0 + GRACE)
     assert outcome.applied and outcome.changed == (2, 3)
     assert result.entry(2).reason == "did not reattach in time"
-    assert result.entry(3).adrift_until == 200.0 + 2 * GRACE
-    assert result.next_expiry() == 200.0 + 2 * GRACE
-    assert result.adrift(200.0 + 2 * GRACE) == [Lost(3, 1, "did not reattach in time")]
+    assert result.entry(3).adrift_until == 200.0 + GRACE
+    assert result.next_expiry() == 200.0 + GRACE
+    assert result.adrift(200.0 + GRACE) == [Lost(3, 1, "did not reattach in time")]
+
+
+def test_the_attachees_of_a_rank_lost_while_adrift_keep_its_deadline() -> None:
+    """Rank 2 adrift, then lost before its grace ends: rank 3, attached to it, is adrift until
+    rank 2's grace would have ended, not a whole grace from now; a rank lost while attached
+    gives its attachees a whole grace."""
+    result = chain(5)
+    result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
+    outcome = result.apply(Lost(2, 1, "connection dropped, seen by rank 3 below it"), 203.0)
+    assert outcome.applied and result.entry(2).state is RankState.LOST
+    assert result.entry(3).adrift_until == 200.0 + GRACE
+    result.apply(Lost(3, 1, "did not reattach in time"), 200.0 + GRACE)
+    assert result.entry(4).adrift_until == 200.0 + GRACE
+    attached = chain(5)
+    attached.apply(Lost(2, 1, "connection dropped", parent=1), 203.0)
+    assert attached.entry(3).adrift_until == 203.0 + GRACE
 
 
 def test_a_reservation_and_an_adrift_rank_share_the_next_expiry() -> None:
@@ -358,11 +376,11 @@ def test_a_child_s_dropped_connection_ends_its_adrift_parent_at_once() -> None:
     )
     assert (three.pid, three.last_pid) == (None, 1003)
     assert result.entry(7).other_links == () and result.reachable(7)
-    # rank 8 was still attached to rank 3: adrift now, with a grace of its own
-    assert (result.entry(8).attached_to, result.entry(8).adrift_until) == (None, 200.2 + GRACE)
+    # rank 8 was still attached to rank 3: adrift now, until rank 3's own grace would end
+    assert (result.entry(8).attached_to, result.entry(8).adrift_until) == (None, 200.0 + GRACE)
     assert result.entry(4).adrift_until == 200.0 + GRACE  # rank 1's other child: untouched
     assert cut_off_below(result, 3) == [(8, 1, public_key(8))]
-    assert foster_parent(result, 3) == 0
+    assert foster_parents(result, 3)[0] == 0
     # rank 8 said it too, after its own foster parent's Online: the link is gone already
     assert result.apply(hello(result, 8, parent=0), 200.3).applied
     late = result.apply(Dropped(8, 1, 3, "connection dropped"), 200.4)
@@ -442,14 +460,14 @@ def test_a_child_reports_on_its_subtree_as_seen_there(
 
 def test_the_foster_parent_is_the_nearest_ancestor_that_reaches_rank_0() -> None:
     result = chain(6)
-    assert [foster_parent(result, rank) for rank in range(6)] == [0, 0, 1, 2, 3, 4]
+    assert [foster_parents(result, rank)[0] for rank in range(6)] == [0, 0, 1, 2, 3, 4]
     result.apply(Lost(3, 1, "connection dropped", parent=2), 200.0)
-    assert foster_parent(result, 3) == 2
-    assert foster_parent(result, 5) == 2  # rank 4 is adrift, rank 3 lost
+    assert foster_parents(result, 3)[0] == 2
+    assert foster_parents(result, 5)[0] == 2  # rank 4 is adrift, rank 3 lost
     result.apply(Lost(1, 1, "connection dropped", parent=0), 201.0)  # rank 2 adrift in turn
-    assert [foster_parent(result, rank) for rank in (2, 3, 4, 5)] == [0, 0, 0, 0]
+    assert [foster_parents(result, rank)[0] for rank in (2, 3, 4, 5)] == [0, 0, 0, 0]
     result.apply(hello(result, 2, parent=0), 202.0)
-    assert [foster_parent(result, rank) for rank in (3, 4, 5)] == [2, 2, 2]
+    assert [foster_parents(result, rank)[0] for rank in (3, 4, 5)] == [2, 2, 2]
 
 
 def test_cut_off_below_names_every_unreachable_broker_rank_0_knows() -> None:
@@ -626,7 +644,7 @@ def test_fostering_then_going_home_heals_the_tree(
             ]
         )
         assert result.apply(ending, now).applied
-        foster = foster_parent(result, rank)
+        foster = foster_parents(result, rank)[0]
         assert result.reachable(foster) and result.topology.is_ancestor(foster, rank)
         for below, incarnation, _key in cut_off_below(result, rank):
             held = result.entry(below)
@@ -747,7 +765,11 @@ class HealingMachine(RuleBasedStateMachine):
         }[kind]
         before = [astuple(e) for e in self.table.entries]
         was = [(e.state, e.attached_to, e.phase) for e in self.table.entries]
+        seeking_until = entry.adrift_until  # an adrift rank's attachees keep its deadline
         self._apply(event, must=True)
+        grace_ends = self.now + GRACE
+        if seeking_until is not None:
+            grace_ends = min(grace_ends, seeking_until)
         topology = self.table.topology
         below = set(topology.descendants(rank))
         assert self.table.entry(rank).state not in CONNECTED
@@ -760,7 +782,7 @@ class HealingMachine(RuleBasedStateMachine):
             elif state in CONNECTED and attached == rank:  # its link went here: adrift
                 assert other.state is state and other.pid is not None
                 assert other.attached_to is None
-                assert other.adrift_until == self.now + GRACE
+                assert other.adrift_until == grace_ends
             elif state in CONNECTED:  # its link goes elsewhere: untouched
                 assert astuple(other) == before[other.rank]
             elif astuple(other) != before[other.rank]:  # never online, under a parent gone
@@ -769,7 +791,7 @@ class HealingMachine(RuleBasedStateMachine):
                 assert parent == rank or was[parent][0] not in CONNECTED
                 assert phase in (Phase.LAUNCHED, Phase.CONFIG_BOOTING, Phase.CONFIG_DOWN)
                 assert other.state in (RankState.LOST, RankState.OFFLINE)
-        foster = foster_parent(self.table, rank)
+        foster = foster_parents(self.table, rank)[0]
         assert self.table.reachable(foster) and topology.is_ancestor(foster, rank)
 
     @rule(
@@ -801,7 +823,7 @@ class HealingMachine(RuleBasedStateMachine):
         if rank is None:
             return
         topology = self.table.topology
-        choices = [foster_parent(self.table, rank), *topology.ancestors(rank)]
+        choices = [foster_parents(self.table, rank)[0], *topology.ancestors(rank)]
         reporter = data.draw(
             st.sampled_from(choices) | st.integers(0, self.table.size - 1), label="by"
         )
@@ -866,6 +888,7 @@ class HealingMachine(RuleBasedStateMachine):
         assert gone in self.table.entry(rank).other_links
         parent = self.table.entry(gone)
         adrift, before = parent.adrift_until is not None, astuple(parent)
+        seeking_until = parent.adrift_until
         was = {e.rank: (e.state, e.attached_to, e.other_links) for e in self.table.entries}
         said = Dropped(rank, entry.incarnation, gone, "connection dropped")
         self._apply(said, must=True)
@@ -878,10 +901,13 @@ class HealingMachine(RuleBasedStateMachine):
             assert (
                 self.table.entry(gone).reason == f"connection dropped, seen by rank {rank} below it"
             )
-            for other in topology.descendants(gone):  # what it held alone goes adrift
+            # what it held alone goes adrift, until its own grace would have ended
+            assert seeking_until is not None
+            for other in topology.descendants(gone):
                 state, attached, links = was[other]
                 if state in CONNECTED and attached == gone and not links:
-                    assert self.table.entry(other).adrift_until == self.now + GRACE
+                    until = min(self.now + GRACE, seeking_until)
+                    assert self.table.entry(other).adrift_until == until
         self._apply(said, must=False)
 
     @rule(data=st.data(), to=st.integers(-1, 12), own=st.booleans())
@@ -911,20 +937,23 @@ class HealingMachine(RuleBasedStateMachine):
 
     @rule(advance=st.sampled_from([0.0, 1.0, GRACE / 2, GRACE]))
     def time_passes(self, advance: float) -> None:
-        """The broker's timer: reservations lapse, and ranks adrift past their grace are lost."""
+        """The broker's timer: reservations lapse, and ranks adrift past their grace are lost;
+        the ranks that were attached to them keep their deadline, so the timer runs again at
+        once until none is due (a dead subtree ends in one go)."""
         self.now += advance
         for expiry in self.table.expired(self.now):
             self.now -= 0.5  # _apply moves the clock on: stay at the instant asked about
             self._apply(expiry, must=True)
-        due = self.table.adrift(self.now)
-        for lost in due:
-            entry = self.table.entry(lost.rank)
-            assert entry.adrift_until is not None and entry.adrift_until <= self.now
-            assert lost.parent is None and lost.incarnation == entry.incarnation
-            self.now -= 0.5
-            self._apply(lost, must=True)
-            assert self.table.entry(lost.rank).state not in CONNECTED
-        assert self.table.adrift(self.now) == []  # those adrift now got a new grace
+        for _ in range(self.table.size):
+            due = self.table.adrift(self.now)
+            for lost in due:
+                entry = self.table.entry(lost.rank)
+                assert entry.adrift_until is not None and entry.adrift_until <= self.now
+                assert lost.parent is None and lost.incarnation == entry.incarnation
+                self.now -= 0.5
+                self._apply(lost, must=True)
+                assert self.table.entry(lost.rank).state not in CONNECTED
+        assert self.table.adrift(self.now) == []  # the cascade is over within the tree's depth
 
     @rule(data=st.data(), same=st.booleans())
     def returning(self, data: st.DataObject, same: bool) -> None:
@@ -1024,7 +1053,7 @@ class HealingMachine(RuleBasedStateMachine):
     @invariant()
     def the_plan_names_what_the_tree_holds(self) -> None:
         """cut_off_below: the connected descendants that do not reach rank 0 and whose key rank
-        0 knows (a config rank's is the shared one); foster_parent: the nearest ancestor that
+        0 knows (a config rank's is the shared one); foster_parents: the nearest ancestor that
         reaches rank 0; away_from_home: the children connected elsewhere that can be admitted."""
         table, topology = self.table, self.table.topology
         found = reaching(table)
@@ -1043,7 +1072,7 @@ class HealingMachine(RuleBasedStateMachine):
             ]
             assert cut_off_below(table, rank) == [a for a in cut if a is not None]
             ancestors = list(topology.ancestors(rank))
-            foster = foster_parent(table, rank)
+            foster = foster_parents(table, rank)[0]
             if ancestors:
                 assert foster in found and foster in ancestors
                 assert not found & set(ancestors[: ancestors.index(foster)])

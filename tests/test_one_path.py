@@ -13,10 +13,11 @@ from tables import started
 from zmq.utils import z85
 
 from tbon.overlay.services.actions import Action, Apply, Call, Log, Send, Wake
-from tbon.overlay.services.rankpath import EXPIRED, RELEASED, RankPath
+from tbon.overlay.services.rankpath import EXPIRED, RELEASED, Applied, RankPath
 from tbon.overlay.state.ranktable import (
     Expire,
     Lost,
+    Moved,
     Online,
     RankState,
     RankTable,
@@ -210,3 +211,55 @@ def test_an_apply_and_its_continuation_come_out_in_order() -> None:
 
     done = performed(path, [Apply(Lost(1, 1, "gone", 0), then)], 200.0)
     assert shape(done) == ["info", "heal.foster@0", "Wake", "error"] and seen == [True]
+
+
+def _fostered_by(applied: Applied) -> list[int]:
+    return [
+        a.request.nodeid
+        for a in applied.actions
+        if isinstance(a, Call) and a.request.topic == "heal.foster"
+    ]
+
+
+def test_what_a_rank_dying_on_its_way_home_held_is_fostered_where_its_lineage_reaches() -> None:
+    """Issue 20, found by a process test and the link model. kary:2: rank 1 killed, rank 3
+    fostered by rank 0 (its children 7 and 8 now hold the lineage [0, 3]); rank 1 refilled, and
+    rank 3 sent home. Rank 1's new broker welcomes rank 3, which dies before it passes the new
+    lineage down (its old link drops first, then its new one). Ranks 7 and 8 can find rank 0
+    but not rank 1's new broker, whose card they never had: rank 0 fosters them too, not rank 1
+    alone, as the nearest live ancestor would have it."""
+    table = started("kary:2", 9)
+    online(table, list(range(1, 9)))
+    path = RankPath(table)
+    assert _fostered_by(path.handle(Lost(1, 1, "connection dropped", 0), 200.0)) == [0]
+    path.handle(Online(3, 1, "node3", 1003, 0, public_key(3)), 201.0)  # fostered at rank 0
+    path.handle(Reserve(public_key(11), "spare", 1, 30.0), 202.0)
+    path.handle(Online(1, 2, "spare", 77, None, public_key(11)), 203.0)
+    path.handle(Online(3, 1, "node3", 1003, 1, public_key(3)), 204.0)  # welcomed home
+    assert (table.entry(3).attached_to, table.entry(3).other_links) == (1, (0,))
+    path.handle(Lost(3, 1, "connection dropped", 0), 205.0)  # its foster link drops
+    assert (table.entry(3).attached_to, table.entry(3).dropped_links) == (1, (0,))
+    applied = path.handle(Lost(3, 1, "connection dropped", 1), 205.1)
+    assert table.entry(3).state is RankState.LOST
+    assert _fostered_by(applied) == [1, 0]
+    opened = sorted((r, p) for r, _, p in path.admissions.open() if r > 4)  # 4: still adrift
+    assert opened == [(7, 0), (7, 1), (8, 0), (8, 1)]
+    # rank 7 is welcomed by rank 0: its admission at rank 1 is moot, and withdrawn
+    applied = path.handle(Online(7, 1, "node7", 1007, 0, public_key(7)), 206.0)
+    assert shape(applied.actions).count("heal.withdraw@1") == 1
+    assert sorted((r, p) for r, _, p in path.admissions.open() if r > 4) == [(8, 0), (8, 1)]
+
+
+def test_a_rank_whose_move_home_was_confirmed_is_fostered_at_home_only() -> None:
+    """The same, but rank 0 heard rank 3's `moved`: it passed the new lineage down first."""
+    table = started("kary:2", 9)
+    online(table, list(range(1, 9)))
+    path = RankPath(table)
+    path.handle(Lost(1, 1, "connection dropped", 0), 200.0)
+    path.handle(Online(3, 1, "node3", 1003, 0, public_key(3)), 201.0)
+    path.handle(Reserve(public_key(11), "spare", 1, 30.0), 202.0)
+    path.handle(Online(1, 2, "spare", 77, None, public_key(11)), 203.0)
+    path.handle(Online(3, 1, "node3", 1003, 1, public_key(3)), 204.0)
+    path.handle(Moved(3, 1, 0, 1), 205.0)
+    assert (table.entry(3).other_links, table.entry(3).dropped_links) == ((), ())
+    assert _fostered_by(path.handle(Lost(3, 1, "connection dropped", 1), 206.0)) == [1]

@@ -20,7 +20,7 @@ here, in this order:
    before is "superseded"), so that its broker, back from a partition, is refused (77).
 4. Healing (docs/protocol.md §12, rules in state/healing.py): a rank that ended (Lost, Departed,
    Void, or a Dropped that a child's word made lost) has the brokers cut off below it fostered
-   by its nearest live ancestor (`heal.foster`);
+   by the nearest live rank on each chain of links it had before (`heal.foster`);
    a rank online again has its children away from home, and itself if it came online under a
    foster parent, sent home (`heal.adopt`, then `heal.home`).
 5. Every open foster admission that is moot now is withdrawn (`heal.withdraw`).
@@ -43,7 +43,7 @@ from tbon.overlay.state.healing import (
     admission_fate,
     away_from_home,
     cut_off_below,
-    foster_parent,
+    foster_parents,
     goes_home,
     may_admit,
 )
@@ -83,9 +83,11 @@ class RankPath:
         self.table = table
         self.topology = table.topology
         self.admissions = Admissions(table.topology)  # who was told to admit whom
+        self.links_above: dict[int, list[list[int]]] = {}  # of a rank the event may end
 
     def handle(self, event: Event | Reserve, now: float) -> Applied:
         generation = self.table.generation
+        self.links_above = self._chain_of(event)
         outcome = self.table.apply(event, now)
         actions = self._follow_ups(event, outcome, now)
         if self.table.generation != generation:
@@ -135,6 +137,7 @@ class RankPath:
             also.add(attached)
         actions: list[Action] = []
         voided = Void(rank, incarnation, reason)
+        self.links_above = self._chain_of(voided)
         if self.table.apply(voided, now).applied:  # else nothing of it is connected
             said = f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"
             actions += [warning(said), *self._heal(voided, now)]
@@ -177,25 +180,39 @@ class RankPath:
             actions = self._send_home(event.rank, event.parent)
         return actions + self._withdraw_moot()
 
+    def _chain_of(self, event: Event | Reserve) -> dict[int, list[list[int]]]:
+        """The chains of links above a rank this event may end, taken before the table applies
+        it (the table forgets an ended rank's links): its foster parents are chosen from them."""
+        if isinstance(event, Lost | Departed | Void):
+            return {event.rank: self.table.links_above(event.rank)}
+        if isinstance(event, Dropped) and 0 <= event.gone < self.table.size:
+            return {event.gone: self.table.links_above(event.gone)}
+        return {}
+
     def _foster_below(self, rank: int) -> list[Action]:
         admitted = cut_off_below(self.table, rank)
         if not admitted:
             return []
-        foster = foster_parent(self.table, rank)
-        for admitted_rank, incarnation, _ in admitted:
-            self.admissions.fostered(admitted_rank, incarnation, foster)
+        fosters = foster_parents(self.table, rank, self.links_above.get(rank, ()))
+        for foster in fosters:
+            for admitted_rank, incarnation, _ in admitted:
+                self.admissions.fostered(admitted_rank, incarnation, foster)
         order = {
             "ranks": [list(admission) for admission in admitted],
             "for": self.table.reattach_grace,
         }
         shown = ",".join(str(r) for r, _, _ in admitted[:8]) + ("..." if len(admitted) > 8 else "")
-        return [
-            info(f"rank {rank} ended: rank {foster} fosters what it held ({shown})"),
-            Call(
-                Message(Kind.REQUEST, "heal.foster", order, nodeid=foster),
-                then=lambda reply, now: _unless_failed(reply, f"fostering at rank {foster}"),
-            ),
-        ]
+        who = f"rank {fosters[0]}" if len(fosters) == 1 else "ranks " + ",".join(map(str, fosters))
+        actions: list[Action] = [info(f"rank {rank} ended: {who} fosters what it held ({shown})")]
+        for foster in fosters:
+            actions.append(self._foster_at(foster, order))
+        return actions
+
+    def _foster_at(self, foster: int, order: dict[str, object]) -> Call:
+        return Call(
+            Message(Kind.REQUEST, "heal.foster", dict(order), nodeid=foster),
+            then=lambda reply, now: _unless_failed(reply, f"fostering at rank {foster}"),
+        )
 
     def _send_home(self, rank: int, parent: int | None) -> list[Action]:
         """`rank` is online: its children away from home go back to it, and it goes home itself

@@ -11,8 +11,16 @@ The rules:
    word on its own link (`dropped`: the parent it lost) is the one report about itself.
 3. **Foster choice.** When a rank's broker ends, every connected broker below it whose chain of
    links ran through it is cut off from rank 0 (`cut_off_below`), though only those attached
-   to it directly know so yet. All of them are given to one foster parent: the nearest
-   ancestor of the rank that ended whose own chain still reaches rank 0 (`foster_parent`).
+   to it directly know so yet. All of them are given to its foster parent: the nearest rank
+   on the ended rank's chain of links that still reaches rank 0 (`foster_parents`). That
+   chain, not the topology, is what their lineage names: a rank fostered by rank 0 gave its
+   children the lineage [0, itself], so should it die before it goes home to its parent's new
+   broker, they can find rank 0 but not that new broker, whose card they never had. A rank
+   that had several links when it ended (welcomed home, its foster link not yet ended) may
+   have passed either lineage down, so the nearest live rank on each chain fosters: the
+   brokers seek every ancestor they know at once, keep the first that welcomes them and
+   dismiss the others (protocol §12.1, step 4), and the unused admission is withdrawn (5). A
+   rank that was adrift has no chain: the nearest ancestor whose own chain reaches rank 0.
    Each is named with the incarnation and key rank 0 holds as current, and only those: a
    foster parent admits exactly them. A broker whose key rank 0 does not know is left to its
    reattach timeout.
@@ -33,6 +41,7 @@ it told (admissions.py); the orders travel as requests down the tree (services/h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -75,12 +84,17 @@ def may_report(
 # --- 3: foster choice ----------------------------------------------------------------------------
 
 
-def foster_parent(table: RankTable, rank: int) -> int:
-    """The nearest ancestor of `rank` whose broker is connected and reaches rank 0 now."""
-    for ancestor in table.topology.ancestors(rank):
-        if table.reachable(ancestor):
-            return ancestor
-    return 0
+def foster_parents(
+    table: RankTable, rank: int, lineages: Sequence[Sequence[int]] = ()
+) -> list[int]:
+    """Who fosters what `rank` held, nearest first: on each chain of links it had before it
+    ended (`lineages`, from `RankTable.links_above`), the nearest rank that still reaches rank
+    0; for a chain with none, or a rank that was adrift (no chain), the nearest ancestor whose
+    own chain does."""
+    nearest = next((a for a in table.topology.ancestors(rank) if table.reachable(a)), 0)
+    found = [next((a for a in chain if table.reachable(a)), nearest) for chain in lineages]
+    chosen = set(found or [nearest])
+    return [a for a in table.topology.ancestors(rank) if a in chosen] or [0]
 
 
 def cut_off_below(table: RankTable, rank: int) -> list[Admission]:

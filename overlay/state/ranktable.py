@@ -31,7 +31,8 @@ they were: a repeat, or the torpid flag.
   that ended does not exit: it seeks a live ancestor (docs/protocol.md §12). It stays connected in
   the table, *adrift* (`attached_to` None), until an Online from a foster parent or its own
   parent attaches it again, or until the table's reattach grace runs out: then rank 0 itself
-  declares it Lost ("did not reattach in time"), and its own attachees go adrift in turn. A
+  declares it Lost ("did not reattach in time"), and its own attachees go adrift in turn, until
+  the same deadline (their brokers search no longer than their parent did: `seeking`). A
   rank that never came online and whose parent is not connected either can never be welcomed
   now (its broker waits for a hello answer that will not come): it gets the internal event
   Orphaned, through the same table: an open rank becomes lost, a config rank stays offline.
@@ -50,7 +51,10 @@ they were: a repeat, or the torpid flag.
   several links is the internal event LinkEnded: that link ends, and the rank stays connected,
   attached to another of its links if it was attached by that one. A rank is lost only when the
   last parent that holds its broker says so, so a stale `connection dropped` from a parent the
-  broker left never hands its rank out while it runs on elsewhere (issue 20). A rank that ends
+  broker left never hands its rank out while it runs on elsewhere (issue 20). A link that ended
+  by a drop, not a Moved, is kept in `dropped_links` while the rank is connected: its broker
+  may have died before it passed its new link's lineage down, and its foster parents are chosen
+  on that chain too (`links_above`, healing.py rule 3). A rank that ends
   leaves every link below it that it held: those attached to it by their only link go adrift.
 - Special case: a child's word on its parent (Dropped). A broker whose connection to its parent
   dropped and that was welcomed by another ancestor says so, once there: rank `rank`'s link to
@@ -194,6 +198,7 @@ class LinkEnded:
     rank: int
     incarnation: int
     parent: int
+    dropped: bool = False  # a Lost (the connection dropped), not a Moved
 
 
 def refused(reason: str) -> Outcome:
@@ -351,6 +356,8 @@ def end_link(table: RankTable, entry: RankEntry, event: LinkEnded, now: float) -
     if entry.attached_to == event.parent:
         entry.attached_to = others.pop() if others else None
     entry.other_links = tuple(others)
+    if event.dropped and event.parent not in entry.dropped_links:
+        entry.dropped_links += (event.parent,)
     return (entry.rank,)
 
 
@@ -421,7 +428,13 @@ def bar_key(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> 
 def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> tuple[int, ...]:
     """The ranks below one that ended: those attached to it go adrift, to seek a live ancestor;
     those that never came online under a parent that is gone get Orphaned (a rank the table has
-    no row for stays as it is)."""
+    no row for stays as it is). Those attached to a rank that was itself adrift searched no
+    longer than it did (`seeking`, docs/protocol.md section 5.6): they keep its deadline rather
+    than start a new grace, so a dead subtree reads lost one grace after its root, not one grace
+    per level."""
+    grace_ends = now + table.reattach_grace
+    if entry.adrift_until is not None:
+        grace_ends = min(grace_ends, entry.adrift_until)
     if isinstance(event, Lost):
         how = "was lost"
     elif isinstance(event, Void):
@@ -443,7 +456,7 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
             below.attached_to, below.other_links = below.other_links[-1], below.other_links[:-1]
             changed.append(rank)
         elif connected and below.attached_to == entry.rank:
-            below.attached_to, below.adrift_until = None, now + table.reattach_grace
+            below.attached_to, below.adrift_until = None, grace_ends
             changed.append(rank)
         elif not connected and not parent_there:
             rule = TRANSITIONS.get((below.phase, Orphaned))
@@ -460,7 +473,7 @@ def one_of_several(entry: RankEntry, event: Event) -> Event | LinkEnded:
     if not isinstance(event, Lost | Moved) or parent is None or not entry.other_links:
         return event
     if parent in entry.other_links or (isinstance(event, Lost) and parent == entry.attached_to):
-        return LinkEnded(entry.rank, entry.incarnation, parent)
+        return LinkEnded(entry.rank, entry.incarnation, parent, isinstance(event, Lost))
     return event
 
 
@@ -709,7 +722,7 @@ class RankTable:
             if entry.state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
-                entry.other_links = ()
+                entry.other_links = entry.dropped_links = ()
             if rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
@@ -794,6 +807,31 @@ class RankTable:
             for e in self.entries
             if e.adrift_until is not None and now >= e.adrift_until and e.state in CONNECTED
         ]
+
+    def links_above(self, rank: int) -> list[list[int]]:
+        """The chains of links from `rank` to rank 0 now, each nearest first: the one it is
+        attached by, then one through each other parent that holds it (`other_links`) or held
+        it until the connection dropped (`dropped_links`). Its subtree's lineage
+        (docs/protocol.md section 5.1) names the brokers of one of them, whichever its broker
+        last passed down. A chain that breaks (a parent adrift) ends there; a rank not
+        connected has none."""
+        entry = self.entries[rank]
+        if entry.state not in CONNECTED:
+            return []
+        links = (entry.attached_to, *entry.other_links, *entry.dropped_links)
+        parents = [p for p in links if p is not None]
+        return [[parent, *self._chain(parent)] for parent in dict.fromkeys(parents)]
+
+    def _chain(self, rank: int) -> list[int]:
+        """The ranks above `rank` by its attachments, up to rank 0 or to where the chain breaks."""
+        chain: list[int] = []
+        while rank != 0 and len(chain) <= self.size:
+            entry = self.entries[rank]
+            if entry.state not in CONNECTED or entry.attached_to is None:
+                break
+            rank = entry.attached_to
+            chain.append(rank)
+        return chain
 
     def reachable(self, rank: int) -> bool:
         """Whether `rank`'s broker is connected and its chain of links reaches rank 0 now."""
