@@ -92,3 +92,33 @@ def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> No
             assert entry.get("attached_to") == 1, entry
         time.sleep(0.1)  # a poll's pace, not a wait for anything
     assert tbon("exec", inst.uri, "-r", "7,8", "true").returncode == 0
+
+
+def test_a_rank_killed_on_its_way_home_leaves_its_children_a_parent_they_can_find(
+    instance,
+) -> None:
+    """Issue 20, the race its note named: rank 3, fostered by rank 0, goes home to rank 1's new
+    broker and is killed at once, its foster link still open (DISMISS_WAIT), perhaps before it
+    passed the new lineage to ranks 7 and 8. They hold [0, 3] or [0, 1, 3]: rank 0 fosters them
+    as well as rank 1 (healing.py rule 3), and they come back under one of the two, never lost.
+    Before, only the new rank 1 was told to admit them, and they could exit 75 unable to find
+    it."""
+    inst = instance(15, "tbon.fanout=2", *QUICK, "broker.reattach-timeout=60s")
+    before = pids(inst.status())
+    os.kill(before[1], signal.SIGKILL)
+    inst.wait_status(lambda s: attached(s, 3, 4) == [0, 0], "ranks 3 and 4 fostered by rank 0")
+    joiner = inst.join()
+    inst.wait_status(
+        lambda s: s["ranks"][1]["pid"] == joiner.pid and attached(s, 3) == [1],
+        "rank 1 replaced and rank 3 home",
+    )
+    os.kill(before[3], signal.SIGKILL)
+    inst.wait_status(
+        lambda s: s["ranks"][3]["state"] == "lost" and set(attached(s, 7, 8)) <= {0, 1},
+        "ranks 7 and 8 fostered by rank 0 or the new rank 1",
+    )
+    status = inst.status()
+    for rank in (7, 8):
+        entry = status["ranks"][rank]
+        assert (entry["state"], entry["pid"]) == ("online", before[rank]), entry
+    assert tbon("exec", inst.uri, "-r", "7,8", "true").returncode == 0
