@@ -165,7 +165,7 @@ class FlubService:
             entry = self.table.entry(grant.rank)
             if entry.incarnation != grant.incarnation or entry.state is not RankState.RESERVED:
                 why = f"the reservation of rank {grant.rank} incarnation {grant.incarnation} lapsed"
-                return fail(request, errno.ESTALE, why)
+                return fail(request, *self._ended(grant.rank, grant.incarnation, str(key), why))
             reply = {
                 "rank": grant.rank,
                 "incarnation": grant.incarnation,
@@ -262,7 +262,7 @@ class FlubService:
             return fail(request, errno.EINVAL, "flub.challenge needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
         if (why := self.table.verify(rank, incarnation, key)) is not None:
-            return fail(request, errno.ESTALE, why)
+            return fail(request, *self._ended(rank, incarnation, key, why))
         issued = self.challenges.issue(connection_of(request), rank, incarnation, key, now)
         answer = {
             "challenge": encode_nonce(issued.challenge.nonce),
@@ -285,13 +285,14 @@ class FlubService:
     ) -> tuple[int, str] | None:
         """Why `request` may not use the reservation (rank, incarnation, key), and the errno
         that says so; None if it may. It must be rank 0's current reservation (else ESTALE: it
-        lapsed, or was given back or used); and, since a public key is no secret, either this
+        lapsed or was given back; but EPERM if a broker with this key came online with it:
+        this one is a second holder); and, since a public key is no secret, either this
         connection holds it or the request's `proof` answers this connection's challenge with
         the key's secret half, which moves the reservation to this connection (else EPERM; a
         challenge that expired, ETIMEDOUT)."""
         assert self.table is not None
         if (why := self.table.verify(rank, incarnation, key)) is not None:
-            return errno.ESTALE, why
+            return self._ended(rank, incarnation, key, why)
         route = connection_of(request)
         if (rank, incarnation) in self.held.get(route, ()):
             return None
@@ -306,6 +307,23 @@ class FlubService:
             pairs.discard((rank, incarnation))
         self.held.setdefault(route, set()).add((rank, incarnation))
         return None
+
+    def _ended(self, rank: int, incarnation: int, key: str, why: str) -> tuple[int, str]:
+        """The errno and reason for a reservation (rank, incarnation, key) that is not rank 0's
+        current one. Used by a broker with this key, which is online with it: the asker is a
+        second holder (EPERM: its joiner exits 77, and a new process with this key could not
+        have it either). Otherwise it lapsed, was given back, or never was (ESTALE: a joiner
+        exits 75, and a new process may be granted a new reservation)."""
+        assert self.table is not None
+        entry = self.table.entry(rank) if 0 <= rank < self.topology.size else None
+        if (
+            entry is not None
+            and (entry.incarnation, entry.key) == (incarnation, key)
+            and entry.state in CONNECTED
+        ):
+            held = f"held by another broker (pid {entry.pid} on {entry.host})"
+            return errno.EPERM, f"rank {rank} incarnation {incarnation} is {held}"
+        return errno.ESTALE, why
 
     def _held(self, route: Connection) -> set[tuple[int, int]]:
         """The reservations `route` holds that are still reserved. Every connection's ended
