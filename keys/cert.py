@@ -105,6 +105,11 @@ def decode_key(key_z85: str) -> bytes:
     return raw
 
 
+def encode_key(raw: bytes) -> str:
+    """The Z85 form of a raw 32-byte key."""
+    return _encode(raw)
+
+
 def _encode(raw: bytes) -> str:
     return z85.encode(raw).decode("ascii")
 

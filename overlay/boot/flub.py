@@ -6,7 +6,10 @@
    and the answer carries the parent's card (its endpoint and public key): the join is one
    round trip.
 2. Otherwise wait for the parent rank to come online (ranks may join in any order), then ask
-   rank 0 for the card (`flub.kex`): it has the parent admit the key the same way.
+   rank 0 for the card (`flub.kex`): it has the parent admit the key the same way. A reservation
+   rank 0 granted to another connection (this broker's previous process, or an earlier boot
+   server) is used by proving that this broker holds its key's secret half: rank 0 sends a
+   challenge (`flub.challenge`) and the request carries the answer (keys/proof.py).
 3. Connect to the parent and say hello like any other broker.
 A joiner that fails between its grant and step 3 gives the reservation back (`flub.release`),
 so that the rank is free at once instead of when its lease runs out.
@@ -14,7 +17,8 @@ so that the rank is free at once instead of when its lease runs out.
 broker.boot-server may list several URIs. A boot server that cannot be reached, whose
 connection ends, or that leaves a request unanswered for broker.join-timeout is left for the
 next one, where the join starts again with the same key; a reservation already granted is named
-again by rank 0 while its lease lasts. When the list is used up, the joiner exits 75.
+again by rank 0 while its lease lasts, and used by the proof. When the list is used up, the
+joiner exits 75.
 docs/flub.md has the whole protocol and its security argument.
 """
 
@@ -28,6 +32,7 @@ from typing import Any
 
 from tbon import exitcodes
 from tbon.errors import TbonError
+from tbon.keys.proof import decode_nonce, prove, statement
 from tbon.overlay.boot.wireup import BusinessCard, Wireup
 from tbon.overlay.connectors.client import Client, RequestError
 from tbon.overlay.connectors.uri import split_uris
@@ -54,14 +59,15 @@ def flub_wireup(
     boot_server: str,
     requested_rank: int | None,
     hostname: str,
-    public_key: str,
+    keys: tuple[str, str],
     timeout: float,
     bind: Callable[[Topology, int], str],
 ) -> tuple[Wireup, dict[str, Any]]:
     """Join through the boot servers of `boot_server` (comma-separated URIs), one after
-    another until one sees the join through; returns the wire-up and the instance's
-    attributes. When every one has failed, exit 75 naming what was tried."""
-    join = _Join(requested_rank, hostname, public_key, timeout, bind)
+    another until one sees the join through, with `keys` (public, secret; Z85); returns the
+    wire-up and the instance's attributes. When every one has failed, exit 75 naming what
+    was tried."""
+    join = _Join(requested_rank, hostname, keys, timeout, bind)
     uris = split_uris(boot_server)
     if len(uris) > 1:
         log.info("FLUB: boot servers, in order: %s", " ".join(uris))
@@ -79,29 +85,26 @@ def flub_wireup(
 class _Join:
     """One join, carried from boot server to boot server: what the earlier ones left it.
 
-    A reservation is used (`flub.kex`, `flub.release`) only on the connection it was granted
-    on (docs/flub.md §5), and a connection that ended took that right with it. So a joiner
-    that has asked through one boot server already asks `flub.allocate` again through the
-    next: rank 0 names the same reservation while it lasts (or makes a new one if it lapsed),
-    and once the parent is online that repeat is what has rank 0 order the parent to admit
-    this key and hand over its card (`_claim`)."""
+    A reservation is used (`flub.kex`, `flub.release`) as it is only on the connection it was
+    granted on (docs/flub.md §5). Through the next boot server, as after a restart, rank 0
+    names the same reservation again while it lasts (or makes a new one if it lapsed) and says
+    that this connection does not hold it (`held`): the joiner then proves that it holds the
+    key (`_proof`) in the request that uses it."""
 
     def __init__(
         self,
         requested_rank: int | None,
         hostname: str,
-        public_key: str,
+        keys: tuple[str, str],
         timeout: float,
         bind: Callable[[Topology, int], str],
     ) -> None:
         self.requested_rank = requested_rank
         self.hostname = hostname
-        self.public_key = public_key
+        self.public_key, self.secret_key = keys
         self.timeout = timeout
         self.bind = bind
-        self.asked = False  # a flub.allocate left through an earlier boot server
         self.held: tuple[int, int] | None = None  # the (rank, incarnation) last granted
-        self.elsewhere = False  # `held` was granted on an earlier connection, not this one
         self.bound: int | None = None  # the rank whose children's socket is bound
 
     def through(self, uri: str) -> tuple[Wireup, dict[str, Any]]:
@@ -127,17 +130,20 @@ class _Join:
             raise TbonError(_flub(str(error)), exitcodes.LOST) from None
 
     def _join(self, client: Client) -> tuple[Wireup, dict[str, Any]]:
-        first = not self.asked  # no other connection asked: what this one gets is its own
-        self.asked = True
         grant = _allocate(client, self._ask(), self.hostname, self.public_key, self.timeout)
         rank, incarnation = grant["rank"], grant["incarnation"]
-        repeat = self.held == (rank, incarnation)
-        own = first or (self.held is not None and not repeat)  # fresh, so granted right here
-        self.held, self.elsewhere = (rank, incarnation), repeat
-        if repeat:
-            log.info("FLUB: rank 0 still holds rank %d incarnation %d for us", rank, incarnation)
-        else:
+        self.held = (rank, incarnation)
+        # None: this connection holds the reservation; else the keys that prove we do
+        keys = None if grant.get("held") else (self.public_key, self.secret_key)
+        if keys is None:
             log.info("FLUB: reserved rank %d incarnation %d", rank, incarnation)
+        else:
+            log.info(
+                "FLUB: rank 0 holds rank %d incarnation %d for this key, reserved through "
+                "another connection: it is used by proving that we hold the key",
+                rank,
+                incarnation,
+            )
         try:
             topology = Topology(grant["topo"], grant["size"])
             if self.bound is not None and self.bound != rank:
@@ -150,27 +156,13 @@ class _Join:
             card = _card(grant.get("parent_card"))
             if card is None:
                 _wait_online(client, rank, parent, grant["lease"])
-                if own:
-                    card = _key_exchange(
-                        client, rank, incarnation, parent, self.public_key, self.timeout
-                    )
-                else:
-                    grant, card = self._claim(client, rank, parent)
-                    incarnation = grant["incarnation"]
+                card = _key_exchange(
+                    client, rank, incarnation, parent, self.public_key, self.timeout, keys
+                )
         except BootServerLost:
             raise  # nobody to give the reservation back to: rank 0 lets its lease lapse
         except BaseException:
-            assert self.held is not None
-            rank, incarnation = self.held
-            if self.elsewhere:  # this connection may not give it back (docs/flub.md §5)
-                log.warning(
-                    "FLUB: left rank %d incarnation %d to lapse: it was reserved through a boot "
-                    "server that is gone",
-                    rank,
-                    incarnation,
-                )
-            else:
-                _release(client, rank, incarnation, self.public_key, self.timeout)
+            _release(client, rank, incarnation, self.public_key, self.timeout, keys)
             raise
         wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
         return wireup, grant["attributes"]
@@ -179,23 +171,6 @@ class _Join:
         """The rank to ask for: the one asked for, or, once this broker has bound its
         children's socket for a rank, that rank (the socket serves no other)."""
         return self.bound if self.bound is not None else self.requested_rank
-
-    def _claim(self, client: Client, rank: int, parent: int) -> tuple[dict[str, Any], BusinessCard]:
-        """The parent's card for a reservation this connection may not use by `flub.kex`: ask
-        `flub.allocate` again, now that the parent is online, and rank 0 orders the parent to
-        admit this key and answers with its card (for a new reservation too, if the old one
-        lapsed meanwhile)."""
-        grant = _allocate(client, rank, self.hostname, self.public_key, self.timeout)
-        again = (grant["rank"], grant["incarnation"])
-        self.held, self.elsewhere = again, self.elsewhere and again == self.held
-        card = _card(grant.get("parent_card"))
-        if grant["rank"] != rank or card is None:
-            raise TbonError(
-                f"FLUB: rank {parent} did not give its card for rank {rank} (asked again after "
-                "a boot server was lost)",
-                exitcodes.LOST,
-            )
-        return grant, card
 
     def holding(self) -> str:
         """What a log line about a failover adds: the reservation held, if any."""
@@ -276,17 +251,48 @@ def _allocate(
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
             raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
+        if error.errnum == errno.ESTALE:  # granted, but lapsed before rank 0 could answer
+            raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
         if error.errnum == errno.EPERM:
             raise TbonError(f"FLUB: {error}", exitcodes.REFUSED) from None
         raise
 
 
-def _release(client: Client, rank: int, incarnation: int, public_key: str, timeout: float) -> None:
-    """Give the reservation back at once rather than hold the rank until the lease lapses.
-    Best effort: whatever happens here, the failure that got us here is what counts."""
-    ask = {"rank": rank, "incarnation": incarnation, "public_key": public_key}
+def _proof(
+    client: Client, rank: int, incarnation: int, keys: tuple[str, str], timeout: float
+) -> dict[str, str]:
+    """What a request that uses a reservation this connection does not hold adds: the answer to
+    a fresh challenge of rank 0, which only the secret key can give (keys/proof.py). Rank 0's
+    refusal is a RequestError, as for the request it goes with."""
+    public, secret = keys
+    ask = {"rank": rank, "incarnation": incarnation, "public_key": public}
+    challenge = _rpc(client, "flub.challenge", ask, timeout)
+    nonce, key = decode_nonce(challenge.get("challenge")), challenge.get("key")
+    if nonce is None or not isinstance(key, str):
+        raise TbonError("FLUB: rank 0's challenge is malformed")
     try:
-        client.rpc("flub.release", ask, nodeid=0, timeout=min(timeout, RELEASE_TIMEOUT))
+        return {"proof": prove(secret, key, nonce, statement(rank, incarnation, public))}
+    except ValueError as error:
+        raise TbonError(f"FLUB: rank 0's challenge is malformed: {error}") from None
+
+
+def _release(
+    client: Client,
+    rank: int,
+    incarnation: int,
+    public_key: str,
+    timeout: float,
+    keys: tuple[str, str] | None,
+) -> None:
+    """Give the reservation back at once rather than hold the rank until the lease lapses,
+    proving that we hold its key if this connection does not hold it (`keys`). Best effort:
+    whatever happens here, the failure that got us here is what counts."""
+    ask: dict[str, Any] = {"rank": rank, "incarnation": incarnation, "public_key": public_key}
+    timeout = min(timeout, RELEASE_TIMEOUT)
+    try:
+        if keys is not None:
+            ask |= _proof(client, rank, incarnation, keys, timeout)
+        client.rpc("flub.release", ask, nodeid=0, timeout=timeout)
     except Exception as error:  # an unreachable, refusing or broken boot server alike
         log.warning("FLUB: could not release rank %d incarnation %d: %s", rank, incarnation, error)
     else:
@@ -345,18 +351,27 @@ def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:
 
 
 def _key_exchange(
-    client: Client, rank: int, incarnation: int, parent: int, public_key: str, timeout: float
+    client: Client,
+    rank: int,
+    incarnation: int,
+    parent: int,
+    public_key: str,
+    timeout: float,
+    keys: tuple[str, str] | None,
 ) -> BusinessCard:
+    """The parent's card, from rank 0 (`flub.kex`), with the proof that we hold the key if
+    this connection does not hold the reservation (`keys`). Only a refusal that no new process
+    with this key could turn (a proof refused, a second holder, the parent's refusal) exits
+    77; a reservation that lapsed or was used meanwhile, or a challenge that expired, exits 75."""
     try:
-        reply = _rpc(
-            client,
-            "flub.kex",
-            {"rank": rank, "incarnation": incarnation, "public_key": public_key},
-            timeout,
-        )
+        ask: dict[str, Any] = {"rank": rank, "incarnation": incarnation, "public_key": public_key}
+        if keys is not None:
+            ask |= _proof(client, rank, incarnation, keys, timeout)
+        reply = _rpc(client, "flub.kex", ask, timeout)
     except RequestError as error:
         codes = {
             errno.EPERM: exitcodes.REFUSED,
+            errno.ESTALE: exitcodes.LOST,
             errno.ESHUTDOWN: exitcodes.SHUTDOWN,
             errno.EHOSTUNREACH: exitcodes.LOST,
             errno.ETIMEDOUT: exitcodes.LOST,

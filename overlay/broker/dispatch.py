@@ -129,6 +129,7 @@ class Services:
                 "status.ack": self.status.ack,
                 "instance.shutdown": self.ping.shutdown,
                 "flub.allocate": self.flub.allocate,
+                "flub.challenge": self.flub.challenge,
                 "flub.kex": self.flub.kex,
                 "flub.release": self.flub.release,
                 "config.rejoin": self.flub.rejoin,

@@ -87,7 +87,7 @@ def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
             config.boot_server,
             config.requested_rank,
             config.hostname,
-            public,
+            (public, secret),
             config.join_timeout,
             binder.bind,
         )

@@ -8,12 +8,14 @@ the parent, which answers with its endpoint and public key for the joiner. A rev
 same incarnation can only follow that order down the same links, so a parent never admits a key
 that rank 0 has already voided.
 
-A reservation is used (`flub.kex`, `flub.release`) only on the client connection it was granted
-on: the key it names is public, the connection is not. Asking again with that key, on another
-connection (a second broker started with the same certificate, or anyone who read the key), gets
-the same reservation named, but not the right to use it. Each order is obeyed only from whom may
-give it (trust.py): `flub.authorize` and `flub.revoke` from rank 0, `config.rejoin` from the
-rank's parent.
+A reservation is used (`flub.kex`, `flub.release`) by the client connection it was granted on,
+or by one that proves it holds the secret half of the reservation's key (a restarted joiner,
+or one that failed over to another boot server): the key it names is public, the connection
+and the secret key are not. Asking again with that key on another connection gets the same
+reservation named, but not the right to use it; answering a challenge (`flub.challenge`,
+state/possession.py) moves that right to the answering connection. Each order is obeyed only
+from whom may give it (trust.py): `flub.authorize` and `flub.revoke` from rank 0,
+`config.rejoin` from the rank's parent.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tbon.keys.cert import fingerprint, is_key
+from tbon.keys.proof import encode_nonce
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
     Action,
@@ -38,6 +41,7 @@ from tbon.overlay.services.actions import (
 )
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.trust import from_parent_of, unless_from_rank0
+from tbon.overlay.state.possession import CHALLENGE_LIFE, Challenges
 from tbon.overlay.state.ranktable import (
     CONNECTED,
     Outcome,
@@ -72,9 +76,11 @@ class FlubService:
         lifecycle: Lifecycle,
         card: Card,
         attributes: dict[str, float],
+        challenges: Challenges | None = None,
     ) -> None:
         """`table` is rank 0's (None elsewhere); `card` is this broker's own, for joiners that
-        become its children; `attributes` are the liveness settings every joiner adopts."""
+        become its children; `attributes` are the liveness settings every joiner adopts;
+        `challenges`, rank 0's open challenges (a test passes its own randomness)."""
         self.rank = rank
         self.topology = topology
         self.table = table
@@ -84,6 +90,7 @@ class FlubService:
         self.waiting_admission: list[Rejoin] = []  # config children, until we are welcomed
         # rank 0: the reservations each client connection (trust.connection_of) was granted first
         self.held: dict[Connection, set[tuple[int, int]]] = {}
+        self.challenges = challenges if challenges is not None else Challenges()
 
     # --- rank 0 -------------------------------------------------------------------------------
 
@@ -141,8 +148,9 @@ class FlubService:
                 *fail(request, errnum, grant.reason),
             ]
         actions: list[Action] = []
+        pair = (grant.rank, grant.incarnation)
         if not grant.repeated:  # a repeat is told its reservation, and holds it only if it did
-            self.held.setdefault(connection_of(request), set()).add((grant.rank, grant.incarnation))
+            self.held.setdefault(connection_of(request), set()).add(pair)
             actions.append(
                 info(
                     f"FLUB: rank {grant.rank} incarnation {grant.incarnation} reserved for "
@@ -157,7 +165,7 @@ class FlubService:
             entry = self.table.entry(grant.rank)
             if entry.incarnation != grant.incarnation or entry.state is not RankState.RESERVED:
                 why = f"the reservation of rank {grant.rank} incarnation {grant.incarnation} lapsed"
-                return fail(request, errno.EPERM, why)
+                return fail(request, *self._ended(grant.rank, grant.incarnation, str(key), why))
             reply = {
                 "rank": grant.rank,
                 "incarnation": grant.incarnation,
@@ -166,6 +174,8 @@ class FlubService:
                 "parent": parent,
                 "lease": self._lease_left(grant.rank, now),
                 "attributes": self.attributes,
+                # whether this connection may use it as it is, or must prove it holds the key
+                "held": pair in self.held.get(connection_of(request), ()),
             }
             if card is not None:
                 reply["parent_card"] = card
@@ -193,10 +203,11 @@ class FlubService:
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
             return fail(request, errno.EINVAL, "flub.kex needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
-        if (why := self._not_holder(request, rank, incarnation, key)) is not None:
+        if (refused := self._not_holder(request, rank, incarnation, key, now)) is not None:
+            errnum, why = refused
             return [
                 warning(f"refused a key exchange for rank {rank}: {why}"),
-                *fail(request, errno.EPERM, why),
+                *fail(request, errnum, why),
             ]
         if self.lifecycle.stopping:
             return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
@@ -223,10 +234,11 @@ class FlubService:
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
             return fail(request, errno.EINVAL, "flub.release needs rank, incarnation, public_key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
-        if (why := self._not_holder(request, rank, incarnation, key)) is not None:
+        if (refused := self._not_holder(request, rank, incarnation, key, now)) is not None:
+            errnum, why = refused
             return [
                 info(f"FLUB: refused to release rank {rank}: {why}"),
-                *fail(request, errno.EPERM, why),
+                *fail(request, errnum, why),
             ]
         host = self.table.entry(rank).host
 
@@ -239,23 +251,79 @@ class FlubService:
 
         return [Apply(Release(rank, incarnation, key), then=released)]
 
+    def challenge(self, request: Message, now: float) -> list[Action]:
+        """A connection that was not granted a reservation asks how to prove it holds the
+        reservation's key: a fresh challenge, for that reservation and this connection only,
+        which it answers in its `flub.kex` or `flub.release` (state/possession.py)."""
+        assert self.table is not None
+        payload = request.payload
+        rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
+        if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
+            return fail(request, errno.EINVAL, "flub.challenge needs rank, incarnation, public_key")
+        assert isinstance(rank, int) and isinstance(incarnation, int)
+        if (why := self.table.verify(rank, incarnation, key)) is not None:
+            return fail(request, *self._ended(rank, incarnation, key, why))
+        issued = self.challenges.issue(connection_of(request), rank, incarnation, key, now)
+        answer = {
+            "challenge": encode_nonce(issued.challenge.nonce),
+            "key": issued.challenge.public,
+            "expires": CHALLENGE_LIFE,
+        }
+        return [Respond(request.respond(answer))]
+
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect at rank 0: the connection's reservations no longer count against
         it (they stay reserved until their joiners come online, release them or they expire),
-        and nobody may exchange keys for them or release them any more."""
+        nobody may exchange keys for them or release them without a proof any more, and its
+        challenges can no longer be answered."""
         self.held.pop(connection_of(request), None)
+        self.challenges.forget(connection_of(request))
         return []
 
-    def _not_holder(self, request: Message, rank: int, incarnation: int, key: str) -> str | None:
-        """Why `request` may not use the reservation (rank, incarnation, key): it must be rank
-        0's current one, and, since a public key is no secret, first granted on the very
-        connection the request came by. None if it may."""
+    def _not_holder(
+        self, request: Message, rank: int, incarnation: int, key: str, now: float
+    ) -> tuple[int, str] | None:
+        """Why `request` may not use the reservation (rank, incarnation, key), and the errno
+        that says so; None if it may. It must be rank 0's current reservation (else ESTALE: it
+        lapsed or was given back; but EPERM if a broker with this key came online with it:
+        this one is a second holder); and, since a public key is no secret, either this
+        connection holds it or the request's `proof` answers this connection's challenge with
+        the key's secret half, which moves the reservation to this connection (else EPERM; a
+        challenge that expired, ETIMEDOUT)."""
         assert self.table is not None
         if (why := self.table.verify(rank, incarnation, key)) is not None:
-            return why
-        if (rank, incarnation) in self.held.get(connection_of(request), ()):
+            return self._ended(rank, incarnation, key, why)
+        route = connection_of(request)
+        if (rank, incarnation) in self.held.get(route, ()):
             return None
-        return f"rank {rank} incarnation {incarnation} was not reserved by this connection"
+        if "proof" not in request.payload:
+            why = f"rank {rank} incarnation {incarnation} was not reserved by this connection"
+            return errno.EPERM, why
+        proof = request.payload["proof"]
+        refused = self.challenges.redeem(route, rank, incarnation, key, proof, now)
+        if refused is not None:
+            return (errno.ETIMEDOUT if refused.expired else errno.EPERM), refused.why
+        for pairs in self.held.values():  # one holder at a time: the latest to prove it
+            pairs.discard((rank, incarnation))
+        self.held.setdefault(route, set()).add((rank, incarnation))
+        return None
+
+    def _ended(self, rank: int, incarnation: int, key: str, why: str) -> tuple[int, str]:
+        """The errno and reason for a reservation (rank, incarnation, key) that is not rank 0's
+        current one. Used by a broker with this key, which is online with it: the asker is a
+        second holder (EPERM: its joiner exits 77, and a new process with this key could not
+        have it either). Otherwise it lapsed, was given back, or never was (ESTALE: a joiner
+        exits 75, and a new process may be granted a new reservation)."""
+        assert self.table is not None
+        entry = self.table.entry(rank) if 0 <= rank < self.topology.size else None
+        if (
+            entry is not None
+            and (entry.incarnation, entry.key) == (incarnation, key)
+            and entry.state in CONNECTED
+        ):
+            held = f"held by another broker (pid {entry.pid} on {entry.host})"
+            return errno.EPERM, f"rank {rank} incarnation {incarnation} is {held}"
+        return errno.ESTALE, why
 
     def _held(self, route: Connection) -> set[tuple[int, int]]:
         """The reservations `route` holds that are still reserved. Every connection's ended
