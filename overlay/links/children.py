@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ import zmq
 
 from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links import downward
+from tbon.overlay.links.blocklist import Blocklist, attach
 from tbon.overlay.links.descriptors import descriptor_limit, reserve_size
 from tbon.overlay.links.downward import Downward, Rejoin, Timing
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
@@ -95,7 +97,9 @@ class Children:
         nofile = descriptor_limit()
         self.strangers = Strangers(caps_for(nofile, reserve_size(nofile)))  # strangers.py
         self.flood = FloodLog(FLOOD_LOG_EVERY)
+        self.blocklist = Blocklist(max(1.0, config.handshake_timeout))  # blocklist.py
         self._port = 0  # the tree port: a stranger is closed only on a socket bound to it
+        self._listener: int | None = None  # its listening socket's descriptor (ZeroMQ's)
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
@@ -119,6 +123,7 @@ class Children:
         self.socket.bind(endpoint)
         bound = self.socket.last_endpoint.decode()
         self._port = int(bound.rsplit(":", 1)[1])
+        self._listener = _find_listener(self._port)
         return bound
 
     # --- the sessions, as the broker and the router ask them -----------------------------------
@@ -156,9 +161,8 @@ class Children:
         return self.machine.verdict_due(now)
 
     def next_deadline(self) -> float:
-        flood = self.flood.next_deadline()
-        deadline = self.machine.next_deadline()
-        return deadline if flood is None else min(deadline, flood)
+        deadlines = [self.flood.next_deadline(), self.blocklist.next_deadline()]
+        return min([self.machine.next_deadline(), *(d for d in deadlines if d is not None)])
 
     # --- rank 0's word ------------------------------------------------------------------------
 
@@ -239,8 +243,21 @@ class Children:
             return
         for victim, _ in over:
             self._hang_up(victim)
-        self.flood.closed([source for _, source in over])
-        self._log_flood(time.monotonic())
+        sources = [source for _, source in over]
+        self.flood.closed(sources)
+        now = time.monotonic()
+        self._block(self.blocklist.over(sources, now))
+        self._log_flood(now)
+
+    def _block(self, blocked: frozenset[str] | None) -> None:
+        """Have the tree port's listener drop new connections from `blocked` (None: as is)."""
+        if blocked is None or self._listener is None:
+            return
+        try:
+            attach(self._listener, blocked)
+        except OSError as error:
+            log.warning("could not filter the tree port (%s): strangers are only closed", error)
+            self._listener = None
 
     def _hang_up(self, fd: int) -> None:
         """End a stranger's connection by shutting its socket down: ZeroMQ sees it end and
@@ -446,6 +463,7 @@ class Children:
         """Send heartbeats when due, and judge each child's silence."""
         inbound = Inbound()
         self._feed(downward.Tick(), now, inbound)
+        self._block(self.blocklist.tick(now))
         self._log_flood(now)
         return inbound.reports
 
@@ -473,6 +491,24 @@ def _borrowed(fd: int) -> Iterator[socket.socket | None]:
                 yield sock
     finally:
         sock.detach()
+
+
+def _find_listener(port: int) -> int | None:
+    """The descriptor of ZeroMQ's socket listening on the tree port (an IPv4 one), if any."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        with _borrowed(int(name)) as sock:
+            if (
+                sock is not None
+                and sock.family == socket.AF_INET
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                and sock.getsockname()[1] == port
+            ):
+                return int(name)
+    return None
 
 
 def _control(topic: str, **payload: Any) -> Message:
