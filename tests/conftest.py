@@ -106,13 +106,18 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE
 class Instance:
     """`tbon start --test-size=N` in wait mode: it prints the URI and runs until SIGTERM."""
 
-    def __init__(self, size: int, *attributes: str, exit_timeout: str = "5s") -> None:
+    def __init__(
+        self, size: int, *attributes: str, exit_timeout: str = "5s", nofile: int | None = None
+    ) -> None:
+        """`nofile`: the RLIMIT_NOFILE (soft and hard) of `tbon start`, and so of its brokers."""
         self.size = size
         # Lives as long as the instance: closed in stop().
         self.stderr_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         argv = [TBON, "start", f"--test-size={size}", f"--test-exit-timeout={exit_timeout}"]
         for attribute in attributes:
             argv += ["-S", attribute]
+        if nofile is not None:
+            argv = ["prlimit", f"--nofile={nofile}:{nofile}", "--", *argv]
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=self.stderr_file, text=True, env=child_env()
         )
@@ -254,7 +259,7 @@ def instance() -> Iterator[Callable[..., Instance]]:
     """A factory of instances, every one of them stopped and checked at teardown."""
     started: list[Instance] = []
 
-    def start(size: int, *attributes: str, **options: str) -> Instance:
+    def start(size: int, *attributes: str, **options: Any) -> Instance:
         started.append(Instance(size, *attributes, **options))
         return started[-1]
 

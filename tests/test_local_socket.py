@@ -416,11 +416,11 @@ def test_a_relay_carries_the_stream_and_ends_with_a_broker_that_closes_it(instan
 
 @contextlib.contextmanager
 def instance_with_descriptors(nofile: int) -> Iterator[str]:
-    """`tbon start --test-size=1` whose broker may hold `nofile` descriptors: its URI."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    """`tbon start --test-size=1` whose broker may hold `nofile` descriptors: its URI. The hard
+    limit too: a broker raises its soft limit to the hard one (links/descriptors.py)."""
 
     def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(

@@ -30,6 +30,7 @@ from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
 from tbon.overlay.config.attributes import BrokerConfig
+from tbon.overlay.links.descriptors import raise_limit
 from tbon.overlay.services.actions import Action, Apply
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
@@ -102,7 +103,9 @@ class Broker:
         self._cut = False
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
-        self.jobs = JobRunner(self.rank, self.uri, self._watch, self._unwatch, self._respond)
+        self.jobs = JobRunner(
+            self.rank, self.uri, self._watch, self._unwatch, self._respond, self.local.reserve
+        )
         self.draining: Draining | None = None
         self.lifecycle = Lifecycle()
         self._build_services()
@@ -574,6 +577,7 @@ class Broker:
 def run_broker(config: BrokerConfig, command: list[str]) -> int:
     """Boot a broker and serve until it ends; its exit code tells a supervisor what to do."""
     setup_logging(config.log_level)
+    raise_limit()  # before any socket: the caps and the reserve are reckoned from it
     context = zmq.Context()
     signals = SignalPipe()
     try:

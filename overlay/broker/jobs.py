@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
+from tbon.overlay.links.descriptors import OUT_OF_DESCRIPTORS, Reserve
 from tbon.overlay.wire.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Buffer, Kind, Message
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # imported where a job starts (0.3 MB), not by every broker
 log = logging.getLogger("tbon.exec")
 
 F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
+JOB_DESCRIPTORS = 8  # lent from the reserve to start a job: three pipes and exec's error pipe
 
 
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
@@ -82,6 +84,7 @@ class JobRunner:
         watch: Watch,
         unwatch: Callable[[int], None],
         send: Callable[[Message], object],  # what it returns is not looked at
+        reserve: Reserve | None = None,  # descriptors lent to a job when none are left
     ) -> None:
         self.rank = rank
         self.uri = uri
@@ -90,6 +93,7 @@ class JobRunner:
         self.send = send
         self.jobs: dict[str, Job] = {}
         self.guard = OrphanGuard()
+        self.reserve = reserve
 
     def start(self, request: Message) -> Message | None:
         """Start the command of an exec.start request (checked by the exec service); an error
@@ -106,8 +110,8 @@ class JobRunner:
             return None
         import subprocess
 
-        try:
-            process = subprocess.Popen(
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 plan.argv,
                 cwd=cwd,
                 env=env,
@@ -116,6 +120,16 @@ class JobRunner:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
+
+        try:
+            try:
+                process = spawn()
+            except OSError as error:
+                if error.errno not in OUT_OF_DESCRIPTORS or self.reserve is None:
+                    raise
+                with self.reserve.lending():  # descriptors.py: what a flood cannot take
+                    self.reserve.release(JOB_DESCRIPTORS)
+                    process = spawn()
         except OSError as error:  # an exec that failed after the checks passed
             code = 127 if isinstance(error, FileNotFoundError) else 126
             what = cwd if cwd is not None and error.filename == cwd else argv[0]

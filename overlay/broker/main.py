@@ -71,6 +71,11 @@ ATTRIBUTES = [
         "broker.client-backlog",
         "Bytes a local client may leave unread before it is dropped (default 64M).",
     ),
+    (
+        "broker.handshake-timeout",
+        "How long a peer on the tree port may take over its CURVE handshake before it is "
+        "closed (default 5s).",
+    ),
     ("broker.cert", "Use the key pair of this certificate (tbon keygen), not a new one."),
     ("hostname", "The name this broker reports (default: the host name)."),
     ("log-stderr-level", "debug, info, warning or error (default warning)."),

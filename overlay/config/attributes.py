@@ -19,6 +19,7 @@ DEFAULTS: dict[str, str] = {
     "broker.shutdown-timeout": "10s",
     "broker.join-timeout": "30s",
     "broker.client-backlog": "64M",
+    "broker.handshake-timeout": "5s",
     "log-stderr-level": "warning",
 }
 KNOWN = frozenset(
@@ -36,6 +37,7 @@ KNOWN = frozenset(
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_BACKLOG = 32 << 20  # broker.client-backlog: twice OUTPUT_BUDGET (wire/flow.py)
+MIN_HANDSHAKE, MAX_HANDSHAKE = 0.1, 60.0  # broker.handshake-timeout, seconds
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class BrokerConfig:
     log_level: str
     join_timeout: float = 30.0
     client_backlog: int = 64 << 20  # bytes a local client may leave unread (links/local.py)
+    handshake_timeout: float = 5.0  # a peer's CURVE handshake on the tree port (children.py)
     boot_server: str | None = None
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
@@ -108,6 +111,12 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         if reattach_timeout <= 0:
             raise UsageError("broker.reattach-timeout must be greater than zero")
     backlog = _client_backlog(values["broker.client-backlog"])
+    handshake_timeout = _duration(values, "broker.handshake-timeout")
+    if not MIN_HANDSHAKE <= handshake_timeout <= MAX_HANDSHAKE:
+        raise UsageError(
+            f"invalid broker.handshake-timeout {values['broker.handshake-timeout']!r}: "
+            f"from {MIN_HANDSHAKE * 1000:g}ms to {MAX_HANDSHAKE:g}s"
+        )
     heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
@@ -124,6 +133,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         log_level=level,
         join_timeout=join_timeout,
         client_backlog=backlog,
+        handshake_timeout=handshake_timeout,
         boot_server=boot_server,
         requested_rank=requested_rank,
         cert=values.get("broker.cert") or None,

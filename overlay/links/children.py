@@ -11,9 +11,12 @@ messages and rejoins.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +24,14 @@ import zmq
 
 from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links import downward
+from tbon.overlay.links.blocklist import Blocklist, attach
+from tbon.overlay.links.descriptors import descriptor_limit, reserve_size
 from tbon.overlay.links.downward import Downward, Rejoin, Timing
 from tbon.overlay.links.keyring import SHARED_USER_ID, Identity, KeyRing, ZapHandler
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.refusals import Refusals, refusal_grace
 from tbon.overlay.links.sessions import ChildSession
+from tbon.overlay.links.strangers import FloodLog, Strangers, caps_for
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.healing import may_report
 from tbon.overlay.state.ranktable import Dropped, Event
@@ -39,6 +45,7 @@ log = logging.getLogger("tbon.children")
 __all__ = ["Children", "Inbound", "Rejoin"]
 
 MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+FLOOD_LOG_EVERY = 10.0  # seconds between lines about a connection flood
 
 
 @dataclass(slots=True)
@@ -76,6 +83,8 @@ class Children:
         self.socket.curve_secretkey = secret_z85.encode()
         self.socket.zap_domain = b"tbon"
         self.socket.maxmsgsize = 8 * 1024 * 1024
+        # a peer that has not completed the CURVE handshake by then is closed (libzmq: 30 s)
+        self.socket.handshake_ivl = max(1, round(config.handshake_timeout * 1000))
         self.monitor = self.socket.get_monitor_socket(MONITORED)
 
     def _start(self, rank: int, topology: Topology, config: BrokerConfig) -> None:
@@ -85,6 +94,12 @@ class Children:
         self._config = config
         self.machine = Downward(rank, topology, timing(config))
         self.refusals = Refusals(refusal_grace(config.heartbeat))  # keys refused at handshake
+        nofile = descriptor_limit()
+        self.strangers = Strangers(caps_for(nofile, reserve_size(nofile)))  # strangers.py
+        self.flood = FloodLog(FLOOD_LOG_EVERY)
+        self.blocklist = Blocklist(max(1.0, config.handshake_timeout))  # blocklist.py
+        self._port = 0  # the tree port: a stranger is closed only on a socket bound to it
+        self._listener: int | None = None  # its listening socket's descriptor (ZeroMQ's)
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
@@ -106,7 +121,10 @@ class Children:
     def bind(self, endpoint: str) -> str:
         """Bind to `endpoint` (a port of `*` picks a free one); returns the address bound."""
         self.socket.bind(endpoint)
-        return self.socket.last_endpoint.decode()
+        bound = self.socket.last_endpoint.decode()
+        self._port = int(bound.rsplit(":", 1)[1])
+        self._listener = _find_listener(self._port)
+        return bound
 
     # --- the sessions, as the broker and the router ask them -----------------------------------
 
@@ -143,7 +161,8 @@ class Children:
         return self.machine.verdict_due(now)
 
     def next_deadline(self) -> float:
-        return self.machine.next_deadline()
+        deadlines = [self.flood.next_deadline(), self.blocklist.next_deadline()]
+        return min([self.machine.next_deadline(), *(d for d in deadlines if d is not None)])
 
     # --- rank 0's word ------------------------------------------------------------------------
 
@@ -205,9 +224,53 @@ class Children:
 
     def _connection_event(self, kind: int, fd: int) -> None:
         if kind == zmq.EVENT_ACCEPTED:
+            self._stranger(fd)
             self._feed(downward.Accepted(fd), 0.0, Inbound())
         elif kind == zmq.EVENT_DISCONNECTED:
+            self.strangers.forget(fd)
             self._feed(downward.Closed(fd), 0.0, Inbound())
+
+    def _stranger(self, fd: int) -> None:
+        """A connection accepted on `fd`: a stranger until it authenticates (strangers.py);
+        those past the caps are hung up, and the flood logged once per interval."""
+        self.flood.accepted()
+        source = "?"  # gone already: counted all the same, as from nowhere known
+        with _borrowed(fd) as sock:
+            if sock is not None:
+                source = sock.getpeername()[0]
+        over = self.strangers.accepted(fd, source)
+        if not over:
+            return
+        for victim, _ in over:
+            self._hang_up(victim)
+        sources = [source for _, source in over]
+        self.flood.closed(sources)
+        now = time.monotonic()
+        self._block(self.blocklist.over(sources, now))
+        self._log_flood(now)
+
+    def _block(self, blocked: frozenset[str] | None) -> None:
+        """Have the tree port's listener drop new connections from `blocked` (None: as is)."""
+        if blocked is None or self._listener is None:
+            return
+        try:
+            attach(self._listener, blocked)
+        except OSError as error:
+            log.warning("could not filter the tree port (%s): strangers are only closed", error)
+            self._listener = None
+
+    def _hang_up(self, fd: int) -> None:
+        """End a stranger's connection by shutting its socket down: ZeroMQ sees it end and
+        closes the descriptor itself (closing it here would race ZeroMQ's own use of the
+        number). Only a TCP socket on the tree port is touched: the number may be reused."""
+        with _borrowed(fd) as sock:
+            if sock is not None and sock.getsockname()[1] == self._port:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _log_flood(self, now: float) -> None:
+        line = self.flood.line(now, self.strangers.caps)
+        if line is not None:
+            log.warning("%s", line)
 
     def settle(self) -> list[Event]:
         """Declare lost every child whose connection closed without a goodbye."""
@@ -230,6 +293,7 @@ class Children:
         try:
             user_id = frames[1].get("User-Id")
             fd = frames[1].get(zmq.SRCFD)
+            self.strangers.forget(fd)  # only an authenticated peer's messages come through
             message = decode_frames(frames[1:])
         except (MessageError, zmq.ZMQError, UnicodeDecodeError) as error:
             log.warning("dropped a malformed message from a child: %s", error)
@@ -399,6 +463,8 @@ class Children:
         """Send heartbeats when due, and judge each child's silence."""
         inbound = Inbound()
         self._feed(downward.Tick(), now, inbound)
+        self._block(self.blocklist.tick(now))
+        self._log_flood(now)
         return inbound.reports
 
     def close(self) -> None:
@@ -406,6 +472,43 @@ class Children:
         self.monitor.close(linger=0)
         self.socket.close(linger=0)
         self.zap.close()
+
+
+@contextlib.contextmanager
+def _borrowed(fd: int) -> Iterator[socket.socket | None]:
+    """The TCP socket of ZeroMQ's descriptor `fd`, to look at, never to close (None if it is
+    not one now); socket errors inside are the connection gone, and ignored."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        yield None
+        return
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            yield None
+        else:
+            with contextlib.suppress(OSError):
+                yield sock
+    finally:
+        sock.detach()
+
+
+def _find_listener(port: int) -> int | None:
+    """The descriptor of ZeroMQ's socket listening on the tree port (an IPv4 one), if any."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        with _borrowed(int(name)) as sock:
+            if (
+                sock is not None
+                and sock.family == socket.AF_INET
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                and sock.getsockname()[1] == port
+            ):
+                return int(name)
+    return None
 
 
 def _control(topic: str, **payload: Any) -> Message:

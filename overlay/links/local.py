@@ -23,6 +23,9 @@ before the others get a turn (the rest of a read is taken too: poll would not te
 At most `client_cap()` connections are served at once (a quarter of RLIMIT_NOFILE, between 16 and
 4096): the broker needs its descriptors for its children and its jobs too. A connection over the
 cap is accepted, told why, and closed (logged at most once every `REFUSAL_LOG_EVERY` seconds).
+When the process is out of descriptors, a client is taken with one lent from the broker's
+reserve (descriptors.py), which a flood on the tree port cannot reach; the reserve's last one
+only serves to refuse, so that the listener never stays readable.
 """
 
 from __future__ import annotations
@@ -32,12 +35,17 @@ import errno
 import itertools
 import logging
 import os
-import resource
 import socket
 import time
 from collections.abc import Callable, Iterator
 
 from tbon.overlay.connectors.uri import SOCKET_NAME
+from tbon.overlay.links.descriptors import (
+    OUT_OF_DESCRIPTORS,
+    Reserve,
+    descriptor_limit,
+    reserve_size,
+)
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.frames import MAX_FRAME, Buffer, FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
@@ -64,11 +72,7 @@ def local_uri(rundir: str) -> str:
 
 def client_cap(nofile: int | None = None) -> int:
     """How many clients a broker serves at once: a quarter of its descriptors."""
-    if nofile is None:
-        nofile, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if nofile == resource.RLIM_INFINITY:
-            nofile = 1 << 20
-    return max(16, min(4096, nofile // 4))
+    return max(16, min(4096, (descriptor_limit() if nofile is None else nofile) // 4))
 
 
 class Backlog:
@@ -132,7 +136,13 @@ class _Client:
 
 
 class LocalServer:
-    def __init__(self, rundir: str, backlog: int = DEFAULT_BACKLOG, cap: int | None = None) -> None:
+    def __init__(
+        self,
+        rundir: str,
+        backlog: int = DEFAULT_BACKLOG,
+        cap: int | None = None,
+        reserve: int | None = None,
+    ) -> None:
         self.path = os.path.join(rundir, SOCKET_NAME)
         if len(self.path.encode()) > 100:
             from tbon.errors import UsageError
@@ -148,7 +158,7 @@ class LocalServer:
         self._gone: list[str] = []
         self._watch: Watch = lambda fd, writing: None
         self._scratch = bytearray(CHUNK)
-        self._spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self.reserve = Reserve(reserve_size(descriptor_limit()) if reserve is None else reserve)
         self._refusals = RateLimit(REFUSAL_LOG_EVERY)
 
     def fileno(self) -> int:
@@ -171,36 +181,44 @@ class LocalServer:
             except BlockingIOError:
                 return
             except OSError as error:
-                if error.errno in (errno.EMFILE, errno.ENFILE) and self._shed():
+                if error.errno in OUT_OF_DESCRIPTORS and self._from_reserve():
                     continue
                 if self._refusals.due(time.monotonic()):
                     log.warning("could not accept a local client: %s", error.strerror)
                 return
-            if len(self._clients) >= self.cap:
-                self._refuse(sock, f"it already serves {self.cap} local clients, its limit")
-                continue
-            sock.setblocking(False)
-            client = _Client(sock, f"l{next(self._numbers):x}")
-            self._clients[client.fd] = client
-            self._hops[client.hop] = client
-            self._watch(client.fd, False)
+            self._take(sock)
 
-    def _shed(self) -> bool:
-        """Out of descriptors: free the spare one to take the waiting client and refuse it, so
-        that the listener does not stay readable (the loop would spin on it)."""
-        if self._spare is None:
-            return False
-        os.close(self._spare)
-        self._spare = None
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            sock = None
-        if sock is not None:
-            self._refuse(sock, "it is out of file descriptors")
-        with contextlib.suppress(OSError):
-            self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        return sock is not None
+    def _take(self, sock: socket.socket) -> None:
+        if len(self._clients) >= self.cap:
+            self._refuse(sock, f"it already serves {self.cap} local clients, its limit")
+            return
+        sock.setblocking(False)
+        client = _Client(sock, f"l{next(self._numbers):x}")
+        self._clients[client.fd] = client
+        self._hops[client.hop] = client
+        self._watch(client.fd, False)
+
+    def _from_reserve(self) -> bool:
+        """Out of descriptors: take the waiting client with one from the reserve
+        (descriptors.py), or, with the last one, refuse it, so that the listener does not stay
+        readable (the loop would spin on it). False if no client could be taken."""
+        with self.reserve.lending():
+            while (last := len(self.reserve) == 1) or self.reserve:
+                self.reserve.release(1)
+                try:
+                    sock, _ = self.listener.accept()
+                except BlockingIOError:
+                    return False
+                except OSError as error:
+                    if error.errno in OUT_OF_DESCRIPTORS:
+                        continue  # taken by another thread first: try the next one
+                    return False
+                if last:
+                    self._refuse(sock, "it is out of file descriptors")
+                else:
+                    self._take(sock)
+                return True
+        return False
 
     def _refuse(self, sock: socket.socket, why: str) -> None:
         """Tell a client it is not served, and close it."""
@@ -378,9 +396,7 @@ class LocalServer:
         for client in list(self._clients.values()):
             self._close(client)
         self.listener.close()
-        if self._spare is not None:
-            os.close(self._spare)
-            self._spare = None
+        self.reserve.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 

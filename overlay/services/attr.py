@@ -103,7 +103,13 @@ def describe(me: Whoami, config: BrokerConfig, topology: Topology) -> dict[str, 
     # broker.rundir: the directory made of it (%r replaced), or the one made for it
     source = SETATTR if "broker.rundir" in given else DEFAULT if config.rundir is None else LAUNCHER
     put("broker.rundir", _rundir(me.uri), source)
-    for name in ("broker.shutdown-timeout", "broker.client-backlog", "log-stderr-level"):
+    plain_names = (
+        "broker.shutdown-timeout",
+        "broker.client-backlog",
+        "broker.handshake-timeout",
+        "log-stderr-level",
+    )
+    for name in plain_names:
         plain(name)
     plain("hostname", config.hostname)
     if "broker.reattach-timeout" in given:

@@ -1,0 +1,102 @@
+"""A broker's file descriptors: its limit raised at start, and a reserve kept back for its own.
+
+Connections to the tree port take descriptors in ZeroMQ's I/O thread, which the broker does not
+run: a flood of them could take the last one, and with it the broker's means to serve its local
+clients and start its jobs (docs/design.md §14). So a broker raises its soft RLIMIT_NOFILE to
+the hard one as it starts, and holds `reserve_size` descriptors open on /dev/null that nothing
+else can take. When accepting a local client or starting a job fails for want of a descriptor,
+it lends from the reserve (closes some, tries again) and fills it up again afterwards. The caps
+on strangers (strangers.py) keep ZeroMQ below the limit less the reserve, so that lending is the
+exception, and what is lent goes to the broker's own thread, not to a flood.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import resource
+from collections.abc import Iterator
+
+log = logging.getLogger("tbon.descriptors")
+
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+NR_OPEN = "/proc/sys/fs/nr_open"
+
+
+def descriptor_limit() -> int:
+    """The soft RLIMIT_NOFILE in force (2^20 if unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
+def reserve_size(nofile: int) -> int:
+    """Descriptors kept back for local clients and jobs: an eighth of the limit, 16 to 256."""
+    return max(16, min(256, nofile // 8))
+
+
+def target_limit(soft: int, hard: int, nr_open: int | None) -> int:
+    """The soft limit to ask for: the hard one (at most the kernel's nr_open when it is
+    unlimited), never below the soft one."""
+    ceiling = hard
+    if hard == resource.RLIM_INFINITY:
+        ceiling = nr_open if nr_open is not None else 1 << 20
+    return soft if soft != resource.RLIM_INFINITY and ceiling <= soft else ceiling
+
+
+def raise_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit in force after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nr_open = None
+    with contextlib.suppress(OSError, ValueError), open(NR_OPEN) as file:
+        nr_open = int(file.read())
+    target = target_limit(soft, hard, nr_open)
+    if target == soft:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as error:
+        log.warning("could not raise the descriptor limit from %d to %d: %s", soft, target, error)
+        return soft
+    log.debug("raised the soft descriptor limit from %d to %d", soft, target)
+    return target
+
+
+class Reserve:
+    """`size` descriptors held open on /dev/null, to be lent to the broker's own thread."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._held: list[int] = []
+        self.refill()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def refill(self) -> None:
+        """Hold `size` again, as many as can be opened now."""
+        while len(self._held) < self.size:
+            try:
+                self._held.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:
+                return
+
+    def release(self, count: int = 1) -> int:
+        """Close up to `count` held descriptors (for the caller to take at once); how many."""
+        count = min(count, len(self._held))
+        for _ in range(count):
+            os.close(self._held.pop())
+        return count
+
+    @contextlib.contextmanager
+    def lending(self) -> Iterator[None]:
+        """Around a use of what `release` freed: the reserve is filled again after it."""
+        try:
+            yield
+        finally:
+            self.refill()
+
+    def close(self) -> None:
+        self.release(len(self._held))
+        self.size = 0

@@ -1,0 +1,167 @@
+"""The decisions about a connection flood (links/strangers.py, blocklist.py, descriptors.py):
+which strangers to close, what to log, which addresses to block, how many descriptors to keep
+back. Pure, but for the filter, which is tried on a real listening socket on 127.0.0.2."""
+
+from __future__ import annotations
+
+import resource
+import socket
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tbon.errors import UsageError
+from tbon.overlay.config.attributes import broker_config
+from tbon.overlay.links.blocklist import MAX_BLOCKED, Blocklist, attach
+from tbon.overlay.links.descriptors import Reserve, reserve_size, target_limit
+from tbon.overlay.links.strangers import Caps, FloodLog, Strangers, caps_for
+
+CAPS = Caps(per_source=3, in_all=5)
+
+
+def test_a_source_past_its_cap_loses_its_oldest_stranger() -> None:
+    strangers = Strangers(CAPS)
+    assert [strangers.accepted(fd, "a") for fd in (10, 11, 12)] == [[], [], []]
+    assert strangers.accepted(13, "a") == [(10, "a")]
+    assert strangers.from_source("a") == 3
+
+
+def test_past_the_cap_in_all_the_biggest_holder_loses_its_oldest() -> None:
+    strangers = Strangers(CAPS)
+    for fd in (1, 2, 3):
+        strangers.accepted(fd, "flood")
+    strangers.accepted(4, "b")
+    strangers.accepted(5, "c")
+    assert strangers.accepted(6, "newcomer") == [(1, "flood")]  # never the newcomer
+    assert len(strangers) == 5
+
+
+def test_a_stranger_that_speaks_or_closes_is_forgotten_once() -> None:
+    strangers = Strangers(CAPS)
+    strangers.accepted(7, "a")
+    assert strangers.forget(7)
+    assert not strangers.forget(7)
+    assert strangers.from_source("a") == 0
+
+
+def test_a_reused_descriptor_is_a_new_stranger() -> None:
+    strangers = Strangers(CAPS)
+    strangers.accepted(7, "a")
+    strangers.accepted(7, "b")  # its first connection's close was not seen
+    assert (strangers.from_source("a"), strangers.from_source("b")) == (0, 1)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 20), st.sampled_from("abcd"))))
+def test_the_caps_always_hold(steps: list[tuple[bool, int, str]]) -> None:
+    strangers = Strangers(CAPS)
+    held: dict[int, str] = {}
+    for accept, fd, source in steps:
+        if accept:
+            held.pop(fd, None)
+            held[fd] = source
+            for victim, victim_source in strangers.accepted(fd, source):
+                assert held.pop(victim) == victim_source
+                assert victim != fd or len(held) >= CAPS.in_all  # the newcomer keeps its turn
+        else:
+            assert strangers.forget(fd) == (held.pop(fd, None) is not None)
+        assert len(strangers) == len(held) <= CAPS.in_all
+        assert all(strangers.from_source(s) <= CAPS.per_source for s in "abcd")
+
+
+def test_caps_follow_the_limit() -> None:
+    assert caps_for(256, reserve_size(256)) == Caps(per_source=28, in_all=56)
+    assert caps_for(1 << 20, reserve_size(1 << 20)) == Caps(per_source=512, in_all=1024)
+    assert caps_for(16, 16) == Caps(per_source=4, in_all=8)
+
+
+def test_the_flood_is_logged_once_per_interval_with_counts() -> None:
+    flood = FloodLog(10.0)
+    flood.accepted()
+    assert flood.line(0.0, CAPS) is None  # no cap reached: nobody floods
+    flood.closed(["x"])
+    first = flood.line(1.0, CAPS)
+    assert first is not None and "3 per address, 5 in all" in first
+    for _ in range(1000):
+        flood.accepted()
+        flood.closed(["x"])
+        assert flood.line(5.0, CAPS) is None
+    flood.closed(["y"])
+    assert flood.line(11.0, CAPS) == (
+        "connection flood on the tree port: 1000 accepted and 1001 closed over the caps in 10s, "
+        "from 2 addresses"
+    )
+    assert flood.next_deadline() == 21.0
+    assert flood.line(21.0, CAPS) == "the connection flood on the tree port is over"
+    assert flood.next_deadline() is None
+
+
+def test_an_address_is_blocked_until_an_interval_passes_quiet() -> None:
+    blocklist = Blocklist(5.0)
+    assert blocklist.over(["10.0.0.1", "?"], 0.0) == {"10.0.0.1"}
+    assert blocklist.over(["10.0.0.1"], 1.0) is None  # blocked already
+    assert blocklist.tick(4.0) is None
+    assert blocklist.tick(5.0) is None  # it went past its cap in that interval
+    assert blocklist.tick(10.0) == frozenset()  # quiet throughout the next
+    assert blocklist.next_deadline() is None
+
+
+def test_the_blocklist_is_bounded() -> None:
+    blocklist = Blocklist(5.0)
+    many = [f"10.0.{n // 256}.{n % 256}" for n in range(MAX_BLOCKED + 10)]
+    blocked = blocklist.over(many, 0.0)
+    assert blocked is not None and len(blocked) == MAX_BLOCKED
+
+
+def _connects(port: int, source: str) -> bool:
+    with socket.socket() as client:
+        client.bind((source, 0))
+        client.settimeout(0.3)  # a dropped SYN is retried after 1 s: this is long enough
+        try:
+            client.connect(("127.0.0.1", port))
+        except TimeoutError:
+            return False
+        return True
+
+
+def test_the_filter_drops_new_connections_from_blocked_addresses_only() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        attach(listener.fileno(), frozenset({"127.0.0.2", "127.0.0.9"}))
+        assert _connects(port, "127.0.0.1")
+        assert not _connects(port, "127.0.0.2")
+        attach(listener.fileno(), frozenset())
+        assert _connects(port, "127.0.0.2")
+
+
+def test_the_soft_limit_is_raised_to_the_hard_one() -> None:
+    assert target_limit(1024, 524288, None) == 524288
+    assert target_limit(1024, resource.RLIM_INFINITY, 1048576) == 1048576
+    assert target_limit(4096, 4096, None) == 4096
+    assert (reserve_size(64), reserve_size(1024), reserve_size(1 << 20)) == (16, 128, 256)
+
+
+def test_the_reserve_lends_and_fills_again() -> None:
+    reserve = Reserve(4)
+    try:
+        assert len(reserve) == 4
+        with reserve.lending():
+            assert reserve.release(3) == 3
+            assert len(reserve) == 1
+        assert len(reserve) == 4
+    finally:
+        reserve.close()
+    assert len(reserve) == 0
+
+
+def test_the_handshake_timeout_attribute() -> None:
+    assert broker_config({}).handshake_timeout == 5.0
+    assert broker_config({"broker.handshake-timeout": "250ms"}).handshake_timeout == 0.25
+    for bad in ("0", "2m", "soon"):
+        try:
+            broker_config({"broker.handshake-timeout": bad})
+        except UsageError as error:
+            assert "handshake-timeout" in str(error)
+        else:
+            raise AssertionError(f"{bad!r} was taken")
