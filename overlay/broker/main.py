@@ -71,6 +71,11 @@ ATTRIBUTES = [
         "broker.client-backlog",
         "Bytes a local client may leave unread before it is dropped (default 64M).",
     ),
+    (
+        "broker.client-backlog-total",
+        "Bytes all local clients together may leave unread; past it the greediest is dropped "
+        "(default: 1.5 times broker.client-backlog, 96M).",
+    ),
     ("broker.cert", "Use the key pair of this certificate (tbon keygen), not a new one."),
     ("hostname", "The name this broker reports (default: the host name)."),
     ("log-stderr-level", "debug, info, warning or error (default warning)."),

@@ -251,7 +251,7 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
     local: LocalServer | None = None
     parent: ParentLink | None = None
     try:
-        local = LocalServer(rundir.path, booted.config.client_backlog)
+        local = LocalServer(rundir.path, config.client_backlog, total=config.client_backlog_total)
         if wireup.parent is not None:
             from tbon.overlay.links.parent import ParentLink  # not at rank 0
 

@@ -32,6 +32,7 @@ KNOWN = frozenset(
         "broker.rank",
         "broker.cert",
         "broker.reattach-timeout",
+        "broker.client-backlog-total",
     }
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -52,6 +53,7 @@ class BrokerConfig:
     log_level: str
     join_timeout: float = 30.0
     client_backlog: int = 64 << 20  # bytes a local client may leave unread (links/local.py)
+    client_backlog_total: int = 96 << 20  # bytes all local clients together may leave unread
     boot_server: str | None = None
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
@@ -108,6 +110,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         if reattach_timeout <= 0:
             raise UsageError("broker.reattach-timeout must be greater than zero")
     backlog = _client_backlog(values["broker.client-backlog"])
+    total = _client_backlog_total(values.get("broker.client-backlog-total"), backlog)
     heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
@@ -124,6 +127,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         log_level=level,
         join_timeout=join_timeout,
         client_backlog=backlog,
+        client_backlog_total=total,
         boot_server=boot_server,
         requested_rank=requested_rank,
         cert=values.get("broker.cert") or None,
@@ -162,6 +166,22 @@ def _client_backlog(text: str) -> int:
         raise UsageError(
             f"invalid broker.client-backlog {text!r}: a size from {MIN_BACKLOG >> 20}M to 1024G "
             "(K, M and G are binary multiples)"
+        )
+    return size
+
+
+def _client_backlog_total(text: str | None, backlog: int) -> int:
+    """At least one client's bound (else that bound would mean nothing); by default one and a
+    half times it (docs/design.md section 14 says why)."""
+    from tbon.overlay.parse.numbers import parse_bytes
+
+    if text is None:
+        return backlog * 3 // 2
+    size = parse_bytes(text)
+    if size is None or not backlog <= size <= 1 << 40:
+        raise UsageError(
+            f"invalid broker.client-backlog-total {text!r}: a size from broker.client-backlog "
+            f"({backlog >> 20}M) to 1024G (K, M and G are binary multiples)"
         )
     return size
 

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from tbon.overlay.connectors.uri import SOCKET_NAME
+from tbon.overlay.links.backlogs import Drop, Ledger
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.frames import MAX_FRAME, Buffer, FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
@@ -130,9 +131,22 @@ class _Client:
         (a client that acknowledges what it never read gains nothing)."""
         return max(self.backlog.unread_with(size), self.outbox.size + size)
 
+    def held(self) -> int:
+        """What it makes the broker hold, for the ledger: its unread bytes; once dropped, only
+        what is still queued for it (what it was sent before can never be asked for again)."""
+        return self.outbox.size if self.dropped else self.unread_with(0)
+
 
 class LocalServer:
-    def __init__(self, rundir: str, backlog: int = DEFAULT_BACKLOG, cap: int | None = None) -> None:
+    def __init__(
+        self,
+        rundir: str,
+        backlog: int = DEFAULT_BACKLOG,
+        cap: int | None = None,
+        total: int | None = None,
+    ) -> None:
+        """`backlog` bounds what one client leaves unread, `total` what all of them do (by
+        default one and a half times `backlog`: overlay/config/attributes.py)."""
         self.path = os.path.join(rundir, SOCKET_NAME)
         if len(self.path.encode()) > 100:
             from tbon.errors import UsageError
@@ -141,6 +155,7 @@ class LocalServer:
         self.listener = _listen(self.path)
         self.uri = f"local://{self.path}"
         self.backlog = backlog
+        self.ledger = Ledger(backlog, total_backlog(backlog) if total is None else total)
         self.cap = client_cap() if cap is None else cap
         self._clients: dict[int, _Client] = {}  # by descriptor
         self._hops: dict[str, _Client] = {}
@@ -224,6 +239,7 @@ class LocalServer:
         if self._clients.pop(client.fd, None) is None:
             return
         del self._hops[client.hop]
+        self.ledger.forget(client.hop)
         self._watch(client.fd, None)
         client.sock.close()
         if client.heard and not client.dropped:
@@ -296,6 +312,7 @@ class LocalServer:
             return None
         if message.topic == "client.ack":  # for this socket alone: never routed
             client.backlog.ack(message.payload.get("bytes"))
+            self.ledger.set(client.hop, client.held())
             return None
         return message
 
@@ -325,12 +342,15 @@ class LocalServer:
             return False
         frames = encode(message)
         size = sum(len(frame) for frame in frames)
-        if client.unread_with(size) > self.backlog:
-            self._drop(client)
+        admission = self.ledger.admit(hop, client.unread_with(size))
+        for drop in admission.drops:
+            self._drop(self._hops[drop.hop], drop)
+        if not admission.send:
             return False
         client.backlog.sent += size
         if client.writing:  # it waits its turn behind what is queued
             client.outbox.push(frame_parts(frames))
+            self.ledger.set(hop, client.held())
             return True
         self._flush(client, frame_parts(frames))
         return self._clients.get(client.fd) is client
@@ -351,6 +371,7 @@ class LocalServer:
         except OSError:
             self._close(client)  # it went away: its end of file or reset is read next
             return
+        self.ledger.set(client.hop, client.held())
         writing = bool(client.outbox)
         if writing != client.writing:
             client.writing = writing
@@ -359,14 +380,25 @@ class LocalServer:
             with contextlib.suppress(OSError):
                 client.sock.shutdown(socket.SHUT_WR)  # all it was sent, then end of file
 
-    def _drop(self, client: _Client) -> None:
-        backlog = client.backlog
-        unread = max(backlog.sent - backlog.acked, client.outbox.size)
-        why = (
-            f"the broker dropped this connection: {unread >> 20} MiB sent to it went unread "
-            f"(broker.client-backlog is {self.backlog >> 20} MiB)"
+    def _drop(self, client: _Client, drop: Drop) -> None:
+        """Drop a client past its bound, or the greediest when all are past theirs: what was
+        queued for it and not begun is given up at once, and it is told why. One dropped
+        already, that would still hold the most, is closed outright."""
+        if client.dropped:
+            log.warning("closed dropped local client %s: it still held the most", client.hop)
+            self._close(client)
+            return
+        unread = client.unread_with(0)
+        if drop.total:
+            total = _mib(self.ledger.total_bound)
+            bound = f"the most of all local clients, past broker.client-backlog-total, {total}"
+        else:
+            bound = f"past broker.client-backlog, {_mib(self.backlog)}"
+        why = f"the broker dropped this connection: {_mib(unread)} sent to it went unread ({bound})"
+        log.warning(
+            "dropped local client %s: %d bytes sent to it unread (%s)", client.hop, unread, bound
         )
-        log.warning("dropped local client %s: %d bytes sent to it unread", client.hop, unread)
+        client.outbox.give_up()  # released now, not when (if ever) it reads
         notice = Message(Kind.RESPONSE, "client.dropped", errnum=errno.ENOBUFS, errstr=why)
         client.outbox.push(frame_parts(encode(notice)))  # past the bound: one small last word
         client.dropped = True
@@ -383,6 +415,15 @@ class LocalServer:
             self._spare = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def total_backlog(backlog: int) -> int:
+    """broker.client-backlog-total when it is not set: one and a half client's bound."""
+    return backlog * 3 // 2
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f}".removesuffix(".0") + " MiB"
 
 
 def _listen(path: str) -> socket.socket:
