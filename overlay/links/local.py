@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 
 from tbon.overlay.connectors.uri import SOCKET_NAME
 from tbon.overlay.links.backlogs import Drop, Ledger
+from tbon.overlay.links.release import TRIM_ABOVE, give_back
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.frames import MAX_FRAME, Buffer, FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
@@ -165,6 +166,7 @@ class LocalServer:
         self._scratch = bytearray(CHUNK)
         self._spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._refusals = RateLimit(REFUSAL_LOG_EVERY)
+        self._freed = 0  # bytes dropped and closed clients gave up since the last release()
 
     def fileno(self) -> int:
         """The listener's descriptor: readable when a client connects (call accept())."""
@@ -239,6 +241,7 @@ class LocalServer:
         if self._clients.pop(client.fd, None) is None:
             return
         del self._hops[client.hop]
+        self._freed += self.ledger.unread.get(client.hop, 0)
         self.ledger.forget(client.hop)
         self._watch(client.fd, None)
         client.sock.close()
@@ -398,13 +401,20 @@ class LocalServer:
         log.warning(
             "dropped local client %s: %d bytes sent to it unread (%s)", client.hop, unread, bound
         )
-        client.outbox.give_up()  # released now, not when (if ever) it reads
+        self._freed += client.outbox.give_up()  # released now, not when (if ever) it reads
         notice = Message(Kind.RESPONSE, "client.dropped", errnum=errno.ENOBUFS, errstr=why)
         client.outbox.push(frame_parts(encode(notice)))  # past the bound: one small last word
         client.dropped = True
         client.reader = FrameReader(MAX_INPUT)  # whatever it sends from now on is not heard
         self._gone.append(client.hop)
         self._flush(client)
+
+    def release(self) -> None:
+        """After clients were dropped or closed holding much, give the memory they held back
+        to the system (release.py): once per turn of the loop, however many went."""
+        if self._freed >= TRIM_ABOVE:
+            give_back()
+        self._freed = 0
 
     def close(self) -> None:
         for client in list(self._clients.values()):
