@@ -228,7 +228,7 @@ def pinged(local: LocalServer, loop: Loop, pad: int) -> tuple[socket.socket, int
 
 
 def test_clients_together_are_held_to_the_total_and_the_greediest_goes(server) -> None:
-    """Three clients that never read, at 1 MiB each and 1.5 MiB in all, the first sent twice as
+    """Three clients that never read, at 1 MiB each and 1.25 MiB in all, the first sent twice as
     much as the others: it is dropped once the sum would pass, whoever tipped it, and told why,
     long before its own bound; the sum the server holds never passes the total."""
     local, loop = server
@@ -243,7 +243,7 @@ def test_clients_together_are_held_to_the_total_and_the_greediest_goes(server) -
         fds.append(fd)
         hops.append(hop)
     answer = ping.respond({"pad": "x" * 16384})
-    assert local.ledger.total_bound == 3 << 19
+    assert local.ledger.total_bound == 5 << 18
     for turn in itertools.count():
         if not local.send(hops[(0, 0, 1, 2)[turn % 4]], answer):
             break
@@ -260,7 +260,9 @@ def test_clients_together_are_held_to_the_total_and_the_greediest_goes(server) -
         messages += reader.drain()
     last = decode(messages[-1])
     assert last.topic == "client.dropped" and last.errnum == errno.ENOBUFS
-    assert "the most of all local clients, past broker.client-backlog-total, 1.5 MiB" in last.errstr
+    assert (
+        "the most of all local clients, past broker.client-backlog-total, 1.25 MiB" in last.errstr
+    )
     for sock in sockets:
         sock.close()
 

@@ -74,7 +74,7 @@ ATTRIBUTES = [
     (
         "broker.client-backlog-total",
         "Bytes all local clients together may leave unread; past it the greediest is dropped "
-        "(default: 1.5 times broker.client-backlog, 96M).",
+        "(default: 1.25 times broker.client-backlog, 80M).",
     ),
     ("broker.cert", "Use the key pair of this certificate (tbon keygen), not a new one."),
     ("hostname", "The name this broker reports (default: the host name)."),

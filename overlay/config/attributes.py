@@ -39,6 +39,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_BACKLOG = 32 << 20  # broker.client-backlog: twice OUTPUT_BUDGET (wire/flow.py)
 
 
+def default_total(each: int) -> int:
+    """broker.client-backlog-total when it is not set: five quarters of one client's bound, room
+    for one client at its bound and a flow-controlled `tbon exec` beside it (16 MiB, its whole
+    output budget in flight), and no more (docs/design.md section 14)."""
+    return each * 5 // 4
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     size: int | None
@@ -53,7 +60,7 @@ class BrokerConfig:
     log_level: str
     join_timeout: float = 30.0
     client_backlog: int = 64 << 20  # bytes a local client may leave unread (links/local.py)
-    client_backlog_total: int = 96 << 20  # bytes all local clients together may leave unread
+    client_backlog_total: int = 80 << 20  # bytes all local clients together may leave unread
     boot_server: str | None = None
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
@@ -171,12 +178,12 @@ def _client_backlog(text: str) -> int:
 
 
 def _client_backlog_total(text: str | None, backlog: int) -> int:
-    """At least one client's bound (else that bound would mean nothing); by default one and a
-    half times it (docs/design.md section 14 says why)."""
+    """At least one client's bound (else that bound would mean nothing); by default five
+    quarters of it (docs/design.md section 14 says why)."""
     from tbon.overlay.parse.numbers import parse_bytes
 
     if text is None:
-        return backlog * 3 // 2
+        return default_total(backlog)
     size = parse_bytes(text)
     if size is None or not backlog <= size <= 1 << 40:
         raise UsageError(

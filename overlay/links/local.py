@@ -37,6 +37,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 
+from tbon.overlay.config.attributes import default_total
 from tbon.overlay.connectors.uri import SOCKET_NAME
 from tbon.overlay.links.backlogs import Drop, Ledger
 from tbon.overlay.links.release import TRIM_ABOVE, give_back
@@ -147,7 +148,7 @@ class LocalServer:
         total: int | None = None,
     ) -> None:
         """`backlog` bounds what one client leaves unread, `total` what all of them do (by
-        default one and a half times `backlog`: overlay/config/attributes.py)."""
+        default five quarters of `backlog`: config/attributes.py)."""
         self.path = os.path.join(rundir, SOCKET_NAME)
         if len(self.path.encode()) > 100:
             from tbon.errors import UsageError
@@ -156,7 +157,7 @@ class LocalServer:
         self.listener = _listen(self.path)
         self.uri = f"local://{self.path}"
         self.backlog = backlog
-        self.ledger = Ledger(backlog, total_backlog(backlog) if total is None else total)
+        self.ledger = Ledger(backlog, default_total(backlog) if total is None else total)
         self.cap = client_cap() if cap is None else cap
         self._clients: dict[int, _Client] = {}  # by descriptor
         self._hops: dict[str, _Client] = {}
@@ -427,13 +428,8 @@ class LocalServer:
             os.unlink(self.path)
 
 
-def total_backlog(backlog: int) -> int:
-    """broker.client-backlog-total when it is not set: one and a half client's bound."""
-    return backlog * 3 // 2
-
-
 def _mib(size: int) -> str:
-    return f"{size / (1 << 20):.1f}".removesuffix(".0") + " MiB"
+    return f"{size / (1 << 20):.2f}".rstrip("0").rstrip(".") + " MiB"
 
 
 def _listen(path: str) -> socket.socket:
