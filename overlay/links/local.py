@@ -14,11 +14,14 @@ taken yet waits in its outbox, watched for POLLOUT only while there is some. Wha
 unread is bounded instead. It reports the bytes it has read (`client.ack`, which tbon's client
 sends every megabyte, handled here and never routed); one that would leave more than
 `broker.client-backlog` unread is dropped: told so in one last message, its streams cancelled and
-its jobs killed, as if it had hung up, and nothing it sends afterwards is heard. Credit-based
-streams (exec, status.watch) stay far below the bound; only a client that asks and asks without
-reading reaches it. What a client sends is bounded too: one message's frames at most 8 MiB
-(`MAX_INPUT`), and one connection is read until `READ_BUDGET` bytes or `MESSAGE_BUDGET` messages
-before the others get a turn (the rest of a read is taken too: poll would not tell of it).
+its jobs killed, as if it had hung up, and nothing it sends afterwards is heard; what was queued
+for it and not begun is freed at once. All clients together are held to
+`broker.client-backlog-total` too: past it, the one holding the most is dropped (backlogs.py
+decides, this module carries it out). Credit-based streams (exec, status.watch) stay far below
+the bound; only a client that asks and asks without reading reaches it. What a client sends is
+bounded too: one message's frames at most 8 MiB (`MAX_INPUT`), and one connection is read until
+`READ_BUDGET` bytes or `MESSAGE_BUDGET` messages before the others get a turn (the rest of a read
+is taken too: poll would not tell of it).
 
 At most `client_cap()` connections are served at once (a quarter of RLIMIT_NOFILE, between 16 and
 4096): the broker needs its descriptors for its children and its jobs too. A connection over the
