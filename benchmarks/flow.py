@@ -3,7 +3,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/flow.py [--hold S] [--bytes B] [--rss-cap MB] [--runs R]
-        [--markdown] [--sections slow,stdin]
+        [--markdown] [--sections slow,stdin,greedy] [--clients N] [--greedy-bytes B]
 
 This script talks to tbon through its command line only (`tbon start`, `tbon status --json`,
 `tbon exec`) and reads memory from /proc: it imports nothing but the standard library and
@@ -39,6 +39,15 @@ Sections (select with --sections):
          20000000 /dev/zero` into /dev/null; --runs R (default 3) of each, interleaved, after
          one untimed run of the second whose output is counted. Wall time from Popen to exit.
          Target: stdin within 1.5x the time of stdout (medians).
+  greedy 4 brokers (kary:32); --clients N (default 8) greedy clients of rank 0's socket, each
+         a raw connection speaking the wire protocol (docs/protocol.md §1.2; framed here with
+         struct, not tbon's code): it starts `head -c B /dev/zero` (--greedy-bytes, default
+         64000000) on every rank with a 4 MiB window, sends every rank `exec.credit` for a whole
+         window every 50 ms, and never reads. Rank 0's RSS: idle (after a warm-up `tbon exec -r
+         all true`), the peak of samples every 0.1 s for --hold seconds (ended early past
+         --rss-cap), and after the clients go (their sockets closed, every `head` gone, then one
+         `tbon status`). Target (issue 24): growth under 128 MB; before issue 24 each client
+         was held to its own 64 MiB alone, so eight took rank 0 up by about 500 MB.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ import contextlib
 import json
 import os
 import selectors
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -76,7 +87,7 @@ from common import (
 )
 
 MB = 1_000_000
-SECTIONS = ("slow", "stdin")
+SECTIONS = ("slow", "stdin", "greedy")
 ONLINE_DEADLINE_S = 60.0  # for `tbon status --wait full` to see every rank online
 
 SLOW_SIZE = 16
@@ -89,6 +100,11 @@ STDIN_SIZE = 4
 STDIN_RANK = "3"  # one hop below rank 0 with kary:32
 STDIN_BYTES = 20_000_000
 TARGET_STDIN_RATIO = 1.5  # stdin time / stdout time, medians
+
+GREEDY_SIZE = 4
+GREEDY_WINDOW = 4 * 1024 * 1024  # the largest output window a target takes
+GREEDY_EVERY_S = 0.05  # how often a greedy client grants itself credit
+TARGET_GREEDY_GROWTH_MB = 128.0
 
 
 # --- the CLIs we start --------------------------------------------------------------------------
@@ -443,6 +459,112 @@ def bench_stdin(report: Report, runs: int) -> None:
     )
 
 
+# --- 3. greedy clients ---------------------------------------------------------------------------
+
+
+class Greedy:
+    """A client of a broker's socket that starts a job flooding stdout on `ranks`, gives every
+    rank its whole window back every GREEDY_EVERY_S, and never reads: the client the issue
+    found multiplied the per-client bound. Framing as docs/protocol.md §1.3 has it: a 4-byte
+    count of frames, then each frame with its 4-byte length, big-endian."""
+
+    def __init__(self, path: str, number: int, ranks: list[int], nbytes: int) -> None:
+        self.id = f"greedy-{number}"
+        self.ranks = ranks
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(RUN_DEADLINE_S)  # the broker always reads: a write never waits long
+        self.sock.connect(path)
+        self.alive = True
+        argv = ["head", "-c", str(nbytes), "/dev/zero"]
+        start = {"id": self.id, "argv": argv, "cwd": None, "env": None, "targets": ranks}
+        self._send("exec.start", 0, {**start, "eof": True, "window": GREEDY_WINDOW}, tag=1)
+
+    def _send(self, topic: str, rank: int, payload: dict[str, Any], tag: int = 0) -> None:
+        frames = [
+            json.dumps({"v": 1, "k": "request", "t": topic, "n": rank, "g": tag}).encode(),
+            json.dumps(payload).encode(),
+        ]
+        data = struct.pack(">I", len(frames))
+        for frame in frames:
+            data += struct.pack(">I", len(frame)) + frame
+        try:
+            self.sock.sendall(data)
+        except OSError:  # closed by the broker: it was dropped
+            self.alive = False
+
+    def credit(self) -> None:
+        for rank in self.ranks:
+            if self.alive:
+                self._send("exec.credit", rank, {"id": self.id, "bytes": GREEDY_WINDOW})
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def bench_greedy(report: Report, clients: int, nbytes: int, hold: float, cap: float) -> None:
+    ranks = list(range(GREEDY_SIZE))
+    with tbon_start(GREEDY_SIZE) as inst:
+        pids = broker_pids(inst.uri, GREEDY_SIZE)
+        rank0 = pids[0]
+        time_command([str(TBON), "exec", "-r", "all", inst.uri, "true"], stdout=subprocess.DEVNULL)
+        idle = rss_mb(rank0) or 0.0
+        progress(f"greedy: rank 0 idle at {idle:.1f} MB; {clients} greedy clients for {hold:g}s")
+        path = inst.uri.removeprefix("local://")
+        greedy: list[Greedy] = []
+        peak, early = idle, ""
+        try:
+            greedy = [Greedy(path, number, ranks, nbytes) for number in range(clients)]
+            started = time.monotonic()
+            while (left := started + hold - time.monotonic()) > 0:
+                for client in greedy:
+                    client.credit()
+                peak = max(peak, rss_mb(rank0) or 0.0)
+                if peak > cap:
+                    early = f"RSS cap reached ({peak:.0f} MB > --rss-cap {cap:g})"
+                    break
+                time.sleep(min(GREEDY_EVERY_S, left))
+            peak = max(peak, rss_mb(rank0) or 0.0)
+        finally:
+            for client in greedy:
+                client.close()
+        dropped = sum(not client.alive for client in greedy)
+        deadline = time.monotonic() + RUN_DEADLINE_S
+        while (running := jobs_written(set(pids.values()), "head")) is None or running[0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"greedy: jobs still running {RUN_DEADLINE_S:g}s after: {running}"
+                )
+            time.sleep(0.1)
+        time_command([str(TBON), "status", inst.uri], stdout=subprocess.DEVNULL)
+        after = rss_mb(rank0) or 0.0
+    growth = peak - idle
+    report.heading(
+        f"Greedy clients: {clients} clients of rank 0 that never read, each flooding from "
+        f"{GREEDY_SIZE} ranks" + (f" (held less than {hold:g} s: {early})" if early else "")
+    )
+    report.table(
+        ["process", "idle RSS MB", "peak RSS MB", "growth MB", "RSS MB after they went", "target"],
+        [
+            [
+                f"rank 0, {clients} greedy clients",
+                f"{idle:.1f}",
+                f"{peak:.1f}",
+                f"{growth:.1f}",
+                f"{after:.1f}",
+                f"< {TARGET_GREEDY_GROWTH_MB:g} MB: {verdict(growth < TARGET_GREEDY_GROWTH_MB)}",
+            ]
+        ],
+    )
+    report.note(
+        f"{GREEDY_SIZE} ranks, kary:32, default bounds. Each client: `exec.start` of `head -c "
+        f"{nbytes} /dev/zero` on every rank (window {GREEDY_WINDOW}), `exec.credit` of a whole "
+        f"window to every rank every {GREEDY_EVERY_S * 1000:g} ms, nothing read; held "
+        f"{hold:g} s; {dropped} of {clients} found their connection closed by the broker while "
+        "writing. RSS sampled at every credit round; 'after': once the clients closed their "
+        "sockets and every job was gone, after one `tbon status`."
+    )
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -462,11 +584,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="slow: end the hold early once a broker or the CLI passes this RSS in MB "
         "(default 4000)",
     )
-    args = parse_args(parser, argv, SECTIONS, counts=("--runs", "--bytes"))
+    parser.add_argument(
+        "--clients", type=int, default=8, help="greedy: how many clients (default 8)"
+    )
+    parser.add_argument(
+        "--greedy-bytes",
+        type=int,
+        default=64_000_000,
+        help="greedy: bytes each job writes at most (default 64000000)",
+    )
+    args = parse_args(
+        parser, argv, SECTIONS, counts=("--runs", "--bytes", "--clients", "--greedy-bytes")
+    )
     report = begin("flow", args.markdown)
     steps: dict[str, Callable[[], object]] = {
         "slow": lambda: bench_slow(report, args.bytes, args.hold, args.rss_cap),
         "stdin": lambda: bench_stdin(report, args.runs),
+        "greedy": lambda: bench_greedy(
+            report, args.clients, args.greedy_bytes, args.hold, args.rss_cap
+        ),
     }
     for name in args.sections:
         steps[name]()

@@ -139,8 +139,10 @@ def run(
     """Run the instance until it ends; without a program (`waiting`), hand its URI to
     `announce` (default: print it) once every broker is online."""
     from tbon.overlay.links.local import local_uri
+    from tbon.overlay.links.sweep import sweep
 
     rundir = tempfile.mkdtemp(prefix="tbon-start-", dir=tmpdir.parent())
+    sweep(tmpdir.parent())  # what brokers killed before left there (links/sweep.py)
     argv = [
         *python_module("tbon.overlay.launch.local"),
         "--size",

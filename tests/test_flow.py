@@ -293,6 +293,68 @@ def test_a_client_that_stops_reading_is_dropped_and_no_other_is_delayed(instance
         assert header["e"] == errno.ENOBUFS and "went unread" in header["es"]
 
 
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) * 1024
+
+
+def test_greedy_clients_together_never_take_rank_0_past_the_total_bound(instance) -> None:
+    """Eight clients each start a job flooding stdout on both ranks, grant themselves credit
+    every 50 ms and never read. Each may leave 32 MiB unread, all of them 40 MiB: rank 0 grows
+    by about the total, not eight times one client's bound (256 MiB, as before issue 24); each
+    is dropped and told why, the greediest first; and once they have gone, rank 0 gives the
+    memory back."""
+    inst = instance(2, "broker.client-backlog=32M")
+    rank0 = inst.pid(0)
+    done = subprocess.run(
+        [TBON, "exec", inst.uri, "-r", "all", "true"], capture_output=True, env=child_env()
+    )
+    assert done.returncode == 0, done.stderr
+    idle = rss_bytes(rank0)
+    window = 4 * MiB
+    cap = str(48 * 1000 * 1000)  # each job's output, so that nothing runs away
+    greedy = [RawClient(inst.uri) for _ in range(8)]
+    try:
+        for number, client in enumerate(greedy):
+            start = {"id": f"g{number}", "argv": ["head", "-c", cap, "/dev/zero"], "cwd": None}
+            send(
+                client, "exec.start", 1, {**start, "targets": [0, 1], "eof": True, "window": window}
+            )
+        peak = idle
+
+        def all_dropped() -> bool:
+            nonlocal peak
+            for number, client in enumerate(greedy):
+                for rank in (0, 1):
+                    header = {"v": 1, "k": "request", "t": "exec.credit", "n": rank, "g": 0}
+                    credit = {"id": f"g{number}", "bytes": window}
+                    with contextlib.suppress(OSError):
+                        client.send_multipart(
+                            [json.dumps(header).encode(), json.dumps(credit).encode()]
+                        )
+            peak = max(peak, rss_bytes(rank0))
+            time.sleep(0.05)  # the clients' own pace: a grant every 50 ms
+            return inst.stderr().count("dropped local client") >= 8
+
+        wait_for(all_dropped, "all eight greedy clients dropped", timeout=120)
+        assert peak - idle < 40 * MiB + 32 * MiB, (idle, peak)
+        reasons = []
+        for client in greedy:  # each reads at last: what it was sent, then why it was dropped
+            while True:
+                header, _ = read(client)
+                if header["t"] == "client.dropped":
+                    break
+            assert header["e"] == errno.ENOBUFS and "went unread" in header["es"]
+            reasons.append(header["es"])
+        assert any("broker.client-backlog-total, 40 MiB" in why for why in reasons), reasons
+    finally:
+        for client in greedy:
+            client.close()
+    wait_for(lambda: rss_bytes(rank0) < idle + 24 * MiB, "rank 0 to give the memory back")
+    status = subprocess.run([TBON, "status", inst.uri], capture_output=True, env=child_env())
+    assert status.returncode == 0 and status.stdout.count(b": full") == 2
+
+
 # --- the window arithmetic, without sockets ------------------------------------------------------
 
 

@@ -227,6 +227,46 @@ def pinged(local: LocalServer, loop: Loop, pad: int) -> tuple[socket.socket, int
     return client, fd, hop, ping.respond({"pad": "x" * pad})
 
 
+def test_clients_together_are_held_to_the_total_and_the_greediest_goes(server) -> None:
+    """Three clients that never read, at 1 MiB each and 1.25 MiB in all, the first sent twice as
+    much as the others: it is dropped once the sum would pass, whoever tipped it, and told why,
+    long before its own bound; the sum the server holds never passes the total."""
+    local, loop = server
+    sockets, fds, hops = [], [], []
+    for _ in range(3):
+        sock = connect(local)
+        local.accept()
+        fd = max(loop.watched)
+        sock.sendall(request("broker.ping", 1))
+        [(hop, ping)] = serve(local, fd)
+        sockets.append(sock)
+        fds.append(fd)
+        hops.append(hop)
+    answer = ping.respond({"pad": "x" * 16384})
+    assert local.ledger.total_bound == 5 << 18
+    for turn in itertools.count():
+        if not local.send(hops[(0, 0, 1, 2)[turn % 4]], answer):
+            break
+        assert local.ledger.total <= local.ledger.total_bound
+    assert local.gone() == [hops[0]]
+    assert local.ledger.unread[hops[0]] < 16384 + 1024  # all but one answer given up at once
+    reader, messages = FrameReader(), []
+    while True:  # it reads at last: what its socket took before, the notice, then the end
+        local.flush(fds[0])  # the loop, on POLLOUT
+        assert select.select([sockets[0]], [], [], DEADLINE)[0]
+        if not (data := sockets[0].recv(1 << 20)):
+            break
+        reader.feed(data)
+        messages += reader.drain()
+    last = decode(messages[-1])
+    assert last.topic == "client.dropped" and last.errnum == errno.ENOBUFS
+    assert (
+        "the most of all local clients, past broker.client-backlog-total, 1.25 MiB" in last.errstr
+    )
+    for sock in sockets:
+        sock.close()
+
+
 def test_output_is_polled_for_only_while_some_waits(server) -> None:
     local, loop = server
     client, fd, hop, answer = pinged(local, loop, 4096)
@@ -253,9 +293,13 @@ def test_a_client_that_does_not_read_is_dropped_at_its_backlog_and_told_why(serv
         assert sends < 100, "never dropped"
     assert local.gone() == [hop]
     assert local.send(hop, answer) is False  # dropped: nothing more for it
+    # What it had not begun to be sent is given up at once: the broker holds at most the rest
+    # of the answer being written and the notice, and the ledger counts that alone.
+    held = local.ledger.unread[hop]
+    assert held == local.ledger.total < len(b"".join(map(bytes, frame_parts(encode(answer))))) + 512
     client.sendall(request("broker.ping", 2))  # and nothing it says is heard
     reader, messages = FrameReader(), []
-    while True:  # it reads at last: all it was sent, the notice, then the end
+    while True:  # it reads at last: what its socket took before, the notice, then the end
         assert select.select([client], [], [], DEADLINE)[0]
         data = client.recv(1 << 20)
         if not data:
@@ -264,8 +308,10 @@ def test_a_client_that_does_not_read_is_dropped_at_its_backlog_and_told_why(serv
         messages += reader.drain()
         assert list(local.read(fd)) == []
     *answers, last = [decode(frames) for frames in messages]
-    assert len(answers) == sends and last.topic == "client.dropped"
+    assert 0 < len(answers) < sends and last.topic == "client.dropped"
+    assert all(a.topic == "broker.ping" for a in answers)
     assert last.errnum == errno.ENOBUFS and "went unread" in last.errstr
+    assert "past broker.client-backlog, 1 MiB" in last.errstr
     assert local.gone() == []  # reported once, when dropped
     client.close()
 

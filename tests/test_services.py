@@ -753,10 +753,25 @@ def test_exec_sends_one_copy_down_each_branch_and_starts_here_if_targeted() -> N
     )
 
 
-def test_exec_ignores_targets_outside_its_subtree_and_refuses_bad_ones() -> None:
-    assert exec_at(1).handle(start_request([2, 5, 99]), NOW) == []
-    bad = only_response(exec_at(0).handle(request("exec.start", {"targets": "all"}), NOW))
-    assert bad.errnum == errno.EINVAL
+def test_exec_answers_targets_outside_its_subtree_and_refuses_bad_ones() -> None:
+    """Every exec.start is answered: a target that is not below the rank it was sent to gets an
+    `error` of its own, and targets that name no rank of the instance (or none at all) refuse
+    the request; one-way exec.stdin and exec.signal to such ranks do nothing."""
+    astray = exec_at(1).handle(start_request([2, 5, 2]), NOW)
+    assert [(r.message.payload["rank"], r.message.streaming) for r in of_type(astray, Respond)] == [
+        (2, True),
+        (5, True),
+    ]
+    assert "not below rank 1" in of_type(astray, Respond)[0].message.payload["error"]
+    for targets in ("all", [99], [-5], [10**30], [], [0, 7]):
+        bad = only_response(exec_at(0).handle(start_request(targets), NOW))  # type: ignore[arg-type]
+        assert bad.errnum == errno.EINVAL and not bad.streaming, targets
+    assert (
+        "no rank out of range"
+        in only_response(exec_at(0).handle(start_request([10**30]), NOW)).errstr
+    )
+    quiet = request("exec.signal", {"id": "j1", "signal": 9, "targets": [2, 5]})
+    assert exec_at(1).handle(quiet, NOW) == []
 
 
 def test_stdin_and_signals_reach_the_job_and_odd_signals_do_not() -> None:

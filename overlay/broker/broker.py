@@ -330,6 +330,7 @@ class Broker:
         if self.exit_code is None:  # what was logged meanwhile, to its followers
             self.perform(self.services.dmesg.pushes(now))
         self._clients_gone(self.local.dropped_since())  # dropped while being sent to
+        self.local.release()  # what dropped and closed clients held, back to the system
         self._maybe_finish(now)
 
     def _start_program(self, now: float) -> None:

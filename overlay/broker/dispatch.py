@@ -36,6 +36,21 @@ ROOT_TOPICS = frozenset(
 )
 """Topics that a request without a rank sends to rank 0."""
 
+ONE_WAY_TOPICS = frozenset(
+    {
+        "client.disconnect",
+        "exec.stdin",
+        "exec.signal",
+        "exec.credit",
+        "status.ack",
+        "dmesg.ack",
+        "retire.progress",
+    }
+)
+"""Topics that are never answered (docs/protocol.md §7 says "none"): notices and credit that
+flow beside a stream, where an answer to each would double the traffic. Every other request is
+answered, a response or an error, whatever its payload (tests/test_answers.py walks them all)."""
+
 
 @dataclass(frozen=True)
 class Services:

@@ -76,6 +76,11 @@ ATTRIBUTES = [
         "How long a peer on the tree port may take over its CURVE handshake before it is "
         "closed (default 5s).",
     ),
+    (
+        "broker.client-backlog-total",
+        "Bytes all local clients together may leave unread; past it the greediest is dropped "
+        "(default: 1.25 times broker.client-backlog, 80M).",
+    ),
     ("broker.cert", "Use the key pair of this certificate (tbon keygen), not a new one."),
     ("hostname", "The name this broker reports (default: the host name)."),
     ("log-stderr-level", "debug, info, warning or error (default warning)."),

@@ -209,17 +209,21 @@ class Rundir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def private_directory(prefix: str = "tbon-") -> str:
-    """A new directory of mode 0700 under $TMPDIR (else in memory: tbon/tmpdir.py), with a
-    name no one could claim first: what tempfile.mkdtemp makes, without the start-up cost of
-    importing tempfile."""
+def private_directory() -> str:
+    """A new directory of mode 0700 under $TMPDIR (else in memory: tbon/tmpdir.py), named after
+    this broker (`tbon-PID-HEX`, links/sweep.py) so that it can be swept should the broker be
+    killed; and those of brokers killed before it are swept now. A name no one could claim
+    first, as tempfile.mkdtemp makes, without the start-up cost of importing tempfile."""
+    from tbon.overlay.links.sweep import run_directory_name, sweep
+
     parent = tmpdir.parent()
     for _ in range(100):
-        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        path = os.path.join(parent, run_directory_name(os.getpid()))
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             continue
+        sweep(parent)
         return path
     raise FileExistsError(f"no free name for a run directory in {parent}")
 
@@ -251,7 +255,7 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
     local: LocalServer | None = None
     parent: ParentLink | None = None
     try:
-        local = LocalServer(rundir.path, booted.config.client_backlog)
+        local = LocalServer(rundir.path, config.client_backlog, total=config.client_backlog_total)
         if wireup.parent is not None:
             from tbon.overlay.links.parent import ParentLink  # not at rank 0
 

@@ -33,11 +33,19 @@ KNOWN = frozenset(
         "broker.rank",
         "broker.cert",
         "broker.reattach-timeout",
+        "broker.client-backlog-total",
     }
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_BACKLOG = 32 << 20  # broker.client-backlog: twice OUTPUT_BUDGET (wire/flow.py)
 MIN_HANDSHAKE, MAX_HANDSHAKE = 0.1, 60.0  # broker.handshake-timeout, seconds
+
+
+def default_total(each: int) -> int:
+    """broker.client-backlog-total when it is not set: five quarters of one client's bound, room
+    for one client at its bound and a flow-controlled `tbon exec` beside it (16 MiB, its whole
+    output budget in flight), and no more (docs/design.md section 14)."""
+    return each * 5 // 4
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class BrokerConfig:
     join_timeout: float = 30.0
     client_backlog: int = 64 << 20  # bytes a local client may leave unread (links/local.py)
     handshake_timeout: float = 5.0  # a peer's CURVE handshake on the tree port (children.py)
+    client_backlog_total: int = 80 << 20  # bytes all local clients together may leave unread
     boot_server: str | None = None
     requested_rank: int | None = None
     cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
@@ -117,6 +126,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
             f"invalid broker.handshake-timeout {values['broker.handshake-timeout']!r}: "
             f"from {MIN_HANDSHAKE * 1000:g}ms to {MAX_HANDSHAKE:g}s"
         )
+    total = _client_backlog_total(values.get("broker.client-backlog-total"), backlog)
     heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
@@ -134,6 +144,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         join_timeout=join_timeout,
         client_backlog=backlog,
         handshake_timeout=handshake_timeout,
+        client_backlog_total=total,
         boot_server=boot_server,
         requested_rank=requested_rank,
         cert=values.get("broker.cert") or None,
@@ -172,6 +183,22 @@ def _client_backlog(text: str) -> int:
         raise UsageError(
             f"invalid broker.client-backlog {text!r}: a size from {MIN_BACKLOG >> 20}M to 1024G "
             "(K, M and G are binary multiples)"
+        )
+    return size
+
+
+def _client_backlog_total(text: str | None, backlog: int) -> int:
+    """At least one client's bound (else that bound would mean nothing); by default five
+    quarters of it (docs/design.md section 14 says why)."""
+    from tbon.overlay.parse.numbers import parse_bytes
+
+    if text is None:
+        return default_total(backlog)
+    size = parse_bytes(text)
+    if size is None or not backlog <= size <= 1 << 40:
+        raise UsageError(
+            f"invalid broker.client-backlog-total {text!r}: a size from broker.client-backlog "
+            f"({backlog >> 20}M) to 1024G (K, M and G are binary multiples)"
         )
     return size
 

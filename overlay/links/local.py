@@ -14,11 +14,14 @@ taken yet waits in its outbox, watched for POLLOUT only while there is some. Wha
 unread is bounded instead. It reports the bytes it has read (`client.ack`, which tbon's client
 sends every megabyte, handled here and never routed); one that would leave more than
 `broker.client-backlog` unread is dropped: told so in one last message, its streams cancelled and
-its jobs killed, as if it had hung up, and nothing it sends afterwards is heard. Credit-based
-streams (exec, status.watch) stay far below the bound; only a client that asks and asks without
-reading reaches it. What a client sends is bounded too: one message's frames at most 8 MiB
-(`MAX_INPUT`), and one connection is read until `READ_BUDGET` bytes or `MESSAGE_BUDGET` messages
-before the others get a turn (the rest of a read is taken too: poll would not tell of it).
+its jobs killed, as if it had hung up, and nothing it sends afterwards is heard; what was queued
+for it and not begun is freed at once. All clients together are held to
+`broker.client-backlog-total` too: past it, the one holding the most is dropped (backlogs.py
+decides, this module carries it out). Credit-based streams (exec, status.watch) stay far below
+the bound; only a client that asks and asks without reading reaches it. What a client sends is
+bounded too: one message's frames at most 8 MiB (`MAX_INPUT`), and one connection is read until
+`READ_BUDGET` bytes or `MESSAGE_BUDGET` messages before the others get a turn (the rest of a read
+is taken too: poll would not tell of it).
 
 At most `client_cap()` connections are served at once (a quarter of RLIMIT_NOFILE, between 16 and
 4096): the broker needs its descriptors for its children and its jobs too. A connection over the
@@ -39,13 +42,16 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 
+from tbon.overlay.config.attributes import default_total
 from tbon.overlay.connectors.uri import SOCKET_NAME
+from tbon.overlay.links.backlogs import Drop, Ledger
 from tbon.overlay.links.descriptors import (
     OUT_OF_DESCRIPTORS,
     Reserve,
     descriptor_limit,
     reserve_size,
 )
+from tbon.overlay.links.release import TRIM_ABOVE, give_back
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.frames import MAX_FRAME, Buffer, FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode, encode
@@ -134,6 +140,11 @@ class _Client:
         (a client that acknowledges what it never read gains nothing)."""
         return max(self.backlog.unread_with(size), self.outbox.size + size)
 
+    def held(self) -> int:
+        """What it makes the broker hold, for the ledger: its unread bytes; once dropped, only
+        what is still queued for it (what it was sent before can never be asked for again)."""
+        return self.outbox.size if self.dropped else self.unread_with(0)
+
 
 class LocalServer:
     def __init__(
@@ -142,7 +153,10 @@ class LocalServer:
         backlog: int = DEFAULT_BACKLOG,
         cap: int | None = None,
         reserve: int | None = None,
+        total: int | None = None,
     ) -> None:
+        """`backlog` bounds what one client leaves unread, `total` what all of them do (by
+        default five quarters of `backlog`: config/attributes.py)."""
         self.path = os.path.join(rundir, SOCKET_NAME)
         if len(self.path.encode()) > 100:
             from tbon.errors import UsageError
@@ -151,6 +165,7 @@ class LocalServer:
         self.listener = _listen(self.path)
         self.uri = f"local://{self.path}"
         self.backlog = backlog
+        self.ledger = Ledger(backlog, default_total(backlog) if total is None else total)
         self.cap = client_cap() if cap is None else cap
         self._clients: dict[int, _Client] = {}  # by descriptor
         self._hops: dict[str, _Client] = {}
@@ -160,6 +175,7 @@ class LocalServer:
         self._scratch = bytearray(CHUNK)
         self.reserve = Reserve(reserve_size(descriptor_limit()) if reserve is None else reserve)
         self._refusals = RateLimit(REFUSAL_LOG_EVERY)
+        self._freed = 0  # bytes dropped and closed clients gave up since the last release()
 
     def fileno(self) -> int:
         """The listener's descriptor: readable when a client connects (call accept())."""
@@ -242,6 +258,8 @@ class LocalServer:
         if self._clients.pop(client.fd, None) is None:
             return
         del self._hops[client.hop]
+        self._freed += self.ledger.unread.get(client.hop, 0)
+        self.ledger.forget(client.hop)
         self._watch(client.fd, None)
         client.sock.close()
         if client.heard and not client.dropped:
@@ -314,6 +332,7 @@ class LocalServer:
             return None
         if message.topic == "client.ack":  # for this socket alone: never routed
             client.backlog.ack(message.payload.get("bytes"))
+            self.ledger.set(client.hop, client.held())
             return None
         return message
 
@@ -343,12 +362,15 @@ class LocalServer:
             return False
         frames = encode(message)
         size = sum(len(frame) for frame in frames)
-        if client.unread_with(size) > self.backlog:
-            self._drop(client)
+        admission = self.ledger.admit(hop, client.unread_with(size))
+        for drop in admission.drops:
+            self._drop(self._hops[drop.hop], drop)
+        if not admission.send:
             return False
         client.backlog.sent += size
         if client.writing:  # it waits its turn behind what is queued
             client.outbox.push(frame_parts(frames))
+            self.ledger.set(hop, client.held())
             return True
         self._flush(client, frame_parts(frames))
         return self._clients.get(client.fd) is client
@@ -369,6 +391,7 @@ class LocalServer:
         except OSError:
             self._close(client)  # it went away: its end of file or reset is read next
             return
+        self.ledger.set(client.hop, client.held())
         writing = bool(client.outbox)
         if writing != client.writing:
             client.writing = writing
@@ -377,20 +400,38 @@ class LocalServer:
             with contextlib.suppress(OSError):
                 client.sock.shutdown(socket.SHUT_WR)  # all it was sent, then end of file
 
-    def _drop(self, client: _Client) -> None:
-        backlog = client.backlog
-        unread = max(backlog.sent - backlog.acked, client.outbox.size)
-        why = (
-            f"the broker dropped this connection: {unread >> 20} MiB sent to it went unread "
-            f"(broker.client-backlog is {self.backlog >> 20} MiB)"
+    def _drop(self, client: _Client, drop: Drop) -> None:
+        """Drop a client past its bound, or the greediest when all are past theirs: what was
+        queued for it and not begun is given up at once, and it is told why. One dropped
+        already, that would still hold the most, is closed outright."""
+        if client.dropped:
+            log.warning("closed dropped local client %s: it still held the most", client.hop)
+            self._close(client)
+            return
+        unread = client.unread_with(0)
+        if drop.total:
+            total = _mib(self.ledger.total_bound)
+            bound = f"the most of all local clients, past broker.client-backlog-total, {total}"
+        else:
+            bound = f"past broker.client-backlog, {_mib(self.backlog)}"
+        why = f"the broker dropped this connection: {_mib(unread)} sent to it went unread ({bound})"
+        log.warning(
+            "dropped local client %s: %d bytes sent to it unread (%s)", client.hop, unread, bound
         )
-        log.warning("dropped local client %s: %d bytes sent to it unread", client.hop, unread)
+        self._freed += client.outbox.give_up()  # released now, not when (if ever) it reads
         notice = Message(Kind.RESPONSE, "client.dropped", errnum=errno.ENOBUFS, errstr=why)
         client.outbox.push(frame_parts(encode(notice)))  # past the bound: one small last word
         client.dropped = True
         client.reader = FrameReader(MAX_INPUT)  # whatever it sends from now on is not heard
         self._gone.append(client.hop)
         self._flush(client)
+
+    def release(self) -> None:
+        """After clients were dropped or closed holding much, give the memory they held back
+        to the system (release.py): once per turn of the loop, however many went."""
+        if self._freed >= TRIM_ABOVE:
+            give_back()
+        self._freed = 0
 
     def close(self) -> None:
         for client in list(self._clients.values()):
@@ -399,6 +440,10 @@ class LocalServer:
         self.reserve.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.2f}".rstrip("0").rstrip(".") + " MiB"
 
 
 def _listen(path: str) -> socket.socket:

@@ -112,6 +112,10 @@ def describe(me: Whoami, config: BrokerConfig, topology: Topology) -> dict[str, 
     for name in plain_names:
         plain(name)
     plain("hostname", config.hostname)
+    total = config.client_backlog_total  # by default, follows broker.client-backlog
+    plain(
+        "broker.client-backlog-total", f"{total >> 20}M" if total % (1 << 20) == 0 else str(total)
+    )
     if "broker.reattach-timeout" in given:
         put("broker.reattach-timeout", given["broker.reattach-timeout"], SETATTR)
     else:  # follows tbon.timeout (60s if that is 0)

@@ -77,6 +77,21 @@ def target_ranks(payload: dict[str, Any]) -> list[int] | None:
     return targets
 
 
+def targets_problem(topic: str, targets: list[int] | None, size: int) -> str | None:
+    """Why an exec request's `targets` name no ranks to act on, or None: each must be a rank of
+    the instance, and an exec.start needs one at least (it is answered per target, so with none
+    nothing would ever answer it)."""
+    if targets is None:
+        return f"{topic} needs a list of target ranks"
+    outside = next((t for t in targets if not 0 <= t < size), None)
+    if outside is not None:
+        shown = str(outside) if abs(outside) < 10**12 else "out of range"
+        return f"{topic}: no rank {shown} in this instance of size {size}"
+    if not targets and topic == "exec.start":
+        return "exec.start needs at least one target rank"
+    return None
+
+
 def start_problem(payload: dict[str, Any]) -> str | None:
     """Why an exec.start cannot start anything, whatever the rank, or None. (A duplicate id is
     the job runner's to see: only it knows what runs.)"""
@@ -111,18 +126,26 @@ class ExecService:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
         the work itself here if this rank is one of them."""
         targets = target_ranks(request.payload)
-        if targets is None:
-            why = f"{request.topic} needs a list of target ranks"
+        if why := targets_problem(request.topic, targets, self.topology.size):
             return [Respond(request.fail(errno.EINVAL, why))]
+        assert targets is not None
         below: dict[int, list[int]] = {}
+        astray: set[int] = set()  # ranks of the instance, but neither this one nor below it
         for target in targets:
             if is_below(self.topology, target, self.rank):
                 below.setdefault(self.toward(target), []).append(target)
+            elif target != self.rank:
+                astray.add(target)
         actions: list[Action] = [
             self._copy_down(request, child, ranks) for child, ranks in below.items()
         ]
         if self.rank in targets:
             actions += self._here(request)
+        if request.topic == "exec.start":  # every target answers, if only to say it is missing
+            why = f"not below rank {self.rank}, which this request was sent to"
+            actions += [
+                _answer(request, {"rank": r, "error": f"rank {r} is {why}"}) for r in sorted(astray)
+            ]
         return actions
 
     def _copy_down(self, request: Message, child: int, ranks: list[int]) -> Forward:

@@ -123,20 +123,48 @@ class FrameReader:
 
 class Outbox:
     """What a non-blocking stream has not taken yet: buffers in order, the first perhaps partly
-    written. `size` is the bytes still to go."""
+    written. `size` is the bytes still to go. Each push is one message, so that the messages
+    not begun yet can be given up without cutting one in two (`give_up`)."""
 
     def __init__(self) -> None:
         self._parts: collections.deque[Buffer] = collections.deque()
         self.size = 0
+        self._pushed = 0  # bytes ever queued
+        self._ends: collections.deque[int] = collections.deque()  # _pushed at each message's end
+        self._done = 0  # _pushed at the end of the last message written out
 
     def __bool__(self) -> bool:
         return self.size > 0
 
     def push(self, parts: Iterable[Buffer]) -> None:
+        """Queue one message's parts."""
         for part in parts:
             if length := len(part):
                 self._parts.append(part)
                 self.size += length
+                self._pushed += length
+        if self._pushed != (self._ends[-1] if self._ends else self._done):
+            self._ends.append(self._pushed)
+
+    def give_up(self) -> int:
+        """Drop every queued message not begun yet, keeping the rest of the one being written
+        (cut short, it would garble the stream); the bytes freed."""
+        written = self._pushed - self.size
+        partial = self._ends[0] - written if self._ends and written > self._done else 0
+        freed = self.size - partial
+        if not freed:
+            return 0
+        kept: collections.deque[Buffer] = collections.deque()
+        left = partial
+        while left > 0:
+            part = self._parts.popleft()
+            kept.append(part)
+            left -= len(part)
+        self._parts = kept
+        self.size = partial
+        self._pushed -= freed
+        self._ends = collections.deque([self._pushed]) if partial else collections.deque()
+        return freed
 
     def send(self, parts: list[Buffer], sendmsg: Callable[[list[Buffer]], int]) -> None:
         """Queue `parts` and write what the stream takes: straight from `parts` when nothing
@@ -169,6 +197,9 @@ class Outbox:
     def consume(self, sent: int) -> None:
         """`sent` bytes from the front have been written."""
         self.size -= sent
+        written, ends = self._pushed - self.size, self._ends
+        while ends and ends[0] <= written:
+            self._done = ends.popleft()
         parts = self._parts
         while sent:
             first = parts[0]
