@@ -820,7 +820,15 @@ def test_a_command_that_cannot_start_is_told_by_rank_as_a_shell_would(
     assert text(result.stderr) == [f"tbon exec: ranks 0-1: {said}"]  # alike: one line
     report = json.loads(in_dir(inst, str(oddities), "--json", "-r", "1", *argv).stdout)
     assert report["ranks"] == [
-        {"rank": 1, "status": code, "error": said, "stdout": "", "stderr": ""}
+        {
+            "rank": 1,
+            "status": code,
+            "signal": None,
+            "failure": said,
+            "error": said,
+            "stdout": "",
+            "stderr": "",
+        }
     ]
 
 
@@ -856,4 +864,4 @@ def test_a_command_that_says_what_the_wrapper_would_is_still_heard(instance) -> 
     assert (result.returncode, result.stdout) == (3, b"out\n")
     assert text(result.stderr) == [line, "tbon exec: rank 1: exit 3"]
     alone = run(inst, "-r", "1", "sh", "-c", f"echo '{line}' >&2; exit 4")
-    assert (alone.returncode, text(alone.stderr)) == (4, [line])
+    assert (alone.returncode, text(alone.stderr)) == (4, [line, "tbon exec: rank 1: exit 4"])
