@@ -450,43 +450,48 @@ brokers then kill its jobs, as for any client that goes away."""
 class Signals:
     """SIGINT, SIGTERM and SIGHUP while the jobs run: each is taken to be passed on to them.
     SIGTERM and SIGHUP end this exec SIGNAL_GRACE seconds after the first of them (a second
-    one at once); each Ctrl-C sends a harder signal (Interrupts), the third SIGKILL. The
-    handler only notes the signal and its time; the wake-up pipe rouses the loop, which does
-    the rest."""
+    one at once); each Ctrl-C sends a harder signal (Interrupts), the third SIGKILL.
+
+    Signals are counted from the wake-up pipe, where Python's C-level handler writes one byte
+    per delivery: the Python-level handler runs once for deliveries that come close together,
+    and a quick second Ctrl-C must not be lost. The handler only ends this exec at once when
+    the loop has not come to take the signals (a second SIGTERM or SIGHUP, or STUCK presses)."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.fd = self._read
-        self._taken: list[tuple[int, float]] = []
+        self._untaken = 0
         self._first: tuple[int, float] | None = None
         self._interrupts = Interrupts()
         self._previous = {s: signal.signal(s, self._note) for s in PASSED_ON}
         self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
 
     def _note(self, signum: int, _frame: object) -> None:
-        if signum != signal.SIGINT and self._first is not None and self._taken == []:
+        if signum != signal.SIGINT and self._first is not None and self._untaken == 0:
             end_by_signal(self._first[0])  # a second SIGTERM or SIGHUP: no more grace
-        if len(self._taken) + 1 >= STUCK:
+        self._untaken += 1
+        if self._untaken >= STUCK:
             end_by_signal(signum)
-        self._taken.append((signum, time.monotonic()))
 
     def taken(self) -> list[int]:
         """The signals to pass on for those that came since last asked: SIGTERM and SIGHUP as
         they are, each Ctrl-C as its rung of the ladder."""
+        came = b""
         try:
-            while os.read(self._read, 512):
-                pass
+            while chunk := os.read(self._read, 512):
+                came += chunk
         except BlockingIOError:
             pass
-        taken, self._taken = self._taken, []
+        self._untaken = 0
+        now = time.monotonic()
         passed = []
-        for signum, when in taken:
+        for signum in came:
             if signum == signal.SIGINT:
-                passed.append(int(self._interrupts.press(when)))
-                continue
-            if self._first is None:
-                self._first = (signum, when)
-            passed.append(signum)
+                passed.append(int(self._interrupts.press(now)))
+            elif signum in PASSED_ON:
+                if self._first is None:
+                    self._first = (signum, now)
+                passed.append(signum)
         return passed
 
     def ending(self, now: float) -> int | None:
