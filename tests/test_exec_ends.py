@@ -153,26 +153,51 @@ class Exec:
 # --- reaped whole ------------------------------------------------------------------------------
 
 
-def test_jobs_left_by_a_reader_that_went_away_never_hold_up_retire(instance) -> None:
-    """The issue's recipe: `exec | head -1` leaves every rank's job stalled for credit when its
-    client dies. Each job must still end, so that no rank has any job left to kill when retired
-    (before: most did, and each retire waited for its timeout and then killed it)."""
+def blocked_writing(pid: int) -> bool:
+    """Whether `pid` waits to write to a full pipe: nobody reads its output."""
+    try:
+        with open(f"/proc/{pid}/wchan") as wchan:
+            return "pipe_write" in wchan.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_jobs_stalled_for_a_reader_that_went_away_never_hold_up_retire(instance) -> None:
+    """The issue's recipe, `exec -r all seq ... | head -1`, made certain: every rank's job has
+    spent its window (its reader stopped) when the reader goes away, so its output can never be
+    credited. Each job must still end once killed, so that no rank has a job left to kill when
+    it is retired (before: it stayed, stalled, until retire's timeout killed it again)."""
     inst = instance(8, "tbon.fanout=2")
-    for _ in range(5):
-        piped = subprocess.run(
-            ["sh", "-c", "tbon exec -r all seq 1 10000000 | head -1"],
-            capture_output=True,
-            text=True,
-            timeout=SLOW,
+    brokers = {rank: inst.pid(rank) for rank in range(8)}
+    for rank in (7, 6, 5, 4):  # leaves: a rank with children cannot be retired
+        job = subprocess.Popen(
+            [TBON, "exec", "-r", "all", "seq", "1", "1000000000"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             env=env(inst),
         )
-        assert piped.stdout == "1\n", piped.stderr
-    for rank in range(7, 0, -1):  # leaves first: a rank with children cannot be retired
-        # A timeout far longer than any job left to end: a stalled one is found out by `killed`.
+        try:
+            assert job.stdout is not None
+            assert job.stdout.readline() == b"1\n"
+
+            def stalled() -> bool:
+                jobs = [children_named(brokers[r], "seq") for r in range(8) if r in brokers]
+                return all(len(pids) == 1 and blocked_writing(pids[0]) for pids in jobs)
+
+            wait_for(stalled, "every rank's job to be stalled for credit")
+            job.stdout.close()  # as head does: tbon exec dies of SIGPIPE at its next write
+            assert job.wait(timeout=SLOW) == 128 + signal.SIGPIPE
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        # A timeout far longer than a killed job takes to end: one left stalled is `killed`.
         report = retire(inst, rank, "--timeout", "60s")
         assert report["result"] == "retired", report
         assert report["killed"] == 0, f"rank {rank} still had a job: {report}"
         assert vacant(inst, rank)
+        del brokers[rank]
     assert "did not end" not in inst.stderr()
 
 
