@@ -23,8 +23,3 @@ class Interrupts:
         self.step = min(self.step + 1, len(LADDER) - 1) if soon else 0
         self.last = now
         return LADDER[self.step]
-
-    @property
-    def killed(self) -> bool:
-        """The last press sent SIGKILL: tbon exec ends."""
-        return LADDER[self.step] == signal.SIGKILL if self.step >= 0 else False
