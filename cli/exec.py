@@ -407,6 +407,7 @@ def _run(
                 outcome.passed.add(signum)
                 client.send("exec.signal", {"id": job_id, "signal": signum, "targets": targets}, 0)
                 if signum == signal.SIGKILL:  # the third Ctrl-C
+                    signals.last_press()
                     still = name_ranks(sorted(outcome.pending))
                     print(f"tbon exec: {still}: still running, killed", file=sys.stderr)
                     raise Signalled(signal.SIGINT)
@@ -493,6 +494,11 @@ class Signals:
                     self._first = (signum, now)
                 passed.append(signum)
         return passed
+
+    def last_press(self) -> None:
+        """The third Ctrl-C ends this exec: one more, while it closes, is nothing to it."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._previous[signal.SIGINT] = signal.SIG_IGN
 
     def ending(self, now: float) -> int | None:
         """The signal that ends this exec now that its grace is over, if one does."""
