@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from tbon.cli.common import end_by_signal, open_client, print_json
+from tbon.cli.failures import failure, failure_lines, name_ranks
+from tbon.cli.interrupts import Interrupts
 from tbon.errors import RANK_TROUBLE, Signalled, TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
@@ -33,9 +35,10 @@ if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a
     from tbon.overlay.wire.flow import Returns, StdinRoom
 
 SIGNAL_GRACE = 0.5
-"""Seconds a signalled exec still reads its jobs' last output and exits after passing the
-signal on, before it ends with 128+N. A job a stopped broker holds is killed when that broker
-wakes: it gets the signal, and sees the client gone."""
+"""Seconds an exec signalled by SIGTERM or SIGHUP still reads its jobs' last output and exits
+after passing the signal on, before it ends with 128+N. A job a stopped broker holds is killed
+when that broker wakes: it gets the signal, and sees the client gone. (SIGINT, Ctrl-C, is a
+ladder instead: cli/interrupts.py.)"""
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SKIPPED_STATES = ("lost", "offline")
 """What `-r all` leaves out and says so: ranks whose broker is down. (Vacant and reserved ranks
@@ -50,7 +53,9 @@ class Outcome:
     status: dict[int, int] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     notes: dict[int, str] = field(default_factory=dict)  # why a command that ended, failed
+    signals: dict[int, int] = field(default_factory=dict)  # the signal that ended a command
     output: dict[int, dict[str, list[bytes]]] = field(default_factory=dict)
+    passed: set[int] = field(default_factory=set)  # signals passed on to the commands
 
     def exit_status(self) -> int:
         worst = max(self.status.values(), default=0)
@@ -104,14 +109,19 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(
             False, "--json", help="Print one JSON object: each rank's status and output."
         ),
+        quiet: bool = typer.Option(
+            False, "--quiet", "-q", help="Do not name the ranks whose command failed."
+        ),
     ) -> None:
         """Run COMMAND on a set of ranks, like pdsh or flux exec, through the tree.
 
         Each command runs in the current directory (or DIR) with this environment (as changed
         by --env), plus TBON_RANK, TBON_SIZE and TBON_URI, which name its own broker. stdout and
-        stderr are streamed in whole lines; stdin is sent to every process (unless -n); SIGINT,
-        SIGTERM and SIGHUP are passed on to every process, and tbon exec then ends within half
-        a second with 128+N.
+        stderr are streamed in whole lines; stdin is sent to every process (unless -n). At the
+        end, each way the commands failed is said on stderr with its ranks (`ranks 1-3: exit
+        1`), unless -q. SIGTERM and SIGHUP are passed on to every process, and tbon exec then
+        ends within half a second with 128+N. Ctrl-C sends SIGINT; a second within a second
+        SIGTERM; a third SIGKILL, naming the ranks still running, and tbon exec ends (130).
 
         -r all runs on every online rank, and says on stderr which ranks it skips (lost,
         offline, retiring). Exit status: the largest of the commands' (128+N for signal N; 127
@@ -138,6 +148,11 @@ def register(app: typer.Typer) -> None:
             if targets:
                 job = Job(command, cwd, env, noinput or _empty_stdin())
                 _run(client, watch, sorted(targets), job, label, as_json, outcome)
+        if not as_json and not quiet:
+            for line in failure_lines(
+                outcome.status, outcome.signals, outcome.notes, outcome.passed
+            ):
+                print(f"tbon exec: {line}", file=sys.stderr)
         if as_json:
             print_json(
                 {
@@ -146,6 +161,8 @@ def register(app: typer.Typer) -> None:
                         {
                             "rank": rank,
                             "status": outcome.status.get(rank),
+                            "signal": _signal_name(outcome.signals.get(rank)),
+                            "failure": _failure(outcome, rank),
                             "error": outcome.errors.get(rank, outcome.notes.get(rank)),
                             "stdout": _text(outcome.output.get(rank, {}).get("stdout", [])),
                             "stderr": _text(outcome.output.get(rank, {}).get("stderr", [])),
@@ -155,6 +172,26 @@ def register(app: typer.Typer) -> None:
                 }
             )
         raise typer.Exit(outcome.exit_status())
+
+
+def _signal_name(signum: int | None) -> str | None:
+    if signum is None:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def _failure(outcome: Outcome, rank: int) -> str | None:
+    """--json's `failure`: the words stderr would have named the rank with (or why it did
+    not run), null for a command that succeeded."""
+    if rank in outcome.errors:
+        return outcome.errors[rank]
+    status = outcome.status.get(rank)
+    if status is None:
+        return None
+    return failure(status, outcome.signals.get(rank), outcome.notes.get(rank))
 
 
 def _watch_status(client: Any) -> tuple[int, dict[str, Any]]:
@@ -366,8 +403,14 @@ def _run(
     try:
         while outcome.pending:
             now = time.monotonic()
-            for signum in signals.taken():  # passed on at once, ended after SIGNAL_GRACE
+            for signum in signals.taken():  # passed on at once
+                outcome.passed.add(signum)
                 client.send("exec.signal", {"id": job_id, "signal": signum, "targets": targets}, 0)
+                if signum == signal.SIGKILL:  # the third Ctrl-C
+                    signals.last_press()
+                    still = name_ranks(sorted(outcome.pending))
+                    print(f"tbon exec: {still}: still running, killed", file=sys.stderr)
+                    raise Signalled(signal.SIGINT)
             if (ending := signals.ending(now)) is not None:
                 raise Signalled(ending)
             wanted = [stdin] if stdin is not None and streams.stdin.available() > 0 else []
@@ -400,35 +443,62 @@ def _run(
             watcher.close()
 
 
+STUCK = 4
+"""Ctrl-C presses that pile up unread (the loop stuck) before tbon exec ends at once; its
+brokers then kill its jobs, as for any client that goes away."""
+
+
 class Signals:
-    """SIGINT, SIGTERM and SIGHUP while the jobs run: each is taken to be passed on to them,
-    and the first ends this exec SIGNAL_GRACE seconds later (a second one at once). The
-    handler only notes the signal; the wake-up pipe rouses the loop, which does the rest."""
+    """SIGINT, SIGTERM and SIGHUP while the jobs run: each is taken to be passed on to them.
+    SIGTERM and SIGHUP end this exec SIGNAL_GRACE seconds after the first of them (a second
+    one at once); each Ctrl-C sends a harder signal (Interrupts), the third SIGKILL.
+
+    Signals are counted from the wake-up pipe, where Python's C-level handler writes one byte
+    per delivery: the Python-level handler runs once for deliveries that come close together,
+    and a quick second Ctrl-C must not be lost. The handler only ends this exec at once when
+    the loop has not come to take the signals (a second SIGTERM or SIGHUP, or STUCK presses)."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.fd = self._read
-        self._taken: list[int] = []
+        self._untaken = 0
         self._first: tuple[int, float] | None = None
+        self._interrupts = Interrupts()
         self._previous = {s: signal.signal(s, self._note) for s in PASSED_ON}
         self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
 
     def _note(self, signum: int, _frame: object) -> None:
-        if self._first is not None and self._taken == []:
-            end_by_signal(self._first[0])  # a second signal: no more grace
-        self._taken.append(signum)
+        if signum != signal.SIGINT and self._first is not None and self._untaken == 0:
+            end_by_signal(self._first[0])  # a second SIGTERM or SIGHUP: no more grace
+        self._untaken += 1
+        if self._untaken >= STUCK:
+            end_by_signal(signum)
 
     def taken(self) -> list[int]:
-        """The signals that came since last asked, to pass on."""
+        """The signals to pass on for those that came since last asked: SIGTERM and SIGHUP as
+        they are, each Ctrl-C as its rung of the ladder."""
+        came = b""
         try:
-            while os.read(self._read, 512):
-                pass
+            while chunk := os.read(self._read, 512):
+                came += chunk
         except BlockingIOError:
             pass
-        taken, self._taken = self._taken, []
-        if taken and self._first is None:
-            self._first = (taken[0], time.monotonic())
-        return taken
+        self._untaken = 0
+        now = time.monotonic()
+        passed = []
+        for signum in came:
+            if signum == signal.SIGINT:
+                passed.append(int(self._interrupts.press(now)))
+            elif signum in PASSED_ON:
+                if self._first is None:
+                    self._first = (signum, now)
+                passed.append(signum)
+        return passed
+
+    def last_press(self) -> None:
+        """The third Ctrl-C ends this exec: one more, while it closes, is nothing to it."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._previous[signal.SIGINT] = signal.SIG_IGN
 
     def ending(self, now: float) -> int | None:
         """The signal that ends this exec now that its grace is over, if one does."""
@@ -581,10 +651,10 @@ def _answer(payload: dict[str, Any], outcome: Outcome, as_json: bool) -> None:
     if "exit" in payload:
         outcome.status[rank] = int(payload["exit"])
         outcome.pending.discard(rank)
-        if "note" in payload:
+        if "note" in payload:  # said, with its ranks, at the end (failure_lines)
             outcome.notes[rank] = str(payload["note"])
-            if not as_json:
-                print(f"tbon exec: rank {rank}: {payload['note']}", file=sys.stderr)
+        if isinstance(signum := payload.get("signal"), int):
+            outcome.signals[rank] = signum
     elif "error" in payload:
         outcome.errors[rank] = str(payload["error"])
         outcome.pending.discard(rank)

@@ -5,8 +5,11 @@ in pieces), so that labels from many ranks never cut a line in two. It is read o
 client's window has credit (overlay/wire/flow.py): when the client stops reading, the job's
 pipes fill and the job blocks on write, and nothing piles up here. Input is taken up to a window
 too, and credited back as the job reads it. A job's exit is sent only after both its pipes are
-drained, so it always comes last. Pipes are non-blocking and watched by the broker's poller: a
-command that floods its output or ignores its input never stalls the broker.
+drained, so it always comes last. When the main process ends, its whole process group is
+killed, and a job that was killed or abandoned reads what is left without credit, so that it is
+done once the group is gone, whatever its window (overlay/state/joblife.py decides; this module
+carries it out). Pipes are non-blocking and watched by the broker's poller: a command that
+floods its output or ignores its input never stalls the broker.
 
 A command that cannot start is answered with its exit status (127, 126) and a `note` in a shell's
 words (program.py's launch checks it before the exec, and an exec that fails all the same, a file
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
 from tbon.overlay.links.descriptors import OUT_OF_DESCRIPTORS, Reserve
+from tbon.overlay.state.joblife import Finish, Instruction, JobLife, ReadFreely, SignalGroup
 from tbon.overlay.wire.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Buffer, Kind, Message
 
@@ -57,21 +61,22 @@ class Job:
     streams: dict[int, str] = field(default_factory=dict)  # open output fd -> stdout/stderr
     partial: dict[str, bytes] = field(default_factory=dict)
     paused: bool = False  # output fds unwatched: the window is spent
-    unmetered: bool = False  # its client has gone: read (and drop) freely so that it can end
+    life: JobLife = field(default_factory=JobLife)
     stdin: bytearray = field(default_factory=bytearray)
     stdin_eof: bool = False
     stdin_read: int = 0  # bytes the job took from its stdin since the last credit sent back
     status: int | None = None
+    signal: int | None = None  # the signal that ended its main process, if one did
     note: str = ""  # why the broker ended it, told to the client with its exit status
-
-    @property
-    def done(self) -> bool:
-        return self.status is not None and not self.streams
 
     @property
     def may_read(self) -> bool:
         """Whether its output may be read now: credit is left, or nobody will return any."""
-        return self.window.open or self.unmetered
+        return self.life.may_read(self.window.open)
+
+    @property
+    def unmetered(self) -> bool:
+        return self.life.may_read(False)
 
 
 class JobRunner:
@@ -186,7 +191,7 @@ class JobRunner:
             self._emit(job, name, job.partial[name], final=True)
             self.unwatch(fd)
             del job.streams[fd]
-            self._maybe_finish(job)
+            self._perform(job, job.life.stream_closed())
             return
         self._emit(job, name, job.partial[name] + data, final=False)
         if not job.may_read:
@@ -282,31 +287,47 @@ class JobRunner:
             self.unwatch(pipe.fileno())
         self._flush_stdin(job)
 
-    def send_signal(self, job_id: str, signum: int) -> None:
+    def send_signal(self, job_id: str, signum: int, by_broker: bool = False) -> None:
+        """exec.signal (or the broker itself ending the job: `by_broker`)."""
         job = self.jobs.get(job_id)
-        if job is not None and job.status is None:
-            with contextlib.suppress(ProcessLookupError):  # the whole session: a shell's kids too
-                os.killpg(job.process.pid, signum)
+        if job is not None:
+            self._perform(job, job.life.signalled(signum, by_broker))
 
     def reap(self) -> None:
-        """After SIGCHLD: note every job whose process ended. The guard forgets its PID first,
-        while the zombie still holds it."""
+        """After SIGCHLD: note every job whose process ended, and kill the rest of its group
+        while the zombie still holds the group's ID; the guard forgets its PID then too."""
         for job in list(self.jobs.values()):
             if job.status is None and _ended(job.process.pid):
+                then = job.life.exited()
+                self._perform(job, [i for i in then if isinstance(i, SignalGroup)])
                 self.guard.forget(job.process.pid)
                 code = job.process.wait()
                 job.status = 128 - code if code < 0 else code
-                self._maybe_finish(job)
+                job.signal = -code if code < 0 else None
+                self._perform(job, [i for i in then if not isinstance(i, SignalGroup)])
 
-    def _maybe_finish(self, job: Job) -> None:
-        if not job.done:
-            return
+    def _perform(self, job: Job, instructions: list[Instruction]) -> None:
+        """Carry out what the job's life asks."""
+        for instruction in instructions:
+            match instruction:
+                case SignalGroup(signum):
+                    with contextlib.suppress(ProcessLookupError):  # a shell's kids too
+                        os.killpg(job.process.pid, signum)
+                case ReadFreely():
+                    if job.paused:
+                        self._watch_output(job)
+                case Finish():
+                    self._finish(job)
+
+    def _finish(self, job: Job) -> None:
         pipe = job.process.stdin
         if pipe is not None and not pipe.closed:
             self.unwatch(pipe.fileno())
             pipe.close()
         del self.jobs[job.id]
         answer: dict[str, Any] = {"rank": self.rank, "exit": job.status}
+        if job.signal is not None:
+            answer["signal"] = job.signal
         if job.note:
             answer["note"] = job.note
         self.send(job.request.respond(answer, streaming=True))
@@ -316,19 +337,17 @@ class JobRunner:
         for job in list(self.jobs.values()):
             if tuple(job.request.route) == route:
                 log.info("exec %s: its client went away, killing it", job.id)
-                self.send_signal(job.id, signal.SIGKILL)
-                job.unmetered = True  # no credit will come: drain the pipes so that it ends
-                if job.paused:
-                    self._watch_output(job)
+                self.send_signal(job.id, signal.SIGKILL, by_broker=True)
 
     def busy(self) -> bool:
         return bool(self.jobs)
 
     def kill_all(self, signum: int = signal.SIGKILL, note: str = "") -> None:
+        """The broker ends every job (retire, shutdown): none waits for credit once it ended."""
         for job_id, job in list(self.jobs.items()):
             if note and job.status is None:
                 job.note = note
-            self.send_signal(job_id, signum)
+            self.send_signal(job_id, signum, by_broker=True)
 
     def wait_all(self) -> None:
         """Reap every job's process (after kill_all), so that none is left a zombie."""

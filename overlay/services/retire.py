@@ -239,7 +239,10 @@ class Draining:
                 self._tell_rank0({"event": "killed", "killed": running, "why": why}),
             ]
         if step is Step.LEAVE:
-            return [info("retired: leaving"), Leave(exitcodes.SHUTDOWN)]
+            said: list[Action] = [info("retired: leaving"), Leave(exitcodes.SHUTDOWN)]
+            if running:  # killed KILL_GRACE ago, and still not reaped (a bug, or a wedged job)
+                said.insert(0, warning(f"retiring: {running} killed job(s) did not end"))
+            return said
         return []
 
     def next_deadline(self) -> float | None:
