@@ -205,6 +205,8 @@ class JobRunner:
         for ident, anchor, outbox in self._streams():
             if job_id is not None and ident != job_id:
                 continue
+            if job_id is None and not (anchor.route and anchor.route[-1].startswith("p")):
+                continue  # its client is this broker's own: its way did not change
             for _seq, (said, data) in outbox.unacknowledged(start):
                 message = anchor.respond(said, streaming=True)
                 if data:
