@@ -365,6 +365,7 @@ def _run(
     if stdin is None and not streams.eof_sent:
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
+    adrift = False  # some rank was reattaching, in rank 0's last table
     try:
         while outcome.pending:
             now = time.monotonic()
@@ -385,6 +386,10 @@ def _run(
                     streams.answer(reply)
                 elif reply.tag == watch and not reply.errnum:
                     _note_lost(reply.payload, outcome, as_json)
+                    adrift, healed = heal_over(adrift, reply.payload)
+                    if healed and outcome.pending:
+                        resend = {"id": job_id, "targets": sorted(outcome.pending)}
+                        client.send("exec.resend", resend, nodeid=0)
                 elif reply.tag == watch and not shutdown_said:
                     shutdown_said = True  # the jobs are being stopped; their exits still come
                     print(f"tbon exec: {reply.errstr}", file=sys.stderr)
@@ -592,6 +597,15 @@ class Streams:
         self.eof_sent = True
         payload = {"id": self.job, "targets": self.stdin.ranks, "eof": True}
         self.client.send("exec.stdin", payload, nodeid=0)
+
+
+def heal_over(adrift: bool, status: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether some rank is reattaching in this table, and whether a heal has just ended (none
+    is, and one was). Then what crossed a link that died may be lost, whichever way it went: the
+    way back down to this client too, which no target can see. So every rank still running is
+    asked to send again what this client has not acknowledged (exec.resend)."""
+    now = any(entry.get("reattaching") for entry in status["ranks"])
+    return now, adrift and not now
 
 
 def _note_lost(status: dict[str, Any], outcome: Outcome, as_json: bool) -> None:

@@ -35,7 +35,7 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.wire.message import Kind, Message
 
-EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
+EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
 
@@ -150,6 +150,8 @@ class ExecService:
         job_id = str(payload.get("id", ""))
         if request.topic == "exec.stdin":
             return [WriteStdin(job_id, request.data, bool(payload.get("eof")))]
+        if request.topic == "exec.resend":  # a heal is over: what the client has not taken
+            return [GrantCredit(job_id, 0, 0, resend=True)]
         if request.topic == "exec.signal":
             signum = payload.get("signal")
             if is_int(signum) and 0 < signum < signal.NSIG:
