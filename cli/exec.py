@@ -33,6 +33,7 @@ from tbon.overlay.parse.idset import format_idset, parse_idset
 
 if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
     from tbon.overlay.wire.flow import Returns, StdinRoom
+    from tbon.overlay.wire.resend import Inbox
 
 SIGNAL_GRACE = 0.5
 """Seconds an exec signalled by SIGTERM or SIGHUP still reads its jobs' last output and exits
@@ -386,6 +387,7 @@ def _run(
         "env": job.env,
         "targets": targets,
         "window": window,
+        "acks": True,  # each rank keeps what this client has not acknowledged (resend.py)
     }
     if job.noinput:
         start["eof"] = True
@@ -400,6 +402,7 @@ def _run(
     if stdin is None and not streams.eof_sent:
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
+    adrift = False  # some rank was reattaching, in rank 0's last table
     try:
         while outcome.pending:
             now = time.monotonic()
@@ -426,6 +429,10 @@ def _run(
                     streams.answer(reply)
                 elif reply.tag == watch and not reply.errnum:
                     _note_lost(reply.payload, outcome, as_json)
+                    adrift, healed = heal_over(adrift, reply.payload)
+                    if healed and outcome.pending:
+                        resend = {"id": job_id, "targets": sorted(outcome.pending)}
+                        client.send("exec.resend", resend, nodeid=0)
                 elif reply.tag == watch and not shutdown_said:
                     shutdown_said = True  # the jobs are being stopped; their exits still come
                     print(f"tbon exec: {reply.errstr}", file=sys.stderr)
@@ -566,6 +573,7 @@ class Streams:
     outcome: Outcome
     stdin: StdinRoom
     returns: dict[int, Returns] = field(default_factory=dict)  # each rank's credit owed back
+    inboxes: dict[int, Inbox] = field(default_factory=dict)  # each rank's numbered answers
     eof_sent: bool = False
 
     def answer(self, reply: Any) -> None:
@@ -573,6 +581,12 @@ class Streams:
         rank = payload.get("rank")
         if not isinstance(rank, int) or rank not in self.outcome.pending:
             return
+        seq = payload.get("seq")
+        inbox = None
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            inbox = self._inbox(rank)
+            if not self._in_order(rank, inbox, seq):
+                return
         if "stream" in payload:
             self._write(rank, str(payload["stream"]), reply.data)
         elif "stdin" in payload:
@@ -584,6 +598,37 @@ class Streams:
         else:
             self.stdin.done(rank)
             _answer(payload, self.outcome, self.as_json)
+            if inbox is not None:  # its last word: the rank may forget what it kept
+                self._credit(rank, 0, inbox)
+                return
+        if inbox is not None and "stream" not in payload and inbox.took_free():
+            self._credit(rank, 0, inbox)
+
+    def _inbox(self, rank: int) -> Inbox:
+        from tbon.overlay.wire.resend import Inbox
+
+        inbox = self.inboxes.get(rank)
+        if inbox is None:
+            inbox = self.inboxes[rank] = Inbox()
+        return inbox
+
+    def _in_order(self, rank: int, inbox: Inbox, seq: int) -> bool:
+        """Whether `seq` is the rank's next answer: one taken before is dropped (a resend after
+        a heal), and so is one after a hole, which its rank is asked to fill (resend.py)."""
+        from tbon.overlay.wire.resend import Verdict
+
+        verdict = inbox.take(seq)
+        if verdict is Verdict.AHEAD and inbox.ask_resend(time.monotonic()):
+            ask = {"id": self.job, "bytes": 0, "seq": inbox.expected, "resend": True}
+            self.client.send("exec.credit", ask, nodeid=rank)
+        return verdict is Verdict.TAKE
+
+    def _credit(self, rank: int, amount: int, inbox: Inbox | None) -> None:
+        """Credit back to `rank`, with the acknowledgement of what it sent, if it numbers it."""
+        credit: dict[str, Any] = {"id": self.job, "bytes": amount}
+        if inbox is not None:
+            credit["seq"] = inbox.acked()
+        self.client.send("exec.credit", credit, nodeid=rank)
 
     def _write(self, rank: int, stream: str, data: bytes | memoryview) -> None:
         from tbon.overlay.wire.flow import MESSAGE_COST, Returns
@@ -604,7 +649,7 @@ class Streams:
         if returns is None:
             returns = self.returns[rank] = Returns(self.window)
         if owed := returns.consumed(size + MESSAGE_COST):
-            self.client.send("exec.credit", {"id": self.job, "bytes": owed}, nodeid=rank)
+            self._credit(rank, owed, self.inboxes.get(rank))
 
     def pass_stdin(self, fd: int) -> int | None:
         """Send what stdin has, as much as every rank has room for; at EOF, None."""
@@ -624,13 +669,22 @@ class Streams:
         self.client.send("exec.stdin", payload, nodeid=0)
 
 
+def heal_over(adrift: bool, status: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether some rank is reattaching in this table, and whether a heal has just ended (none
+    is, and one was). Then what crossed a link that died may be lost, whichever way it went: the
+    way back down to this client too, which no target can see. So every rank still running is
+    asked to send again what this client has not acknowledged (exec.resend)."""
+    now = any(entry.get("reattaching") for entry in status["ranks"])
+    return now, adrift and not now
+
+
 def _note_lost(status: dict[str, Any], outcome: Outcome, as_json: bool) -> None:
     for entry in status["ranks"]:
         rank = entry["rank"]
         # A retiring broker still runs what it started: its jobs finish first.
         if rank in outcome.pending and entry["state"] not in ("online", "retiring"):
             outcome.pending.discard(rank)
-            outcome.errors[rank] = f"lost its broker while running ({entry['state']})"
+            outcome.errors[rank] = f"output may be incomplete: its broker was {entry['state']}"
             if not as_json:
                 print(f"tbon exec: rank {rank}: {outcome.errors[rank]}", file=sys.stderr)
 

@@ -171,6 +171,7 @@ def test_the_job_runner_gets_the_checked_start_with_defaults_and_the_size() -> N
         "env": {"A": "1"},
         "window": 1024 * 1024,
         "eof": False,
+        "acks": False,
         "size": 7,
     }
     assert (start.request.route, start.request.tag) == (["l01"], 7)  # answers go back the same way

@@ -418,6 +418,10 @@ class Broker:
         if news.lineage and self.children is not None:
             self.children.lineage = [*map(list, parent.lineage), self._card()]
             self.children.send_lineage()
+        if news.lineage and not news.first:
+            # a way up that changed (this broker's, or an ancestor's: its lineage came down)
+            # may have lost job output in flight: send again what no client acknowledged
+            self.jobs.resend()
         if news.seeking_until is not None and self.children is not None:
             self._tell_children_seeking(news.seeking_until, now)
         if news.declined:

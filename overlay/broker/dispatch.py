@@ -41,6 +41,7 @@ ONE_WAY_TOPICS = frozenset(
         "client.disconnect",
         "exec.stdin",
         "exec.signal",
+        "exec.resend",
         "exec.credit",
         "status.ack",
         "dmesg.ack",

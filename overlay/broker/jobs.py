@@ -18,6 +18,11 @@ with it: the orphan guard (guard.py) kills them.
 
 A job whose client has no input for it (exec.start's `eof`) gets /dev/null as its stdin: no pipe,
 and no exec.stdin to wait for.
+
+Every answer of a job is numbered (`seq`). For a client that acknowledges (exec.start's `acks`),
+each is kept until acknowledged (exec.credit's `seq`), a finished job's last ones too, and all
+that is kept is sent again when the way up changes (`resend`: a heal above this broker) or the
+client asks (overlay/wire/resend.py): so a link that dies mid-stream loses nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import functools
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +45,7 @@ from tbon.overlay.links.descriptors import OUT_OF_DESCRIPTORS, Reserve
 from tbon.overlay.state.joblife import Finish, Instruction, JobLife, ReadFreely, SignalGroup
 from tbon.overlay.wire.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Buffer, Kind, Message
+from tbon.overlay.wire.resend import Outbox
 
 if TYPE_CHECKING:  # imported where a job starts (0.3 MB), not by every broker
     import subprocess
@@ -50,6 +57,23 @@ JOB_DESCRIPTORS = 8  # lent from the reserve to start a job: three pipes and exe
 
 
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
+
+Kept = tuple[dict[str, Any], Buffer | None]
+"""An answer kept to send again: its payload (with its `seq`) and its data frame."""
+
+TAIL_KEEP_S = 600.0
+"""Seconds a finished job's unacknowledged answers are kept for a client that never says it has
+them (it went away unnoticed): longer than any heal may take (tbon.timeout plus
+broker.reattach-timeout)."""
+
+
+@dataclass
+class Tail:
+    """A finished job's answers that its client has not acknowledged yet: its exit at least."""
+
+    request: Message
+    outbox: Outbox[Kept]
+    until: float
 
 
 @dataclass
@@ -68,6 +92,7 @@ class Job:
     status: int | None = None
     signal: int | None = None  # the signal that ended its main process, if one did
     note: str = ""  # why the broker ended it, told to the client with its exit status
+    outbox: Outbox[Kept] = field(default_factory=Outbox)  # its answers, numbered and kept
 
     @property
     def may_read(self) -> bool:
@@ -97,6 +122,7 @@ class JobRunner:
         self.unwatch = unwatch
         self.send = send
         self.jobs: dict[str, Job] = {}
+        self.tails: dict[str, Tail] = {}  # finished jobs' answers not yet acknowledged
         self.guard = OrphanGuard()
         self.reserve = reserve
 
@@ -108,6 +134,8 @@ class JobRunner:
         job_id, argv, cwd = payload["id"], payload["argv"], payload.get("cwd")
         if job_id in self.jobs:
             return request.fail(errno.EINVAL, "exec.start: bad argv or a duplicate id")
+        self._prune(time.monotonic())
+        self.tails.pop(job_id, None)
         env = program_environment(self.uri, self.rank, payload.get("size"), payload.get("env"))
         plan = launch(argv, cwd, env)
         if plan.why:
@@ -142,7 +170,8 @@ class JobRunner:
             return None
         self.guard.watch(process.pid)
         window = payload.get("window", DEFAULT_WINDOW)
-        job = Job(job_id, _anchor(request), process, Window.full(window))
+        outbox: Outbox[Kept] = Outbox(keep=bool(payload.get("acks")))
+        job = Job(job_id, _anchor(request), process, Window.full(window), outbox=outbox)
         self.jobs[job_id] = job
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             assert pipe is not None
@@ -159,8 +188,63 @@ class JobRunner:
 
     def _cannot_start(self, request: Message, why: str, code: int) -> None:
         """The exit status a shell would give, and what it would say, as the job's note."""
-        answer = {"rank": self.rank, "exit": code, "note": why}
-        self.send(request.respond(answer, streaming=True))
+        outbox: Outbox[Kept] = Outbox(keep=bool(request.payload.get("acks")))
+        anchor = _anchor(request)
+        self._answer(anchor, outbox, {"rank": self.rank, "exit": code, "note": why})
+        self._keep_tail(str(request.payload["id"]), anchor, outbox)
+
+    # --- answers, numbered and kept until acknowledged -------------------------------------
+
+    def _answer(
+        self, anchor: Message, outbox: Outbox[Kept], said: dict[str, Any], data: Buffer = b""
+    ) -> None:
+        said["seq"] = outbox.number((said, data or None))
+        message = anchor.respond(said, streaming=True)
+        if data:
+            message.data = data
+        self.send(message)
+
+    def _keep_tail(self, job_id: str, anchor: Message, outbox: Outbox[Kept]) -> None:
+        if not outbox.settled:
+            self.tails[job_id] = Tail(anchor, outbox, time.monotonic() + TAIL_KEEP_S)
+
+    def _prune(self, now: float) -> None:
+        for job_id in [j for j, tail in self.tails.items() if now >= tail.until]:
+            del self.tails[job_id]
+
+    def _streams(self) -> list[tuple[str, Message, Outbox[Kept]]]:
+        running = [(j.id, j.request, j.outbox) for j in self.jobs.values()]
+        return running + [(i, t.request, t.outbox) for i, t in self.tails.items()]
+
+    def resend(self, job_id: str | None = None, start: int = 0) -> None:
+        """Send again what the clients have not acknowledged: every job's (`job_id` None: the
+        way up changed, and what crossed the old way may be lost), or one job's from `start`
+        (its client found a hole there)."""
+        sent = 0
+        for ident, anchor, outbox in self._streams():
+            if job_id is not None and ident != job_id:
+                continue
+            if job_id is None and not (anchor.route and anchor.route[-1].startswith("p")):
+                continue  # its client is this broker's own: its way did not change
+            for _seq, (said, data) in outbox.unacknowledged(start):
+                message = anchor.respond(said, streaming=True)
+                if data:
+                    message.data = data
+                self.send(message)
+                sent += 1
+        if sent:
+            why = "its client asked" if job_id is not None else "the way up changed"
+            log.info("exec: sent %d unacknowledged answer(s) again (%s)", sent, why)
+
+    def acknowledge(self, job_id: str, upto: int) -> None:
+        """The client has taken every answer of `job_id` numbered below `upto`."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.outbox.acknowledged(upto)
+        elif (tail := self.tails.get(job_id)) is not None:
+            tail.outbox.acknowledged(upto)
+            if tail.outbox.settled:
+                del self.tails[job_id]
 
     # --- output, within the client's window ------------------------------------------------
 
@@ -213,10 +297,8 @@ class JobRunner:
 
     def _send_output(self, job: Job, name: str, data: bytes) -> None:
         """One data message of `name`, paid for from the job's window."""
-        message = job.request.respond({"rank": self.rank, "stream": name}, streaming=True)
-        message.data = data
         job.window.spend(len(data) + MESSAGE_COST)
-        self.send(message)
+        self._answer(job.request, job.outbox, {"rank": self.rank, "stream": name}, data)
 
     def grant(self, job_id: str, amount: int) -> None:
         """Credit the client gave back: read again if the window had been spent."""
@@ -273,13 +355,11 @@ class JobRunner:
         """Tell the client what the job has read: in quarter windows, and whenever the job has
         read everything it was given, so that the client never waits on a small remainder."""
         if job.stdin_read and (drained or job.stdin_read * 4 >= STDIN_WINDOW):
-            said = {"rank": self.rank, "stdin": job.stdin_read}
-            self.send(job.request.respond(said, streaming=True))
+            self._answer(job.request, job.outbox, {"rank": self.rank, "stdin": job.stdin_read})
             job.stdin_read = 0
 
     def _stdin_closed(self, job: Job) -> None:
-        said = {"rank": self.rank, "stdin_closed": True}
-        self.send(job.request.respond(said, streaming=True))
+        self._answer(job.request, job.outbox, {"rank": self.rank, "stdin_closed": True})
 
     def _writable(self, job: Job) -> None:
         pipe = job.process.stdin
@@ -330,13 +410,18 @@ class JobRunner:
             answer["signal"] = job.signal
         if job.note:
             answer["note"] = job.note
-        self.send(job.request.respond(answer, streaming=True))
+        self._answer(job.request, job.outbox, answer)
+        self._keep_tail(job.id, job.request, job.outbox)
 
     def kill_from(self, route: tuple[str, ...]) -> None:
-        """Kill the jobs whose answers travel along `route`: their client has gone."""
+        """Kill the jobs whose answers travel along `route`: their client has gone. What their
+        finished jobs kept for it is dropped."""
+        for job_id in [j for j, tail in self.tails.items() if tuple(tail.request.route) == route]:
+            del self.tails[job_id]
         for job in list(self.jobs.values()):
             if tuple(job.request.route) == route:
                 log.info("exec %s: its client went away, killing it", job.id)
+                job.outbox.stop_keeping()  # no acknowledgement will come either
                 self.send_signal(job.id, signal.SIGKILL, by_broker=True)
 
     def busy(self) -> bool:

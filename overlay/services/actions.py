@@ -199,13 +199,19 @@ class WriteStdin(Record):
 
 
 class GrantCredit(Record):
-    """The client of a job has written out `amount` bytes of its output: it may send more."""
+    """The client of a job has written out `amount` bytes of its output: it may send more. With
+    `seq`, it has taken every answer numbered below it; with `resend`, it missed the one
+    numbered `seq` and wants everything from there again."""
 
-    __slots__ = __match_args__ = ("job_id", "amount")
+    __slots__ = __match_args__ = ("job_id", "amount", "seq", "resend")
 
-    def __init__(self, job_id: str, amount: int) -> None:
+    def __init__(
+        self, job_id: str, amount: int, seq: int | None = None, resend: bool = False
+    ) -> None:
         self.job_id = job_id
         self.amount = amount
+        self.seq = seq
+        self.resend = resend
 
 
 class SignalJob(Record):

@@ -35,7 +35,7 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
 from tbon.overlay.wire.message import Kind, Message
 
-EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal")
+EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
 
@@ -109,6 +109,8 @@ def start_problem(payload: dict[str, Any]) -> str | None:
         return f"exec.start: window must be a number of bytes from {MIN_WINDOW} to {MAX_WINDOW}"
     if not isinstance(payload.get("eof", False), bool):
         return "exec.start: eof must be true or false"
+    if not isinstance(payload.get("acks", False), bool):
+        return "exec.start: acks must be true or false"
     return None
 
 
@@ -171,6 +173,8 @@ class ExecService:
         job_id = str(payload.get("id", ""))
         if request.topic == "exec.stdin":
             return [WriteStdin(job_id, request.data, bool(payload.get("eof")))]
+        if request.topic == "exec.resend":  # a heal is over: what the client has not taken
+            return [GrantCredit(job_id, 0, 0, resend=True)]
         if request.topic == "exec.signal":
             signum = payload.get("signal")
             if is_int(signum) and 0 < signum < signal.NSIG:
@@ -191,6 +195,7 @@ class ExecService:
             "env": payload.get("env"),
             "window": payload.get("window", DEFAULT_WINDOW),
             "eof": payload.get("eof", False),
+            "acks": payload.get("acks", False),
             "size": self.topology.size,
         }
         return Message(
@@ -203,12 +208,19 @@ class ExecService:
         )
 
     def credit(self, request: Message, now: float) -> list[Action]:
-        """exec.credit: the client wrote out what this rank sent; it may send that much more.
-        One-way, like exec.stdin: nothing is answered, a bad one is dropped."""
-        job_id, amount = request.payload.get("id"), request.payload.get("bytes")
-        if isinstance(job_id, str) and is_int(amount) and amount > 0:
-            return [GrantCredit(job_id, amount)]
-        return []
+        """exec.credit: the client wrote out what this rank sent; it may send that much more,
+        and need not keep the answers numbered below `seq`; with `resend`, it wants them again
+        from `seq` on. One-way, like exec.stdin: nothing is answered, a bad one is dropped."""
+        payload = request.payload
+        job_id, amount = payload.get("id"), payload.get("bytes", 0)
+        seq, resend = payload.get("seq"), payload.get("resend", False)
+        if not isinstance(job_id, str) or not is_int(amount) or amount < 0:
+            return []
+        if (seq is not None and not (is_int(seq) and seq >= 0)) or not isinstance(resend, bool):
+            return []
+        if amount == 0 and seq is None:
+            return []
+        return [GrantCredit(job_id, amount, seq, resend)]
 
     # --- clients that go away -------------------------------------------------------------
 
