@@ -3,7 +3,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/heal.py [--rounds R] [--size N] [--topo kary:K] [--sleep S]
-        [--sections kill,double,rank0,shutdown] [--markdown | --json]
+        [--sections kill,double,rank0,shutdown,subtree] [--markdown | --json]
 
 Each round is a fresh `tbon start --test-size=N -S tbon.topo=TOPO` in wait mode (defaults: 64
 ranks, kary:4, so rank 1's children are 5-8 and its grandchildren 21-36). Once rank 0 pushes
@@ -32,6 +32,10 @@ broker.shutdown-timeout=5s, its launcher told to kill nothing for 2 minutes:
   rank0     SIGKILL rank 0: until every other broker process has exited, each exit seen on its
             pidfd, and the last exit at each depth (target: tbon.timeout +
             broker.reattach-timeout, whatever the depth);
+  subtree   SIGSTOP rank 1, then SIGKILL its grandchildren 7-10 and children 3 and 4, so
+            that only silence tells rank 0 anything: until rank 0 pushes every rank of rank 1's
+            subtree `lost` (target: tbon.timeout + one reattach grace, tbon.timeout +
+            broker.reattach-timeout, whatever the subtree's depth);
   shutdown  SIGTERM to `tbon start` until it exits, on a healthy instance, then on one healed
             (rank 1 killed, its children fostered, `tbon expand --fill`, every rank home again):
             the ratio of the two (target: at most 1.5).
@@ -622,9 +626,10 @@ I20_SIZE = 15  # kary:2, depth 3: rank 1 has grandchildren (7-10), rank 3 childr
 I20_TIMEOUT_S = 2.0  # tbon.timeout
 I20_REATTACH_S = 3.0  # broker.reattach-timeout
 I20_SHUTDOWN_S = 5.0  # broker.shutdown-timeout
+I20_HEARTBEAT_S = 0.2  # tbon.heartbeat: silence is judged on its ticks
 I20_ATTRIBUTES = (
     "tbon.topo=kary:2",
-    "tbon.heartbeat=200ms",
+    f"tbon.heartbeat={I20_HEARTBEAT_S * 1000:g}ms",
     "tbon.torpid=0",
     f"tbon.timeout={I20_TIMEOUT_S:g}s",
     f"broker.reattach-timeout={I20_REATTACH_S:g}s",
@@ -634,6 +639,8 @@ I20_ATTRIBUTES = (
 I20_OPTIONS = ("--test-exit-timeout=2m",)
 TARGET_BOTH_LOST_S = I20_TIMEOUT_S
 TARGET_ALL_GONE_S = I20_TIMEOUT_S + I20_REATTACH_S
+# silence, then one grace, each noticed on a heartbeat's tick
+TARGET_SUBTREE_LOST_S = 2 * I20_TIMEOUT_S + I20_REATTACH_S + 2 * I20_HEARTBEAT_S
 TARGET_SHUTDOWN_RATIO = 1.5
 I20_DEADLINE_S = 60.0  # for any one event of these rounds: far past what the defects cost
 
@@ -648,6 +655,7 @@ class Issue20Round:
     depth_gone: dict[int, float] = field(default_factory=dict)  # depth -> its last exit
     healthy_shutdown: float | None = None  # SIGTERM -> tbon start exits, a fresh instance
     healed_shutdown: float | None = None  # the same after a kill, expand and every rank home
+    subtree_lost: float | None = None  # SIGSTOP of 1, kill of 3, 4, 7-10 -> all seven lost
 
 
 @contextlib.contextmanager
@@ -701,6 +709,36 @@ def double_kill(result: Issue20Round, joiners: list[Stray], number: int) -> None
             result.first_lost = timeline.marks["1 lost"] - killed
         if "both lost" in timeline.marks:
             result.both_lost = timeline.marks["both lost"] - killed
+
+
+SUBTREE = (1, 3, 4, 7, 8, 9, 10)  # rank 1's subtree at 15 ranks, kary:2
+
+
+def dead_subtree(result: Issue20Round, joiners: list[Stray], number: int) -> None:
+    """SIGSTOP rank 1, then kill -9 its subtree from the leaves up: each death is seen only by a
+    broker that dies next or by rank 1, which reads nothing. Rank 0 hears rank 1's silence, then
+    waits out the grace of the ranks below it: how soon every rank of the subtree reads lost."""
+    with fresh(number, "dead subtree") as (inst, timeline):
+        pids = _ours(inst, SUBTREE)
+        timeline.arm(
+            "subtree lost", lambda s: all(s["ranks"][r]["state"] == "lost" for r in SUBTREE)
+        )
+        stopped = time.perf_counter()
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            for rank in (7, 8, 9, 10, 3, 4):
+                os.kill(pids[rank], signal.SIGKILL)
+            timeline.until(
+                lambda: "subtree lost" in timeline.marks,
+                time.monotonic() + I20_DEADLINE_S,
+                "snapshot with rank 1's whole subtree lost",
+            )
+        except TimeoutError as error:
+            progress(f"round {number} (dead subtree): {error}")
+        finally:
+            os.kill(pids[1], signal.SIGKILL)  # stopped: it would never hear the shutdown
+        if "subtree lost" in timeline.marks:
+            result.subtree_lost = timeline.marks["subtree lost"] - stopped
 
 
 def rank0_death(result: Issue20Round, joiners: list[Stray], number: int) -> None:
@@ -804,7 +842,12 @@ def shutdowns(result: Issue20Round, joiners: list[Stray], number: int) -> None:
 
 def issue20_round(sections: Sequence[str], number: int) -> Issue20Round:
     result = Issue20Round()
-    steps = {"double": double_kill, "rank0": rank0_death, "shutdown": shutdowns}
+    steps = {
+        "double": double_kill,
+        "rank0": rank0_death,
+        "shutdown": shutdowns,
+        "subtree": dead_subtree,
+    }
     for name, step in steps.items():
         if name in sections:
             with strays() as joiners:
@@ -851,6 +894,14 @@ def issue20_rows(rounds: Sequence[Issue20Round]) -> list[list[str]]:
                 TARGET_ALL_GONE_S,
             )
         )
+    if any(r.subtree_lost is not None for r in rounds):
+        rows.append(
+            timed(
+                "SIGSTOP of rank 1, kill -9 of 3, 4, 7-10 → rank 0 pushes all seven `lost`",
+                [r.subtree_lost for r in rounds],
+                TARGET_SUBTREE_LOST_S,
+            )
+        )
     if any(r.healthy_shutdown is not None for r in rounds):
         ratios = [
             r.healed_shutdown / r.healthy_shutdown
@@ -889,7 +940,9 @@ def report_issue20(report: Report, rounds: Sequence[Issue20Round]) -> None:
     report.table(header, issue20_rows(rounds))
     report.note(
         "Targets: both `lost` within tbon.timeout; every broker gone within tbon.timeout + "
-        "broker.reattach-timeout of rank 0's death, whatever the depth; a shutdown after a heal "
+        "broker.reattach-timeout of rank 0's death, whatever the depth; a subtree dead behind a "
+        "stopped rank 1 all `lost` one grace (tbon.timeout + broker.reattach-timeout) after "
+        "rank 1's silence is noticed, not one grace per level; a shutdown after a heal "
         f"at most {TARGET_SHUTDOWN_RATIO:g} times a healthy one. `lost` is timed at the arrival "
         "of rank 0's status.watch snapshot; each broker's exit on its pidfd; a shutdown from "
         "SIGTERM to `tbon start`'s exit. The launcher's exit timeout is 2 minutes, so that it "
@@ -1095,7 +1148,7 @@ def kill_json(
 
 # --- main ---------------------------------------------------------------------------------------
 
-SECTIONS = ("kill", "double", "rank0", "shutdown")
+SECTIONS = ("kill", "double", "rank0", "shutdown", "subtree")
 
 
 def sections_arg(text: str) -> list[str]:
