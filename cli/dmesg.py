@@ -175,6 +175,7 @@ class Reading:
     mode: str = "read"  # or "clear" (dmesg.clear), or "read-clear" (dmesg.get with clear)
     watch: int = 0
     clock: HumanClock | None = None  # -H
+
     def run(self, targets: list[int]) -> None:
         if not targets:
             if self.as_json and not self.follow and self.mode != "clear":

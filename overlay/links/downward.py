@@ -410,9 +410,7 @@ class Downward:
             identity, phase = session.identity, session.phase
             if isinstance(phase, Connected) and session.broker is not None:
                 host, pid = session.broker
-                events.append(
-                    Online(rank, identity.incarnation, host, pid, self.rank, session.key)
-                )
+                events.append(Online(rank, identity.incarnation, host, pid, self.rank, session.key))
             elif isinstance(phase, Ended) and phase.told is not None:
                 events.append(phase.told)
         return events

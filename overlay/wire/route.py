@@ -36,8 +36,6 @@ def from_rank0(request: Message) -> bool:
     return route[1] == "p0" and all(parent_hop(hop) is not None for hop in route[2:])
 
 
-
-
 def connection_of(request: Message) -> Connection:
     """The connection that started `request`: the hop its first broker pushed ("l<id>" or "s"),
     then the link hops of the brokers after it. Hops before that were written by the sender, so
