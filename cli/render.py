@@ -430,7 +430,7 @@ def tree_of(
         open_levels.append(not item["last"])
         text = Text(prefix)
         if "ranks" in item:
-            shown = line(entry, verbose and not never_held(entry), None, age, behind=behind)
+            shown = line(entry, verbose, None, age, behind=behind)
             host = "extra" if never_held(entry) else entry["host"]
             first = f"{entry['rank']} {entry['host']}: "
             shown = Text(f"{item['ranks']} {host}: ") + shown[len(first) :]

@@ -39,6 +39,10 @@ EXPECTED_MISSING = (RankState.OFFLINE, RankState.RESERVED, RankState.LOST)
 MISSING_NAMED = 8
 """How many missing ranks a summary names (the rest are counted)."""
 
+MERGE_RUN = 4
+"""Sibling leaves that read the same are drawn as one line from this many on; fewer, and each
+has its own line (spares never held are one line however few)."""
+
 TREE_ITEMS = 16384
 """The most items a tree answer holds (about 3 MB at worst): past them it is cut, and says so."""
 
@@ -312,7 +316,13 @@ def _runs(
         else:
             runs.append([kid])
             looks.append(look)
-    return runs
+    split: list[list[int]] = []
+    for run, look in zip(runs, looks, strict=True):
+        if look != "spare" and len(run) < MERGE_RUN:  # a few leaves: a line each, as ever
+            split.extend([kid] for kid in run)
+        else:
+            split.append(run)
+    return split
 
 
 def _look(entry: dict[str, Any]) -> object:
