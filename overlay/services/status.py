@@ -73,9 +73,11 @@ class StatusService:
         return request.fail(errno.EFBIG, why)
 
     def get(self, request: Message, now: float) -> list[Action]:
-        """The whole table, or with `start` a page of it: the entries from that rank on, as
-        JSON text in the data frame, with `next`, the rank the next page starts at (null at
-        the end)."""
+        """The whole table; with `start` a page of it: the entries from that rank on, as JSON
+        text in the data frame, with `next`, the rank the next page starts at (null at the
+        end); with `view` `held`, the entries of the ranks something happened to."""
+        if request.payload.get("view") == "held":
+            return [Respond(request.respond(statusviews.held(self.table, now)))]
         start = request.payload.get("start")
         if start is None:
             refusal = self._too_big(request)

@@ -370,4 +370,6 @@ def held(table: RankTable, now: float) -> dict[str, Any]:
         "topo": table.topology.spec,
         "ranks": [shown(table, r, now) for r in said],
         "spares": _idset(_complement(said, table.size)),
+        "launched": table.entries.launched,  # a spare's host is extra{rank - launched}
+        "spare_since": round(max(0.0, now - table.entries.created), 3),
     }
