@@ -192,8 +192,10 @@ def test_killed_interior_broker_is_replaced_and_its_children_go_home(instance) -
     children = [inst.pid(3), inst.pid(4)]
     os.kill(inst.pid(1), signal.SIGKILL)
     inst.wait_status(
-        lambda s: s["ranks"][1]["state"] == "lost"
-        and [s["ranks"][r].get("attached_to") for r in (3, 4)] == [0, 0],
+        lambda s: (
+            s["ranks"][1]["state"] == "lost"
+            and [s["ranks"][r].get("attached_to") for r in (3, 4)] == [0, 0]
+        ),
         "rank 1 lost, ranks 3 and 4 fostered",
     )
     result = tbon("expand", inst.uri, "--fill")

@@ -96,9 +96,7 @@ def table() -> dict[str, Any]:
 def scripted(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[Answer]]) -> Scripted:
     """The client every command of this test connects to."""
     client = Scripted(answers)
-    monkeypatch.setattr(
-        "tbon.overlay.connectors.client.connect", lambda uri, progress=None: client
-    )
+    monkeypatch.setattr("tbon.overlay.connectors.client.connect", lambda uri, progress=None: client)
     return client
 
 
