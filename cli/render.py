@@ -390,6 +390,8 @@ def errors_of(
         if reason := why(entry, age):
             text.append(f": {reason}")
         lines.append(text)
+    if cut := answer.get("cut"):
+        lines.append(Text(f"... {cut} more not shown: use --rank", style="bright_black"))
     if spares := answer.get("spares"):
         text = Text(f"{spares}: ")
         text.append("vacant", style=STYLE["vacant"])

@@ -77,7 +77,10 @@ class StatusService:
         text in the data frame, with `next`, the rank the next page starts at (null at the
         end); with `view` `held`, the entries of the ranks something happened to."""
         if request.payload.get("view") == "held":
-            return [Respond(request.respond(statusviews.held(self.table, now)))]
+            try:
+                return [Respond(request.respond(statusviews.held(self.table, now)))]
+            except statusviews.TooBig as error:
+                return [Respond(request.fail(errno.EFBIG, f"{error}: read the table in pages"))]
         start = request.payload.get("start")
         if start is None:
             refusal = self._too_big(request)
@@ -144,8 +147,12 @@ class StatusService:
         if view == "table" and (refusal := self._too_big(request)) is not None:
             return [Respond(refusal)]
         watcher = Watcher(request, self.table.generation, view=view, rank=rank)
+        try:
+            first = self.snapshot(now, watcher)
+        except statusviews.TooBig as error:
+            return [Respond(request.fail(errno.EFBIG, str(error)))]
         self.watchers.append(watcher)
-        return [Respond(request.respond(self.snapshot(now, watcher), streaming=True))]
+        return [Respond(request.respond(first, streaming=True))]
 
     def ack(self, request: Message, now: float) -> list[Action]:
         """status.ack: the watcher whose status.watch had tag `watch` (from the same client: the
@@ -156,7 +163,7 @@ class StatusService:
             if watcher.request.tag == tag and watcher.route == request.route:
                 watcher.unread = False
                 if watcher.sent != self.table.generation:
-                    return [Respond(self._send(watcher, self.snapshot(now, watcher)))]
+                    return [Respond(self._update(watcher, now, {}))]
                 return []
         return []
 
@@ -178,16 +185,24 @@ class StatusService:
         due = [w for w in self.watchers if not w.unread and w.sent != generation]
         if not due:
             return []
-        made: dict[tuple[str, int], dict[str, Any]] = {}  # each view built once per push
-        pushed = []
-        for watcher in due:
-            key = (watcher.view, watcher.rank if watcher.view == "summary" else 0)
-            if key not in made:
-                made[key] = self.snapshot(now, watcher)
-            pushed.append((watcher, self._send(watcher, made[key])))
-        return pushed
+        made: dict[tuple[str, int], dict[str, Any] | str] = {}  # each view built once a push
+        return [(watcher, self._update(watcher, now, made)) for watcher in due]
 
-    def _send(self, watcher: Watcher, status: dict[str, Any]) -> Message:
+    def _update(
+        self, watcher: Watcher, now: float, made: dict[tuple[str, int], dict[str, Any] | str]
+    ) -> Message:
+        """The watcher's next update; or, if its view no longer fits one message (the held
+        ranks grew past WHOLE_TABLE_MAX), the end of its stream (EFBIG), and it is dropped."""
+        key = (watcher.view, watcher.rank if watcher.view == "summary" else 0)
+        if key not in made:
+            try:
+                made[key] = self.snapshot(now, watcher)
+            except statusviews.TooBig as error:
+                made[key] = str(error)
+        status = made[key]
+        if isinstance(status, str):
+            self.forget_watcher(watcher)
+            return watcher.request.fail(errno.EFBIG, status)
         watcher.sent, watcher.unread = self.table.generation, True
         return watcher.request.respond(status, streaming=True)
 

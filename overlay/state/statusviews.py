@@ -10,7 +10,8 @@ At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answe
 - its *tree* (`tree`): the tree as drawn, where sibling subtrees that no broker ever held, and
   sibling leaves that read the same, are one item each (`├─ 16-262143 extra: vacant`), cut at a
   depth if asked;
-- the *held* ranks (`held`): every entry but the spares nothing happened to.
+- the *held* ranks (`held`): every entry but the spares nothing happened to, as long as at most
+  WHOLE_TABLE_MAX ranks are held (else TooBig: such a table is read in pages).
 
 The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
 another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
@@ -24,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tbon.limits import PAGE_BYTES
+from tbon.limits import PAGE_BYTES, WHOLE_TABLE_MAX
 from tbon.overlay.parse.hostlist import encode_hostlist
 from tbon.overlay.parse.idset import format_idset
 from tbon.overlay.state.rankstates import CONNECTED, RankState
@@ -43,8 +44,19 @@ MERGE_RUN = 4
 """Sibling leaves that read the same are drawn as one line from this many on; fewer, and each
 has its own line (spares never held are one line however few)."""
 
-TREE_ITEMS = 16384
-"""The most items a tree answer holds (about 3 MB at worst): past them it is cut, and says so."""
+VIEW_BYTES = 2 << 20
+"""What the items of a tree, or the lines of the errors, may take in one answer (half a
+message): past that it is cut, and says so (`cut`), and `--rank` or `--depth` shows the rest."""
+
+
+def _within(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The first `items` that fit VIEW_BYTES of JSON, and how many did not."""
+    taken = 0
+    for count, item in enumerate(items):
+        taken += len(json.dumps(item)) + 2
+        if taken > VIEW_BYTES:
+            return items[:count], len(items) - count
+    return items, 0
 
 
 def page(table: RankTable, now: float, start: int, budget: int = PAGE_BYTES) -> tuple[bytes, int]:
@@ -233,13 +245,15 @@ def errors(table: RankTable, now: float, root: int, each: bool = False) -> dict[
     if each:
         for entry in gone:
             entry["via"] = drawn.path(entry["rank"])
-        answer["entries"] = gone
+        answer["entries"], cut = _within(gone)
+        if cut:
+            answer["cut"] = cut
         return answer
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for entry in gone:
         key = (entry["state"], entry.get("reason", ""), entry.get("joiner", ""))
         groups.setdefault(key, []).append(entry)
-    answer["groups"] = [
+    made = [
         {
             "state": entries[0]["state"],
             "ranks": format_idset([e["rank"] for e in entries]),
@@ -248,6 +262,9 @@ def errors(table: RankTable, now: float, root: int, each: bool = False) -> dict[
         }
         for entries in groups.values()
     ]
+    answer["groups"], cut = _within(made)
+    if cut:
+        answer["cut"] = cut
     return answer
 
 
@@ -271,14 +288,17 @@ def tree(
             touched.update(table.topology.ancestors(entry.rank))
     items: list[dict[str, Any]] = []
     stack: list[tuple[list[int], int, bool]] = [([root], 0, True)]
-    while stack and len(items) < TREE_ITEMS:
+    taken = 0
+    while stack and taken < VIEW_BYTES:
         ranks, level, last = stack.pop()
         first = ranks[0]
         item: dict[str, Any] = {"depth": level, "last": last}
         item["entry"] = shown(table, first, now, children=False)
+        taken += len(json.dumps(item["entry"])) + 64
         if len(ranks) > 1 or (first not in touched and first != root):
             members = _subtrees(table, drawn, ranks, touched)
             item["ranks"], item["count"] = members
+            taken += len(members[0])
             items.append(item)
             continue
         kids = drawn.children(first)
@@ -361,10 +381,16 @@ def _kary_levels(table: RankTable, first: int, last: int) -> tuple[str, int]:
     return _idset(spans), count
 
 
+class TooBig(ValueError):
+    """A view that would not fit one message: the table is to be read in pages instead."""
+
+
 def held(table: RankTable, now: float) -> dict[str, Any]:
     """Every entry but those of spares nothing happened to (`ranks`, in rank order), and those
     as an idset (`spares`): what a command that follows ranks by their number reads."""
     said = [e.rank for e in table.entries.held() if not table.entries.pristine(e.rank)]
+    if len(said) > WHOLE_TABLE_MAX:
+        raise TooBig(f"{len(said)} ranks are held: more than {WHOLE_TABLE_MAX} to send at once")
     return {
         "size": table.size,
         "topo": table.topology.spec,
