@@ -90,6 +90,12 @@ def build(kind: str, rank: int, offset: int, pid: int, other: int, table: RankTa
     return made[kind]
 
 
+def prelude(size: int, up: int) -> list[tuple[str, int, int, int, int]]:
+    """Events that bring the first `up` ranks online in order (parents first), so that the
+    random events after them find ranks to end, retire, foster and reserve."""
+    return [("online", rank, 0, 1 + rank % 3, 0) for rank in range(min(up, size))]
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.integers(2, 24).flatmap(
@@ -106,6 +112,7 @@ def test_compact_store_behaves_as_the_plain_one(
     case: tuple[int, int, str, bool, list[tuple[str, int, int, int, int]]],
 ) -> None:
     size, launched, spec, fixed, stream = case
+    stream = prelude(size, launched) + stream
     hosts = [f"node{rank}" for rank in range(launched)]
     plain = RankTable(Topology(spec, size), hosts, 10.0, fixed=fixed, store=PlainEntries)
     compact = RankTable(Topology(spec, size), hosts, 10.0, fixed=fixed, store=CompactEntries)
