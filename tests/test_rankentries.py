@@ -7,6 +7,7 @@ store the table kept before, one entry per rank.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import astuple
 
 from hypothesis import given, settings
@@ -129,6 +130,7 @@ def test_compact_store_behaves_as_the_plain_one(
         assert compact.expired(now) == []
         assert [astuple(e) for e in compact.entries] == [astuple(e) for e in plain.entries]
         assert compact.generation == plain.generation
+        assert +compact.rollup.counts == Counter(e.state for e in plain.entries)
         assert compact.next_expiry() == plain.next_expiry()
         assert compact.adrift(now + 500.0) == plain.adrift(now + 500.0)
         for r in range(size):

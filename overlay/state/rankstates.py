@@ -10,6 +10,7 @@ ranktable.py says how a rank moves between phases.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
@@ -191,6 +192,7 @@ class Rollup:
         self.parents = topology.parents()
         self.states = list(states)
         self.offline = states.count(RankState.OFFLINE)  # ranks not up yet: RankTable.up()
+        self.counts = Counter(states)  # ranks in each state: `tbon status --summary` of rank 0
         self.lost_kids = [0] * size  # children whose subtree holds a lost rank
         self.short_kids = [0] * size  # children whose subtree holds a rank not online
         for rank in topology.bottom_up():
@@ -216,6 +218,8 @@ class Rollup:
             return
         before = self._holds(rank)
         self.offline += (state is RankState.OFFLINE) - (self.states[rank] is RankState.OFFLINE)
+        self.counts[self.states[rank]] -= 1
+        self.counts[state] += 1
         self.states[rank] = state
         current = rank
         while True:

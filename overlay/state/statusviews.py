@@ -165,7 +165,7 @@ def summary(table: RankTable, now: float, root: int) -> dict[str, Any]:
     are in each state, and which are missing (EXPECTED_MISSING; the first MISSING_NAMED)."""
     states = table.rollup.states
     if root == 0:
-        counts = Counter(states)
+        counts = +table.rollup.counts  # kept as states change: no walk of 2^18 ranks
         missing = [r.rank for r in table.entries.held() if r.state in EXPECTED_MISSING]
     else:
         ranks = list(Drawn(table).subtree(root))
