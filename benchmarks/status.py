@@ -11,7 +11,7 @@ reaped. Each round runs, against it, `tbon status --summary`, `--errors`, the tr
 status`, collapsed where ranks read the same) and `--json` (its output to /dev/null), and the
 table gives the medians of the wall times, with the largest resident set of the `--json`
 process; then rank 0's resident set (VmRSS, and its peak VmHWM, from /proc) once every command
-ran. Targets (issue 26) at S = 262,144, N = 64: rank 0 ≤ 128 MB, `--summary` ≤ 0.2 s, the tree
+ran. `tbon ping 0` shows the floor, what any command costs on this machine now. Targets (issue 26) at S = 262,144, N = 64: rank 0 ≤ 128 MB, `--summary` ≤ 0.2 s, the tree
 ≤ 1 s, `--json` ≤ 3 s.
 
 Drives tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run
@@ -32,6 +32,7 @@ from common import TBON, begin, median, parse_args, positive, proc_kb, progress,
 
 SECTIONS = ("status",)
 VIEWS = (
+    ("`tbon ping 0` (the floor: a CLI, one round trip)", ["ping"], None),
     ("`tbon status --summary`", ["--summary"], 0.2),
     ("`tbon status --errors`", ["--errors"], None),
     ("`tbon status` (the tree)", [], 1.0),
@@ -92,7 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_ in range(args.runs):
             progress(f"round {round_ + 1} of {args.runs}")
             for label, flags, _target in VIEWS:
-                elapsed, rss, _head = run([str(TBON), "status", instance.uri, *flags])
+                command = (
+                    ["ping", instance.uri, "0"]
+                    if flags == ["ping"]
+                    else ["status", instance.uri, *flags]
+                )
+                elapsed, rss, _head = run([str(TBON), *command])
                 times[label].append(elapsed)
                 if "--json" in flags:
                     json_rss.append(rss)
@@ -105,10 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, _flags, target in VIEWS:
         goal = f"≤ {target:g} s" if target is not None and args.size == 262144 else ""
         rows.append([label, f"{median(times[label]):.3f} s", goal])
-    rows.append(["`--json` CLI, peak RSS", f"{median(json_rss) / 1024:.1f} MB", ""])
-    goal = "≤ 128 MB" if args.size == 262144 else ""
-    rows.append(["rank 0 RSS after the rounds", f"{memory.get('VmRSS', 0) / 1024:.1f} MB", goal])
-    rows.append(["rank 0 peak RSS (VmHWM)", f"{memory.get('VmHWM', 0) / 1024:.1f} MB", ""])
+    rows.append(["`--json` CLI, peak RSS, MB", f"{median(json_rss) / 1024:.1f}", ""])
+    goal = "≤ 128" if args.size == 262144 else ""
+    rows.append(["rank 0 RSS after the rounds, MB", f"{memory.get('VmRSS', 0) / 1024:.1f}", goal])
+    rows.append(["rank 0 peak RSS (VmHWM), MB", f"{memory.get('VmHWM', 0) / 1024:.1f}", ""])
     report.table(["measure", "value", "target"], rows)
     return 0
 
