@@ -11,8 +11,9 @@ reaped. Each round runs, against it, `tbon status --summary`, `--errors`, the tr
 status`, collapsed where ranks read the same) and `--json` (its output to /dev/null), and the
 table gives the medians of the wall times, with the largest resident set of the `--json`
 process; then rank 0's resident set (VmRSS, and its peak VmHWM, from /proc) once every command
-ran. `tbon ping 0` shows the floor, what any command costs on this machine now. Targets (issue 26) at S = 262,144, N = 64: rank 0 ≤ 128 MB, `--summary` ≤ 0.2 s, the tree
-≤ 1 s, `--json` ≤ 3 s.
+ran. `tbon ping 0` shows the floor, what any command costs on this machine now. Targets (issue
+26) at S = 262,144, N = 64: rank 0 ≤ 128 MB, `--summary` ≤ 0.2 s, the tree ≤ 1 s, `--json`
+≤ 3 s.
 
 Drives tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run
 it against an older checkout, whose `tbon start` refuses a size above its limit.
