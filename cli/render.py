@@ -1,6 +1,11 @@
 """Drawing the rank table: as a tree, `RANK HOST: STATE` one line per rank as Flux does, or as
 the list of ranks that are not online (`--errors`, `--down`).
 
+`tbon status` draws the views rank 0 computes (status.summary, status.errors, status.tree: the
+functions at the end, `summary_of`, `errors_of`, `tree_of`), so that no view needs the whole
+table. The functions of the whole status object before them are the reference those views are
+held to (tests/test_statusviews.py), and what a script that holds a table may draw it with.
+
 Pure functions of the status object (docs/design.md §12) and of `age`, the seconds since rank 0
 made it, so that a `--watch` view can keep its clocks running between tables. Fields a newer
 rank 0 adds are used when present and never required, so this draws an older one's table too.

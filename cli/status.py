@@ -1,7 +1,9 @@
 """`tbon status`: the tree of ranks and their states, once, until a state, or live.
 
-A `--watch` view on a terminal is drawn on the alternate screen and redrawn whole at every table
-rank 0 pushes and at least every second, so that its clocks tick and anything else written to
+Every view is computed at rank 0 (status.summary, status.errors, status.tree) and `--json` is
+read in pages, so that no message and no process holds the whole table of a large instance.
+A `--watch` view on a terminal is drawn on the alternate screen and redrawn whole at every change
+rank 0 reports (a summary it pushes, after which the view is fetched) and at least every second, so that its clocks tick and anything else written to
 the terminal (the warnings of the brokers of a `tbon start` shell) is wiped at the next redraw
 instead of shifting the view; when it ends, the last view is printed on the normal screen. Piped,
 each table is printed after a line with the time.
