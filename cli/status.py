@@ -3,10 +3,11 @@
 Every view is computed at rank 0 (status.summary, status.errors, status.tree) and `--json` is
 read in pages, so that no message and no process holds the whole table of a large instance.
 A `--watch` view on a terminal is drawn on the alternate screen and redrawn whole at every change
-rank 0 reports (a summary it pushes, after which the view is fetched) and at least every second, so that its clocks tick and anything else written to
-the terminal (the warnings of the brokers of a `tbon start` shell) is wiped at the next redraw
-instead of shifting the view; when it ends, the last view is printed on the normal screen. Piped,
-each table is printed after a line with the time.
+rank 0 reports (it pushes a summary, and the view is fetched then) and at least every second, so
+that its clocks tick and anything else written to the terminal (the warnings of the brokers of a
+`tbon start` shell) is wiped at the next redraw instead of shifting the view; when it ends, the
+last view is printed on the normal screen. Piped, each view is printed after a line with the
+time.
 """
 
 from __future__ import annotations
