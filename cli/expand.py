@@ -208,8 +208,10 @@ def _boot_servers(
             found.append(str(uri))
 
     add(info)
+    from tbon.overlay.state.heldtable import said
+
     others = sorted(
-        (r for r in status["ranks"] if r["rank"] and r["state"] == "online" and not r["torpid"]),
+        (r for r in said(status) if r["rank"] and r["state"] == "online" and not r["torpid"]),
         key=lambda r: (r["host"] != here, r["rank"]),
     )
     for entry in others[:BOOT_SERVERS]:  # one of them may be the broker of `given`

@@ -61,6 +61,15 @@ class Ranks(Sequence[dict[str, Any]]):
         }
 
 
+def said(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries of a status object that are not untouched spares' (all, for a table sent
+    whole): what a command that looks for brokers walks, without making up 2^18 spares."""
+    ranks = status["ranks"]
+    if isinstance(ranks, Ranks):
+        return [ranks.held[rank] for rank in sorted(ranks.held)]
+    return list(ranks)
+
+
 def whole(view: dict[str, Any]) -> dict[str, Any]:
     """The status object of a `held` view (or a whole table, returned as it is)."""
     if "spares" not in view:
