@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
             if wait is not None:
                 wait_for(client, rank, wait, limit)
                 if as_json:
-                    write_pages(client, rank, answer_in)
+                    write_pages(client, rank, answer_in, limit)
                 return
             console = make_console(color)
             marks = _marks(lit, console)
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
                 watch_live(client, view, not no_pretty, as_json, console, marks)
                 return
             if as_json:
-                once_healed(client, lambda: write_pages(client, rank, answer_in), limit)
+                write_pages(client, rank, answer_in, limit)
                 return
             answer = view.fetch()
             check_highlight(answer, lit)
@@ -249,20 +249,30 @@ def draw(
     return render.tree_of(answer, pretty, verbose, rtts, age, marks)
 
 
-def write_pages(client: Any, rank: int, timeout: float | None) -> None:
+def write_pages(client: Any, rank: int, timeout: float | None, limit: float | None) -> None:
     """`--json`: the table as one line of compact JSON, written a page at a time as rank 0
     sends them (status.get with `start`): neither this process nor any message holds it whole,
-    and the object is the one a single status.get gives a smaller instance."""
+    and the object is the one a single status.get gives a smaller instance. The first page is
+    asked for again once if the tree was healing (once_healed); a later page is not, as the
+    line has begun."""
+
+    def first() -> tuple[Iterator[tuple[dict[str, Any], bytes]], tuple[dict[str, Any], bytes]]:
+        pages = client.table_pages(timeout)
+        return pages, next(pages)
+
+    pages, (header, data) = once_healed(client, first, limit)
+    check_rank(header, rank)
     out = sys.stdout
-    for header, data in client.table_pages(timeout):
-        if header["start"] == 0:
-            check_rank(header, rank)
-            out.write(f'{{"size":{header["size"]},"topo":{json.dumps(header["topo"])},"ranks":[')
-        else:
-            out.write(",")
+    out.write(f'{{"size":{header["size"]},"topo":{json.dumps(header["topo"])},"ranks":[')
+    while True:
         out.flush()
         out.buffer.write(data)
         out.buffer.flush()
+        following = next(pages, None)
+        if following is None:
+            break
+        out.write(",")
+        header, data = following
     out.write("]}\n")
     out.flush()
 
@@ -455,7 +465,7 @@ def watch_live(
     try:
         if as_json:  # the table on one line after each change, for scripts
             for _age in changes(client, view.rank, None):
-                write_pages(client, view.rank, view.answer_in)
+                write_pages(client, view.rank, view.answer_in, view.limit)
         elif sys.stdout.isatty():
             _watch_screen(client, view, pretty, console, marks)
         else:
