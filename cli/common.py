@@ -117,6 +117,29 @@ HEAL_GRACE = 1.0  # seconds past a heal.wait's own timeout before the client giv
 T = TypeVar("T")
 
 
+def fetch_status(client: Any) -> dict[str, Any]:
+    """Rank 0's status object for a command that looks ranks up by number: the entries of the
+    ranks something happened to, the untouched spares made up as they are read (heldtable.py),
+    in one message whatever the size; past WHOLE_TABLE_MAX ranks held, read in pages."""
+    import errno
+    import json
+
+    from tbon.overlay.connectors.client import RequestError
+    from tbon.overlay.state.heldtable import whole
+
+    try:
+        return whole(client.rpc("status.get", {"view": "held"}, nodeid=0))
+    except RequestError as error:
+        if error.errnum != errno.EFBIG:  # more than 8192 ranks held: the pages, then
+            raise
+    ranks: list[dict[str, Any]] = []
+    status: dict[str, Any] = {}
+    for header, data in client.table_pages():
+        status = {"size": header["size"], "topo": header["topo"], "ranks": ranks}
+        ranks += json.loads(b"[" + data + b"]")
+    return status
+
+
 def once_healed(
     client: Any,
     attempt: Callable[[], T],

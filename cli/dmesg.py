@@ -25,7 +25,7 @@ from typing import Any
 
 import typer
 
-from tbon.cli.common import URI_HELP, open_client, print_json
+from tbon.cli.common import URI_HELP, fetch_status, open_client, print_json
 from tbon.errors import RANK_TROUBLE, TbonError, UsageError
 from tbon.overlay.connectors.patience import ANSWER_WAIT
 
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         )
         mode = "clear" if clear else "read-clear" if read_clear else "read"
         with open_client(uri) as client:
-            status = client.rpc("status.get", nodeid=0)
+            status = fetch_status(client)
             targets, trouble = _targets(status, ranks)
             reading = Reading(client, level, follow, as_json, trouble, mode=mode)
             reading.clock = HumanClock() if human else None
@@ -175,12 +175,13 @@ class Reading:
     mode: str = "read"  # or "clear" (dmesg.clear), or "read-clear" (dmesg.get with clear)
     watch: int = 0
     clock: HumanClock | None = None  # -H
+
     def run(self, targets: list[int]) -> None:
         if not targets:
             if self.as_json and not self.follow and self.mode != "clear":
                 print_json([])
             return
-        self.watch = self.client.send("status.watch", {}, nodeid=0)
+        self.watch = self.client.send("status.watch", {"view": "held"}, nodeid=0)
         self.waiting = sorted(targets, reverse=True)
         backlog: list[dict[str, Any]] = []
         while self.waiting or self.asked:
@@ -261,7 +262,9 @@ class Reading:
         """Rank 0 pushed its table: a rank being read whose broker has gone will never answer."""
         if reply.errnum:  # the instance is shutting down
             raise TbonError(f"status stream ended: {reply.errstr}")
-        entries = reply.payload["ranks"]
+        from tbon.overlay.state.heldtable import whole
+
+        entries = whole(reply.payload)["ranks"]
         gone = {r for r in self.waiting if entries[r]["state"] not in READABLE}
         self.waiting = [r for r in self.waiting if r not in gone]
         for streams in (self.asked, self.following):

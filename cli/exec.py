@@ -200,12 +200,14 @@ def _watch_status(client: Any) -> tuple[int, dict[str, Any]]:
     later ones tell of ranks lost while the jobs run. One stream for both, so that rank 0 builds
     and sends the table once, not also for a status.get (at 2048 ranks, 370 kB of JSON)."""
     from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
+    from tbon.overlay.state.heldtable import whole
 
-    tag = client.send("status.watch", {}, nodeid=0)
+    # the ranks something happened to: the others are spares, never targets, never lost
+    tag = client.send("status.watch", {"view": "held"}, nodeid=0)
     reply = client.answer(tag, 0, DEFAULT_TIMEOUT)
     if reply.errnum:
         raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
-    return tag, reply.payload
+    return tag, whole(reply.payload)
 
 
 def _empty_stdin() -> bool:

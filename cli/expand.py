@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every broker joined, 69 if some found no rank (the instance was
         full), 1 if any failed otherwise.
         """
-        from tbon.cli.common import open_client
+        from tbon.cli.common import fetch_status, open_client
 
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         given = duration(timeout, "--timeout")
         limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
         with open_client(uri) as client:
-            status = client.rpc("status.get", nodeid=0)
+            status = fetch_status(client)
             info = client.rpc("broker.info", nodeid=0)
             wanted = _wanted(status, count, fill, ranks)
             if not wanted:
@@ -208,8 +208,10 @@ def _boot_servers(
             found.append(str(uri))
 
     add(info)
+    from tbon.overlay.state.heldtable import said
+
     others = sorted(
-        (r for r in status["ranks"] if r["rank"] and r["state"] == "online" and not r["torpid"]),
+        (r for r in said(status) if r["rank"] and r["state"] == "online" and not r["torpid"]),
         key=lambda r: (r["host"] != here, r["rank"]),
     )
     for entry in others[:BOOT_SERVERS]:  # one of them may be the broker of `given`
@@ -344,7 +346,7 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
     )
     with progress if interactive() else nullcontext():
         task = progress.add_task("join", total=len(joiners))
-        tag = client.send("status.watch", {}, nodeid=0)
+        tag = client.send("status.watch", {"view": "held"}, nodeid=0)  # the ranks that joined
         while any(j.pending for j in joiners) and time.monotonic() < deadline:
             reply = client.receive(0.1)
             if reply is not None and reply.tag == tag:

@@ -1,6 +1,11 @@
 """Drawing the rank table: as a tree, `RANK HOST: STATE` one line per rank as Flux does, or as
 the list of ranks that are not online (`--errors`, `--down`).
 
+`tbon status` draws the views rank 0 computes (status.summary, status.errors, status.tree: the
+functions at the end, `summary_of`, `errors_of`, `tree_of`), so that no view needs the whole
+table. The functions of the whole status object before them are the reference those views are
+held to (tests/test_statusviews.py), and what a script that holds a table may draw it with.
+
 Pure functions of the status object (docs/design.md §12) and of `age`, the seconds since rank 0
 made it, so that a `--watch` view can keep its clocks running between tables. Fields a newer
 rank 0 adds are used when present and never required, so this draws an older one's table too.
@@ -356,3 +361,124 @@ def view(
     if kind in ("errors", "down"):
         return not_online(status, root, paths=kind == "down", verbose=verbose, age=age)
     return tree(status, root, pretty, verbose, rtts, age, marks)
+
+
+# --- the views rank 0 computes (status.summary, status.errors, status.tree) ---------------------
+#
+# At 262,144 ranks the table is not fetched to draw a view: rank 0 sends the view's own object
+# (overlay/state/statusviews.py), drawn here by the same line functions as above.
+
+
+def summary_of(answer: dict[str, Any]) -> Text:
+    """`--summary` from rank 0's status.summary: the root line, and its ranks by state."""
+    text = line(answer["entry"], False, None)
+    parts = ", ".join(f"{count} {state}" for state, count in answer["counts"].items())
+    text.append(f" ({answer['ranks']} ranks: {parts})")
+    return text
+
+
+def errors_of(
+    answer: dict[str, Any], paths: bool = False, verbose: bool = False, age: float = 0.0
+) -> list[Text]:
+    """`--errors` and `--down` from rank 0's status.errors (with `each` for `-v` and `--down`)."""
+    lines: list[Text] = []
+    if "entries" in answer:
+        for entry in answer["entries"]:
+            if paths:
+                lines.append(line(entry, verbose, None, age, entry["via"]))
+            else:
+                lines.append(error_line(entry, age))
+    for group in answer.get("groups", []):
+        entry = group["entry"]
+        text = Text(f"{group['ranks']} {group['hosts']}: ")
+        text.append(group["state"], style=STYLE.get(group["state"], ""))
+        if reason := why(entry, age):
+            text.append(f": {reason}")
+        lines.append(text)
+    if cut := answer.get("cut"):
+        lines.append(Text(f"... {cut} more not shown: use --rank", style="bright_black"))
+    if spares := answer.get("spares"):
+        text = Text(f"{spares}: ")
+        text.append("vacant", style=STYLE["vacant"])
+        single = spares.isdigit()
+        text.append(": spare never held" if single else ": spares never held")
+        lines.append(text)
+    return lines
+
+
+def tree_of(
+    answer: dict[str, Any],
+    pretty: bool = True,
+    verbose: bool = False,
+    rtts: dict[int, float] | None = None,
+    age: float = 0.0,
+    marks: Marks | None = None,
+) -> list[Text]:
+    """The tree from rank 0's status.tree: one line per item, a run of ranks that read the
+    same as one line (`├─ 16-262143 extra: vacant`, the hosts of spares never held as
+    `extra`), ` ...` after a rank whose ranks below are hidden by `--depth`."""
+    rtts = rtts or {}
+    lit = _lit_items(answer, marks.ranks) if marks else set()
+    lines: list[Text] = []
+    open_levels: list[bool] = []  # per depth: whether more siblings follow at that depth
+    behind_at: list[int | None] = [None]  # per depth: the reattaching rank its ranks are behind
+    for item in answer["items"]:
+        depth, entry = item["depth"], item["entry"]
+        del open_levels[depth:]
+        del behind_at[depth + 1 :]
+        behind = behind_at[depth]
+        prefix = ""
+        if depth > 0:
+            if pretty:
+                prefix = "".join("│  " if more else "   " for more in open_levels[1:depth])
+                prefix += "└─ " if item["last"] else "├─ "
+            else:
+                prefix = "  " * depth
+        open_levels.append(not item["last"])
+        text = Text(prefix)
+        if "ranks" in item:
+            shown = line(entry, verbose, None, age, behind=behind)
+            host = "extra" if never_held(entry) else entry["host"]
+            first = f"{entry['rank']} {entry['host']}: "
+            shown = Text(f"{item['ranks']} {host}: ") + shown[len(first) :]
+            ranks = _item_ranks(item)
+        else:
+            shown = line(entry, verbose, rtts.get(entry["rank"]), age, behind=behind)
+            ranks = {entry["rank"]}
+        if item.get("more"):
+            shown.append(" ...", style="bright_black")
+        if ranks & lit:
+            shown.stylize("reverse")
+            if marks is not None and marks.plain:
+                shown.append(" *")
+        text.append_text(shown)
+        lines.append(text)
+        below = entry["rank"] if entry.get("reattaching") else behind
+        behind_at.append(below)
+    if answer.get("cut"):
+        lines.append(Text("... more ranks: use --depth or --rank", style="bright_black"))
+    return lines
+
+
+def _item_ranks(item: dict[str, Any]) -> set[int]:
+    from tbon.overlay.parse.idset import parse_idset
+
+    if item["count"] > 4096:  # a run of spares: only its first rank can be named cheaply
+        return {item["entry"]["rank"]}
+    return set(parse_idset(item["ranks"]))
+
+
+def _lit_items(answer: dict[str, Any], ranks: frozenset[int]) -> set[int]:
+    """The ranks named and those on their way up, among the ranks drawn (`-H`)."""
+    up: dict[int, int | None] = {}
+    for item in answer["items"]:
+        entry = item["entry"]
+        attached = entry.get("attached_to")
+        up[entry["rank"]] = attached if type(attached) is int else entry["parent"]
+    lit = set(ranks)
+    for rank in ranks:
+        parent = up.get(rank)
+        while parent is not None and parent not in lit:
+            lit.add(parent)
+            parent = up.get(parent)
+    return lit

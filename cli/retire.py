@@ -71,13 +71,13 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every rank is retired (or already was), 1 if some were refused, 68
         if some are not in the instance.
         """
-        from tbon.cli.common import duration, open_client
+        from tbon.cli.common import duration, fetch_status, open_client
 
         uri, ranks = _split(words)
         wanted = _parse_ranks(ranks)
         drain = duration(timeout, "--timeout")
         with open_client(uri) as client:
-            status = client.rpc("status.get", nodeid=0)
+            status = fetch_status(client)
             waves = plan(status, wanted, subtree)
             results = _retire(client, status, waves, force, drain, as_json)
         ordered = sorted(results.values(), key=lambda r: r.rank)

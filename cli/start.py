@@ -222,7 +222,8 @@ def _wait_up(
         time.sleep(0.01)  # the socket appears within the launcher's first second
     try:
         with Client(uri) as client:
-            tag = client.send("status.watch", {}, nodeid=0)
+            # rank 0's summary, pushed at each change: the counts, not the table
+            tag = client.send("status.watch", {"view": "summary"}, nodeid=0)
             while launcher.poll() is None:
                 reply = client.receive(0.5)
                 if reply is None or reply.tag != tag:
@@ -230,9 +231,9 @@ def _wait_up(
                     continue
                 if reply.errnum:
                     return False
-                ranks = reply.payload["ranks"]
-                show(sum(r["state"] == "online" for r in ranks))
-                if not any(r["state"] == "offline" for r in ranks):
+                counts = reply.payload["counts"]
+                show(counts.get("online", 0))
+                if not counts.get("offline", 0):
                     return True
     except TbonError:
         return False

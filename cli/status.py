@@ -1,10 +1,13 @@
 """`tbon status`: the tree of ranks and their states, once, until a state, or live.
 
-A `--watch` view on a terminal is drawn on the alternate screen and redrawn whole at every table
-rank 0 pushes and at least every second, so that its clocks tick and anything else written to
-the terminal (the warnings of the brokers of a `tbon start` shell) is wiped at the next redraw
-instead of shifting the view; when it ends, the last view is printed on the normal screen. Piped,
-each table is printed after a line with the time.
+Every view is computed at rank 0 (status.summary, status.errors, status.tree) and `--json` is
+read in pages, so that no message and no process holds the whole table of a large instance.
+A `--watch` view on a terminal is drawn on the alternate screen and redrawn whole at every change
+rank 0 reports (it pushes a summary, and the view is fetched then) and at least every second, so
+that its clocks tick and anything else written to the terminal (the warnings of the brokers of a
+`tbon start` shell) is wiped at the next redraw instead of shifting the view; when it ends, the
+last view is printed on the normal screen. Piped, each view is printed after a line with the
+time.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tbon.cli.common import URI_HELP, duration, interactive, once_healed, open_client, print_json
+from tbon.cli.common import URI_HELP, duration, interactive, once_healed, open_client
 from tbon.errors import RankError, TbonError, UsageError
 from tbon.overlay.connectors.client import RequestError
 
@@ -68,7 +71,18 @@ def register(app: typer.Typer) -> None:
             help="Give up waiting after DURATION (e.g. 30s) and exit 1; 0: no limit. Default: "
             "10s for the answer, no limit for --wait.",
         ),
-        summary: bool = typer.Option(False, "--summary", help="Show only the subtree's root."),
+        depth: int = typer.Option(
+            None,
+            "--depth",
+            "-d",
+            metavar="N",
+            min=0,
+            help="Draw the tree N levels below its root at most; ' ...' marks a rank whose "
+            "ranks below are hidden.",
+        ),
+        summary: bool = typer.Option(
+            False, "--summary", help="Show only the subtree's root, and its ranks by state."
+        ),
         errors: bool = typer.Option(
             False,
             "--errors",
@@ -135,40 +149,132 @@ def register(app: typer.Typer) -> None:
         if highlight is not None and (kind != "tree" or as_json or wait is not None):
             shown = "--json" if as_json else "--wait" if wait is not None else f"--{kind}"
             raise UsageError(f"--highlight and {shown} do not go together: it marks the tree")
+        if depth is not None and (kind != "tree" or as_json or wait is not None):
+            shown = "--json" if as_json else "--wait" if wait is not None else f"--{kind}"
+            raise UsageError(f"--depth and {shown} do not go together: it cuts the tree")
         lit = _highlight_ranks(highlight)
         given = duration(timeout, "--timeout")
         limit = None if given == 0 else given  # 0: no limit, as tbon.timeout=0
+        answer_in = limit_of(given)
         with open_client(uri) as client:
             if wait is not None:
-                table = wait_for(client, rank, wait, limit)
+                wait_for(client, rank, wait, limit)
                 if as_json:
-                    print_json(table)
+                    write_pages(client, rank, answer_in, limit)
                 return
-            if watch:
-                console = make_console(color)
-                marks = _marks(lit, console)
-                watch_live(client, rank, kind, not no_pretty, verbose, as_json, console, marks)
-                return
-            answer_in = limit_of(given)
-            table = once_healed(
-                client, lambda: client.rpc("status.get", nodeid=0, timeout=answer_in), limit
-            )
-            check_rank(table, rank)
-            check_highlight(table, lit)
-            if as_json:
-                write_json(table)
-                return
-            rtts = round_trips(client, table, rank) if verbose and kind == "tree" else None
             console = make_console(color)
             marks = _marks(lit, console)
-            show(console, table, rank, kind, not no_pretty, verbose, rtts, marks)
+            view = View(client, rank, kind, depth, verbose, lit, answer_in, limit)
+            if watch:
+                watch_live(client, view, not no_pretty, as_json, console, marks)
+                return
+            if as_json:
+                write_pages(client, rank, answer_in, limit)
+                return
+            answer = view.fetch()
+            check_highlight(answer, lit)
+            rtts = round_trips(client, answer) if verbose and kind == "tree" else None
+            for text in draw(answer, kind, not no_pretty, verbose, rtts, 0.0, marks):
+                console.print(text)
 
 
-def write_json(table: dict[str, Any]) -> None:
-    """The table as one line of compact JSON, written as it is: at 2048 ranks it is 370 kB,
-    which Typer's echo would scan for colour codes to strip, in vain."""
-    sys.stdout.write(json.dumps(table, separators=(",", ":")))
-    sys.stdout.write("\n")
+class View:
+    """What one view of the table is asked of rank 0 (docs/protocol.md §7): `--summary`
+    status.summary, `--errors` and `--down` status.errors (with `each` for `-v` and `--down`),
+    the tree status.tree, runs of ranks that read the same drawn as one line (not with `-v` or
+    `-H`, which tell ranks apart)."""
+
+    def __init__(
+        self,
+        client: Any,
+        rank: int,
+        kind: str,
+        depth: int | None,
+        verbose: bool,
+        lit: frozenset[int],
+        answer_in: float | None,
+        limit: float | None,
+    ) -> None:
+        self.client, self.rank, self.kind, self.verbose = client, rank, kind, verbose
+        self.answer_in, self.limit = answer_in, limit
+        self.payload: dict[str, Any]
+        if kind == "summary":
+            self.topic, self.payload = "status.summary", {"rank": rank}
+        elif kind in ("errors", "down"):
+            each = verbose or kind == "down"
+            self.topic, self.payload = "status.errors", {"rank": rank, "each": each}
+        else:
+            merge = not verbose and not lit
+            self.topic = "status.tree"
+            self.payload = {"rank": rank, "depth": depth, "merge": merge}
+
+    def fetch(self) -> dict[str, Any]:
+        def ask() -> dict[str, Any]:
+            answer: dict[str, Any] = self.client.rpc(
+                self.topic, self.payload, nodeid=0, timeout=self.answer_in
+            )
+            return answer
+
+        try:
+            return once_healed(self.client, ask, self.limit)
+        except RequestError as error:
+            raise _rank_error(error, self.rank) from None
+
+
+def _rank_error(error: RequestError, rank: int) -> TbonError:
+    """A view's refusal of --rank (ENOENT) as the RankError every command gives (exit 68)."""
+    import errno
+
+    if error.errnum == errno.ENOENT:
+        return RankError(f"--rank {rank}: {error}")
+    return error
+
+
+def draw(
+    answer: dict[str, Any],
+    kind: str,
+    pretty: bool,
+    verbose: bool,
+    rtts: dict[int, float] | None = None,
+    age: float = 0.0,
+    marks: Any = None,
+) -> list[Any]:
+    """The lines of a view that rank 0 computed."""
+    from tbon.cli import render
+
+    if kind == "summary":
+        return [render.summary_of(answer)]
+    if kind in ("errors", "down"):
+        return render.errors_of(answer, paths=kind == "down", verbose=verbose, age=age)
+    return render.tree_of(answer, pretty, verbose, rtts, age, marks)
+
+
+def write_pages(client: Any, rank: int, timeout: float | None, limit: float | None) -> None:
+    """`--json`: the table as one line of compact JSON, written a page at a time as rank 0
+    sends them (status.get with `start`): neither this process nor any message holds it whole,
+    and the object is the one a single status.get gives a smaller instance. The first page is
+    asked for again once if the tree was healing (once_healed); a later page is not, as the
+    line has begun."""
+
+    def first() -> tuple[Iterator[tuple[dict[str, Any], bytes]], tuple[dict[str, Any], bytes]]:
+        pages = client.table_pages(timeout)
+        return pages, next(pages)
+
+    pages, (header, data) = once_healed(client, first, limit)
+    check_rank(header, rank)
+    out = sys.stdout
+    out.write(f'{{"size":{header["size"]},"topo":{json.dumps(header["topo"])},"ranks":[')
+    while True:
+        out.flush()
+        out.buffer.write(data)
+        out.buffer.flush()
+        following = next(pages, None)
+        if following is None:
+            break
+        out.write(",")
+        header, data = following
+    out.write("]}\n")
+    out.flush()
 
 
 def make_console(color: str) -> Console:
@@ -217,30 +323,13 @@ def check_rank(table: dict[str, Any], rank: int) -> None:
         raise RankError(f"--rank {rank}: no such rank in this instance of size {table['size']}")
 
 
-def show(
-    console: Console,
-    table: dict[str, Any],
-    rank: int,
-    kind: str,
-    pretty: bool,
-    verbose: bool,
-    rtts: dict[int, float] | None = None,
-    marks: Any = None,
-) -> None:
-    from tbon.cli import render
-
-    for text in render.view(table, rank, kind, pretty, verbose, rtts, 0.0, marks):
-        console.print(text)
-
-
-def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, float]:
-    """Ping every online rank under `root` at once; rank -> seconds."""
-    from tbon.cli import render
-
-    wanted = render.subtree(table, root)
+def round_trips(client: Any, tree: dict[str, Any]) -> dict[int, float]:
+    """Ping every online rank drawn in a status.tree answer at once; rank -> seconds."""
     sent: dict[int, tuple[int, float]] = {}
-    for rank in wanted:
-        if table["ranks"][rank]["state"] == "online":
+    for item in tree["items"]:
+        entry = item["entry"]
+        if entry["state"] == "online" and "ranks" not in item:
+            rank = entry["rank"]
             sent[client.send("broker.ping", {}, nodeid=rank)] = (rank, time.monotonic())
     rtts: dict[int, float] = {}
     deadline = time.monotonic() + 5.0
@@ -254,34 +343,25 @@ def round_trips(client: Any, table: dict[str, Any], root: int) -> dict[int, floa
     return rtts
 
 
-def missing(table: dict[str, Any], root: int) -> list[int]:
-    """The ranks under `root` expected to have a broker online that have none (EXPECTED_MISSING):
-    `--wait up` waits until there are none."""
-    from tbon.cli import render
-
-    ranks = table["ranks"]
-    return [r for r in render.subtree(table, root) if ranks[r]["state"] in EXPECTED_MISSING]
-
-
 def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[str, Any]:
-    """Follow the pushed status until `rank`'s subtree is in `state` (or, for `up`, has no rank
-    missing); TbonError on timeout."""
+    """Follow rank 0's summary of `rank`'s subtree (status.watch of the `summary` view) until
+    that subtree is in `state` (or, for `up`, has no rank missing); TbonError on timeout."""
     deadline = None if limit is None else time.monotonic() + limit
     from rich.console import Console
 
     console = Console(stderr=True)
     now_state = ""
     spinner = console.status(f"waiting for rank {rank} to be {state}") if interactive() else None
+    view = {"view": "summary", "rank": rank}
     with spinner if spinner is not None else nullcontext():
-        for table in _stream_until(client, deadline, retry=True, spinner=spinner):
-            check_rank(table, rank)
-            now_state = table["ranks"][rank]["subtree"]
+        for answer in _stream_until(client, deadline, view, rank, retry=True, spinner=spinner):
+            now_state = answer["entry"]["subtree"]
             if state == UP:
-                if not (gone := missing(table, rank)):
-                    return table
-                now_state += f"; not online: {_listed(table, gone)}"
+                if not answer["missing"]:
+                    return answer
+                now_state += f"; not online: {_listed(answer)}"
             elif now_state == state:
-                return table
+                return answer
     assert limit is not None  # without one, the stream ends only by raising
     if not now_state:
         raise TbonError(
@@ -293,84 +373,106 @@ def wait_for(client: Any, rank: int, state: str, limit: float | None) -> dict[st
     )
 
 
-def _listed(table: dict[str, Any], ranks: list[int], most: int = 8) -> str:
-    """`3 lost, 5 offline`, the first `most` of them."""
-    shown = [f"{r} {table['ranks'][r]['state']}" for r in ranks[:most]]
-    more = f" and {len(ranks) - most} more" if len(ranks) > most else ""
-    return ", ".join(shown) + more
+def missing(table: dict[str, Any], root: int) -> list[int]:
+    """The ranks under `root` of a whole table expected to have a broker online that have none
+    (EXPECTED_MISSING): what rank 0's summary counts as `missing` (statusviews.py)."""
+    from tbon.cli import render
+
+    ranks = table["ranks"]
+    return [r for r in render.subtree(table, root) if ranks[r]["state"] in EXPECTED_MISSING]
+
+
+def _listed(summary: dict[str, Any]) -> str:
+    """`3 lost, 5 offline`, the first ones rank 0 named, and how many more."""
+    named = summary["missing_ranks"]
+    shown = [f"{rank} {state}" for rank, state in named]
+    more = summary["missing"] - len(named)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def _stream_until(
-    client: Any, deadline: float | None, retry: bool = False, spinner: Status | None = None
+    client: Any,
+    deadline: float | None,
+    view: dict[str, Any],
+    rank: int,
+    retry: bool = False,
+    spinner: Status | None = None,
 ) -> Any:
-    """Status updates as rank 0 pushes them, until `deadline`. With `retry`, a first request
-    that a healing tree could not route is sent once more (once_healed); a stream that ends
-    after a table came is not."""
+    """Status updates of `view` as rank 0 pushes them, until `deadline`. With `retry`, a first
+    request that a healing tree could not route is sent once more (once_healed); a stream that
+    ends after an update came is not."""
 
     def first() -> tuple[Iterator[dict[str, Any]], dict[str, Any] | None]:
-        stream = client.watch_status(deadline)
+        stream = client.watch_status(deadline, view)
         return stream, next(stream, None)
 
     try:
         if not retry:
-            yield from client.watch_status(deadline)
+            yield from client.watch_status(deadline, view)
             return
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        stream, table = once_healed(client, first, left, spinner)
-        if table is not None:
-            yield table
+        stream, answer = once_healed(client, first, left, spinner)
+        if answer is not None:
+            yield answer
             yield from stream
     except RequestError as error:
+        if isinstance(refused := _rank_error(error, rank), RankError):
+            raise refused from None
         raise TbonError(f"status stream ended: {error}") from None
 
 
-def ticking(client: Any, tick: float = TICK) -> Iterator[tuple[dict[str, Any], float]]:
-    """(table, age) as rank 0 pushes tables (age 0), and between them at least every `tick`
-    seconds (the same table, `age` seconds older), so that a view's clocks keep running."""
-    tag = client.send("status.watch", {}, nodeid=0)
-    table: dict[str, Any] | None = None
+def changes(client: Any, rank: int, tick: float | None = TICK) -> Iterator[float]:
+    """0 at once and after each change rank 0 reports (it pushes a summary of `rank`'s subtree
+    whenever the table changed, one at a time), and, with `tick`, the seconds since the last
+    change at least every `tick` seconds between them, for a view whose clocks run."""
+    tag = client.send("status.watch", {"view": "summary", "rank": rank}, nodeid=0)
     received = next_draw = 0.0
+    started = False
     while True:
-        reply = client.receive(None if table is None else max(0.0, next_draw - time.monotonic()))
+        wait = None if not started or tick is None else max(0.0, next_draw - time.monotonic())
+        if started and tag in client.missed:  # a change came while a view was fetched
+            client.missed.discard(tag)
+            wait = 0.0
+            received = next_draw = time.monotonic()
+            yield 0.0
+            continue
+        reply = client.receive(wait)
         now = time.monotonic()
         if reply is None:
-            assert table is not None
+            assert tick is not None
             next_draw = now + tick
-            yield table, now - received
+            yield now - received
             continue
         if reply.tag != tag:
             continue
         if reply.errnum:
+            if isinstance(refused := _rank_error(_error(reply), rank), RankError):
+                raise refused
             raise TbonError(f"status stream ended: {reply.errstr or os.strerror(reply.errnum)}")
-        table, received, next_draw = reply.payload, now, now + WIPE
-        yield table, 0.0
+        started, received, next_draw = True, now, now + WIPE
+        yield 0.0
+
+
+def _error(reply: Any) -> RequestError:
+    return RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
 
 
 def watch_live(
-    client: Any,
-    rank: int,
-    kind: str,
-    pretty: bool,
-    verbose: bool,
-    as_json: bool,
-    console: Console,
-    marks: Any = None,
+    client: Any, view: View, pretty: bool, as_json: bool, console: Console, marks: Any = None
 ) -> None:
-    """Show the view until Ctrl-C: rank 0 pushes each change (we never poll it)."""
-    from tbon.cli import render
-
+    """Show the view until Ctrl-C: rank 0 tells of each change (we never poll it), and the view
+    is fetched again then."""
     try:
-        if as_json:  # one JSON object a line, for scripts
-            for table in _stream_until(client, None):
-                print_json(table)
-                sys.stdout.flush()
+        if as_json:  # the table on one line after each change, for scripts
+            for _age in changes(client, view.rank, None):
+                write_pages(client, view.rank, view.answer_in, view.limit)
         elif sys.stdout.isatty():
-            _watch_screen(client, rank, kind, pretty, verbose, console, marks)
+            _watch_screen(client, view, pretty, console, marks)
         else:
-            for table in _stream_until(client, None):
-                check_rank(table, rank)
+            for _age in changes(client, view.rank, None):
+                answer = view.fetch()
                 console.print(datetime.now().astimezone().isoformat(timespec="milliseconds"))
-                for text in render.view(table, rank, kind, pretty, verbose, None, 0.0, marks):
+                for text in draw(answer, view.kind, pretty, view.verbose, None, 0.0, marks):
                     console.print(text)
                 console.print()
                 console.file.flush()
@@ -379,25 +481,19 @@ def watch_live(
 
 
 def _watch_screen(
-    client: Any,
-    rank: int,
-    kind: str,
-    pretty: bool,
-    verbose: bool,
-    console: Console,
-    marks: Any = None,
+    client: Any, view: View, pretty: bool, console: Console, marks: Any = None
 ) -> None:
     from rich.console import Group
     from rich.live import Live
 
-    from tbon.cli import render
-
     shown: list[Any] = []
+    answer: dict[str, Any] = {}
     try:
         with Live(console=console, screen=True, auto_refresh=False) as live:
-            for table, age in ticking(client):
-                check_rank(table, rank)
-                shown = render.view(table, rank, kind, pretty, verbose, None, age, marks)
+            for age in changes(client, view.rank):
+                if age == 0.0 or not answer:
+                    answer = view.fetch()
+                shown = draw(answer, view.kind, pretty, view.verbose, None, age, marks)
                 live.update(Group(*fit(shown, console.size.height)), refresh=True)
     finally:
         if shown:  # the last view stays on the normal screen

@@ -11,18 +11,33 @@ import os
 
 from tbon.errors import UsageError
 
-MAX_SIZE = 8192
-"""The most ranks an instance may have.
+MAX_SIZE = 262144
+"""The most ranks an instance may have: 2^18, so that the largest machines fit (Fugaku has
+158,976 nodes, El Capitan 11,136).
 
-Rank 0 answers `status.get`, and pushes every `status.watch` update, as one message that holds an
-entry for every rank, and a message may not exceed 4 MiB (MAX_MESSAGE_BYTES in
-overlay/wire/message.py; a link drops frames over 8 MiB). Measured on the encoded `status.get`
-response: 160-176 bytes per rank with host names of 8 to 20 characters, and 284 bytes per rank in
-the worst case we could build (64-character host names, HOST_NAME_MAX on Linux; seven-digit pids;
-six-digit incarnations; every rank `reserved`, with its joiner and expiry). 8192 ranks at 284
-bytes is 2.3 MB, 56% of the limit, which leaves room for fields added later; 16384 would need
-4.6 MB and not fit. Tests (tests/test_limits.py) build such a table and check that it fits.
+Why no more. Nothing sends the whole rank table in one message any more above WHOLE_TABLE_MAX:
+`status.get` answers in pages of at most PAGE_BYTES, and the views (`status.summary`,
+`status.errors`, `status.tree`) are computed at rank 0, so no message grows with the size but a
+few that name ranks as idsets. What grows with the size is rank 0's memory and time: the table
+keeps an entry only for ranks that were launched or touched (overlay/state/rankentries.py), but
+its subtree roll-up keeps a few words per rank (rankstates.Rollup), and a tree of 2^18 ranks
+walked once (a status page of every rank, a fully held instance) costs rank 0 seconds of Python.
+2^18 ranks, most vacant, keep rank 0 under 128 MB (benchmarks/status.py); and the one entry
+that grows with the size, rank 0's `children` in a flat tree (`kary:0`), takes 1.8 MB of JSON at
+2^18 ranks, within one page's message. Past that, a flat tree's root entry alone would approach
+the 4 MiB limit (MAX_MESSAGE_BYTES in overlay/wire/message.py). tests/test_limits.py builds the
+worst answers at this size and checks that each fits.
 """
+
+WHOLE_TABLE_MAX = 8192
+"""The largest table rank 0 sends whole, in one `status.get` answer or `status.watch` update,
+the shape older clients read. An entry takes at most about 316 bytes (64-character host names,
+seven-digit pids, every rank lost with a 64-character reason): 8192 entries are 2.6 MB, 62% of a
+4 MiB message; 16384 would not fit. A larger table is read in pages (docs/protocol.md §7)."""
+
+PAGE_BYTES = 1 << 20
+"""What one page of the table (`status.get` with `start`) holds at most, in encoded entries,
+besides the one entry that may cross it: a quarter of a message."""
 
 
 def _shown(text: str) -> str:

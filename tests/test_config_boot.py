@@ -311,14 +311,18 @@ def test_ranks_come_back_whichever_restarts_first(configured) -> None:
     instance.brokers[1].kill()
     instance.brokers[1].wait()
     instance.wait_status(
-        lambda s: [r["state"] for r in s["ranks"]] == ["online", "offline", "online"]
-        and s["ranks"][2]["attached_to"] == 0,
+        lambda s: (
+            [r["state"] for r in s["ranks"]] == ["online", "offline", "online"]
+            and s["ranks"][2]["attached_to"] == 0
+        ),
         "rank 1 offline, rank 2 fostered by rank 0",
     )
     parent = instance.start(1)
     seen = instance.wait_status(
-        lambda s: [r["pid"] for r in s["ranks"][1:]] == [parent.pid, back.pid]
-        and s["ranks"][2]["attached_to"] == 1,
+        lambda s: (
+            [r["pid"] for r in s["ranks"][1:]] == [parent.pid, back.pid]
+            and s["ranks"][2]["attached_to"] == 1
+        ),
         "rank 1 back, rank 2 home",
     )
     assert [r["incarnation"] for r in seen["ranks"]] == [1, 2, 2]

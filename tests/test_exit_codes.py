@@ -121,9 +121,7 @@ def test_a_broker_says_a_usage_error_found_while_booting_as_any_command_does(
     cert = tmp_path / "instance.cert"
     assert tbon("keygen", str(cert)).returncode == 0
     config = tmp_path / "tbon.toml"
-    config.write_text(
-        f'[bootstrap]\ncurve_cert = "{cert}"\nhosts = [ {{ host = "elsewhere" }} ]\n'
-    )
+    config.write_text(f'[bootstrap]\ncurve_cert = "{cert}"\nhosts = [ {{ host = "elsewhere" }} ]\n')
     result = tbon("broker", "-c", str(config), "-S", "hostname=here", "true")
     assert result.returncode == USAGE, result.stderr
     one_line(result, "broker", r"host 'here' is not in \[bootstrap\] hosts \(elsewhere\)")

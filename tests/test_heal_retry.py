@@ -56,8 +56,19 @@ class Scripted:
     ) -> dict[str, Any]:
         return self._next(topic, payload, nodeid)
 
-    def watch_status(self, deadline: float | None = None) -> Iterator[dict[str, Any]]:
-        yield self._next("status.watch", {}, 0)
+    def watch_status(
+        self, deadline: float | None = None, view: dict[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        yield self._next("status.watch", view, 0)
+
+    def table_pages(self, timeout: float | None = 30.0) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """A whole table scripted as `status.get` answers it, given as one page."""
+        whole = self._next("status.get", {"start": 0}, 0)
+        header = {"size": whole["size"], "topo": whole["topo"], "start": 0, "next": None}
+        yield (
+            header,
+            ",".join(json.dumps(e, separators=(",", ":")) for e in whole["ranks"]).encode(),
+        )
 
     def topics(self) -> list[tuple[str, int]]:
         return [(topic, nodeid) for topic, nodeid, _ in self.asked]
@@ -93,12 +104,27 @@ def table() -> dict[str, Any]:
     return {"size": 2, "topo": "kary:32", "ranks": ranks}
 
 
+def tree() -> dict[str, Any]:
+    """status.tree's answer for table(): rank 0, and rank 1 below it."""
+    entries = table()["ranks"]
+    items = [
+        {"depth": 0, "last": True, "entry": entries[0]},
+        {"depth": 1, "last": True, "entry": entries[1]},
+    ]
+    return {"size": 2, "topo": "kary:32", "rank": 0, "items": items}
+
+
+def summary() -> dict[str, Any]:
+    """status.summary's answer for table()."""
+    entry = table()["ranks"][0]
+    counts = {"online": 2}
+    return {"size": 2, "rank": 0, "entry": entry, "ranks": 2, "counts": counts, "missing": 0}
+
+
 def scripted(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[Answer]]) -> Scripted:
     """The client every command of this test connects to."""
     client = Scripted(answers)
-    monkeypatch.setattr(
-        "tbon.overlay.connectors.client.connect", lambda uri, progress=None: client
-    )
+    monkeypatch.setattr("tbon.overlay.connectors.client.connect", lambda uri, progress=None: client)
     return client
 
 
@@ -187,11 +213,16 @@ def test_a_command_spinner_says_why_it_pauses_and_then_what_it_said() -> None:
 
 
 def test_status_shows_the_table_it_got_on_the_second_try(monkeypatch, capsys) -> None:
-    client = scripted(monkeypatch, {"status.get": [UNREACHABLE, table()], "heal.wait": HEALED})
+    client = scripted(monkeypatch, {"status.tree": [UNREACHABLE, tree()], "heal.wait": HEALED})
     assert run(["status", "local:///scripted", "--no-pretty"]) == 0
     out, err = capsys.readouterr()
     assert out == "0 n0: full\n  1 n1: full\n" and err == ""  # piped: no note
-    assert [t for t, _ in client.topics()] == ["status.get", "heal.wait", "heal.wait", "status.get"]
+    assert [t for t, _ in client.topics()] == [
+        "status.tree",
+        "heal.wait",
+        "heal.wait",
+        "status.tree",
+    ]
 
 
 def test_status_reports_a_second_failure_as_it_always_did(monkeypatch, capsys) -> None:
@@ -202,7 +233,10 @@ def test_status_reports_a_second_failure_as_it_always_did(monkeypatch, capsys) -
 
 
 def test_status_wait_retries_its_first_request_only(monkeypatch, capsys) -> None:
-    client = scripted(monkeypatch, {"status.watch": [UNREACHABLE, table()], "heal.wait": HEALED})
+    client = scripted(
+        monkeypatch,
+        {"status.watch": [UNREACHABLE, summary()], "heal.wait": HEALED, "status.get": [table()]},
+    )
     assert run(["status", "local:///scripted", "--wait", "full", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == table()
     assert [t for t, _ in client.topics()] == [
@@ -210,6 +244,7 @@ def test_status_wait_retries_its_first_request_only(monkeypatch, capsys) -> None
         "heal.wait",
         "heal.wait",
         "status.watch",
+        "status.get",  # the table, in pages, once the wait is over
     ]
     scripted(monkeypatch, {"status.watch": [UNREACHABLE, UNREACHABLE], "heal.wait": HEALED})
     assert run(["status", "local:///scripted", "--wait", "full"]) == 1

@@ -28,6 +28,7 @@ from tbon.errors import UsageError
 from tbon.limits import (
     MAX_DURATION,
     MAX_SIZE,
+    WHOLE_TABLE_MAX,
     check_duration,
     check_size,
     parse_rank,
@@ -35,7 +36,8 @@ from tbon.limits import (
 )
 from tbon.overlay.launch import capacity
 from tbon.overlay.launch.capacity import FORKED, Machine, MiB, check_room, refusal
-from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state import statusviews
+from tbon.overlay.state.ranktable import Lost, Online, RankTable
 from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import MAX_MESSAGE_BYTES, Kind, Message, encode
@@ -82,17 +84,65 @@ def status_response(size: int, spec: str, host: str, worst: str = "") -> list[by
 
 @pytest.mark.parametrize("kind", sorted(WORST_FIELDS))
 @pytest.mark.parametrize("spec", ["kary:32", "kary:0", "binomial"])
-def test_the_largest_status_answer_fits_in_one_message_with_room_to_spare(
+def test_the_largest_whole_answer_fits_in_one_message_with_room_to_spare(
     spec: str, kind: str
 ) -> None:
-    frames = status_response(MAX_SIZE, spec, "h" * 64, worst=kind)  # HOST_NAME_MAX
+    frames = status_response(WHOLE_TABLE_MAX, spec, "h" * 64, worst=kind)  # HOST_NAME_MAX
     assert sum(map(len, frames)) < 0.7 * MAX_MESSAGE_BYTES  # 30% to spare
 
 
-def test_twice_the_largest_would_not_fit() -> None:
-    """The limit is the largest power of two that fits: the next one does not."""
-    frames = status_response(2 * MAX_SIZE, "kary:32", "h" * 64, worst="lost")
+def test_twice_the_largest_whole_table_would_not_fit() -> None:
+    """The whole table goes in one message up to the largest power of two that fits."""
+    frames = status_response(2 * WHOLE_TABLE_MAX, "kary:32", "h" * 64, worst="lost")
     assert sum(map(len, frames)) > MAX_MESSAGE_BYTES
+
+
+def worst_table(spec: str, launched: int, gone: range) -> RankTable:
+    """MAX_SIZE ranks, the first `launched` on 64-character hosts; those in `gone` came online
+    with the largest pid and were then lost, each with a 64-character reason of its own (so
+    that no two group together), the ranks below them cut off with a reason naming them."""
+    table = RankTable(Topology(spec, MAX_SIZE), ["h" * 64] * launched, now=0.0)
+    table.apply(Online(0, 1, "h" * 64, 4_194_303), 1.0)
+    for rank in gone:
+        table.apply(Online(rank, 1, "h" * 64, 4_194_303), 1.0)
+    for rank in reversed(gone):
+        table.apply(Lost(rank, 1, f"{rank:07d}" + "r" * 57), 2.0)
+    return table
+
+
+def answer_bytes(payload: dict[str, object], data: bytes = b"") -> int:
+    reply = Message(Kind.RESPONSE, "status.x", payload, nodeid=0, tag=2**48 - 1, data=data)
+    reply.route = ["l" + "ab" * 5]
+    return sum(map(len, encode(reply)))
+
+
+@pytest.mark.parametrize("spec", ["kary:32", "kary:0"])
+def test_no_status_answer_exceeds_a_message_at_the_largest_size(spec: str) -> None:
+    """Every answer rank 0 gives at 262,144 ranks: each page of the table, and each view, with
+    entries as long as they get (a flat tree's rank 0 has 262,143 children, in its page), and
+    more distinct errors than one answer holds. (Fewer ranks launched than the size keep the
+    test short: the pages hold as much whatever the entries, and the views are cut by bytes.)"""
+    table = worst_table(spec, 30000, range(1, 20001))
+    now = 123456.789
+    start, pages = 0, 0
+    while start < MAX_SIZE:
+        data, start = statusviews.page(table, now, start)
+        assert answer_bytes({"size": MAX_SIZE, "topo": spec, "start": 0, "next": start}, data) < (
+            MAX_MESSAGE_BYTES
+        )
+        pages += 1
+    assert pages > 16  # bounded pages: many of them
+    for root in (0, 1):
+        assert answer_bytes(statusviews.summary(table, now, root)) < MAX_MESSAGE_BYTES
+        for each in (False, True):
+            errors = statusviews.errors(table, now, root, each)
+            assert answer_bytes(errors) < MAX_MESSAGE_BYTES
+        for merge in (False, True):
+            tree = statusviews.tree(table, now, root, None, merge)
+            assert answer_bytes(tree) < MAX_MESSAGE_BYTES
+    assert statusviews.errors(table, now, 0)["cut"] > 0  # 20,000 distinct reasons: cut
+    with pytest.raises(statusviews.TooBig):
+        statusviews.held(table, now)  # 30,000 ranks launched: read in pages instead
 
 
 @pytest.mark.parametrize("text", ["1", "2", "007", str(MAX_SIZE)])
@@ -102,7 +152,7 @@ def test_sizes_in_range(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["0", str(MAX_SIZE + 1), "16384", HUGE, "9" * 5000, "0" * 30 + "1" + "0" * 30]
+    "text", ["0", str(MAX_SIZE + 1), "524288", HUGE, "9" * 5000, "0" * 30 + "1" + "0" * 30]
 )
 def test_sizes_out_of_range_are_usage_errors_on_one_short_line(text: str) -> None:
     with pytest.raises(UsageError, match=r"^invalid size '.*': out of range") as caught:
@@ -161,8 +211,9 @@ ROOMY = Machine(
 )
 
 
-def test_a_roomy_machine_holds_the_largest_instance() -> None:
-    assert refusal(MAX_SIZE, ROOMY) is None
+def test_a_roomy_machine_holds_thousands_of_brokers() -> None:
+    """Not the largest instance's 262,144: its ranks are mostly spares, which fork nothing."""
+    assert refusal(8192, ROOMY) is None
 
 
 def test_a_machine_that_tells_nothing_refuses_nothing() -> None:

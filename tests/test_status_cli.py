@@ -144,7 +144,7 @@ def test_spares_never_held_share_one_line(instance) -> None:
     inst = instance(2, "size=5")
     assert tbon("status", inst.uri, "--errors").stdout == "2-4: vacant: spares never held\n"
     assert tbon("status", inst.uri, "--down").stdout == "2-4: vacant: spares never held\n"
-    assert "4 extra2: vacant for" in tbon("status", inst.uri, "-v").stdout
+    assert "└─ 2-4 extra: vacant for" in tbon("status", inst.uri, "-v").stdout
 
 
 # --- options ------------------------------------------------------------------------------------

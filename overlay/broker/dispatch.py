@@ -32,7 +32,16 @@ if TYPE_CHECKING:
     from tbon.overlay.services.status import StatusService
 
 ROOT_TOPICS = frozenset(
-    {"status.get", "status.watch", "status.ack", "instance.shutdown", "flub.kex"}
+    {
+        "status.get",
+        "status.watch",
+        "status.ack",
+        "status.summary",
+        "status.errors",
+        "status.tree",
+        "instance.shutdown",
+        "flub.kex",
+    }
 )
 """Topics that a request without a rank sends to rank 0."""
 
@@ -143,6 +152,9 @@ class Services:
                 "status.get": self.status.get,
                 "status.watch": self.status.watch,
                 "status.ack": self.status.ack,
+                "status.summary": self.status.summary,
+                "status.errors": self.status.errors,
+                "status.tree": self.status.tree,
                 "instance.shutdown": self.ping.shutdown,
                 "flub.allocate": self.flub.allocate,
                 "flub.challenge": self.flub.challenge,

@@ -57,6 +57,7 @@ class Client:
             self._transport = SshTransport(self.uri)
         self._tags = itertools.count(1)
         self._watches: set[int] = set()  # tags of this client's status.watch streams
+        self.missed: set[int] = set()  # those whose update `answer` read while it waited
         self._read = ReadCount()
 
     def send(
@@ -134,15 +135,20 @@ class Client:
                 reply = self.receive(patience.wait(now))
                 if reply is not None and reply.tag == tag:
                     return reply
+                if reply is not None and reply.tag in self._watches:
+                    self.missed.add(reply.tag)
         finally:
             if shown and self.progress is not None:
                 self.progress("")
 
-    def watch_status(self, deadline: float | None = None) -> Iterator[dict[str, Any]]:
+    def watch_status(
+        self, deadline: float | None = None, view: dict[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
         """The status table as rank 0 pushes it (now, then after each change) until `deadline`
-        (a time.monotonic() value; None: for ever). A stream that rank 0 ends, as it does when
-        the instance shuts down, raises RequestError (ENODATA)."""
-        tag = self.send("status.watch", {}, nodeid=0)
+        (a time.monotonic() value; None: for ever); or the `view` asked for (`{"view":
+        "summary", "rank": R}`, docs/protocol.md §7). A stream that rank 0 ends, as it does
+        when the instance shuts down, raises RequestError (ENODATA)."""
+        tag = self.send("status.watch", view or {}, nodeid=0)
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -152,6 +158,20 @@ class Client:
                 return
             if reply.tag == tag:
                 yield _payload(reply)
+
+    def table_pages(
+        self, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """Rank 0's table a page at a time (status.get with `start`): each page's header
+        (`size`, `topo`, `start`, `next`) and its entries, JSON text separated by commas. One
+        page is held at a time, whatever the size."""
+        start: int | None = 0
+        while start is not None:
+            tag = self.send("status.get", {"start": start}, nodeid=0)
+            reply = self.answer(tag, 0, timeout)
+            header = _payload(reply)
+            yield header, bytes(reply.data)
+            start = header.get("next")
 
     def close(self) -> None:
         self._transport.close()

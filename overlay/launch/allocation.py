@@ -69,8 +69,9 @@ class Allocation:
             self._check(deadline, limit)
             try:
                 with Client(self.uri) as client:
-                    for status in client.watch_status(deadline):
-                        online = sum(r["state"] == "online" for r in status["ranks"][: self.nodes])
+                    summary = {"view": "summary"}  # the counts, not the table
+                    for status in client.watch_status(deadline, summary):
+                        online = status["counts"].get("online", 0)
                         show(f"{online} of {self.nodes} brokers online")
                         if online == self.nodes:
                             return

@@ -109,7 +109,7 @@ class FlubService:
             return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         route = connection_of(request)
         held = self._held(route)
-        repeat = any(entry.joiner == key for entry in self.table.entries)
+        repeat = any(entry.joiner == key for entry in self.table.entries.held())
         if len(held) >= RESERVATIONS_PER_CONNECTION and not repeat:
             why = (
                 f"this connection already holds {len(held)} reservations (ranks "

@@ -170,7 +170,10 @@ class RankPath:
         actions: list[Action] = []
         if isinstance(event, Lost | Departed | Void):
             actions = self._foster_below(event.rank)
-        elif isinstance(event, Dropped) and self.table.entries[event.gone].state not in CONNECTED:
+        elif (
+            isinstance(event, Dropped)
+            and self.table.entries.peek(event.gone).state not in CONNECTED
+        ):
             actions = self._foster_below(event.gone)  # a child's word ended it (adrift)
         elif isinstance(event, Online):
             home = self.topology.parent(event.rank)
@@ -266,7 +269,7 @@ class RankPath:
                 )
             )
             for parent, ranks in sorted(moot.items())
-            if self.table.entries[parent].state in CONNECTED
+            if self.table.entries.peek(parent).state in CONNECTED
         ]
 
 

@@ -1,4 +1,10 @@
-"""status.get and status.watch, served by rank 0 from its rank table.
+"""status.get and status.watch, and the views computed at rank 0 (status.summary, status.errors,
+status.tree), served by rank 0 from its rank table.
+
+A table of more than WHOLE_TABLE_MAX ranks is never sent whole: status.get gives it in pages
+(`start`: the entries from that rank on, as JSON text in the data frame, and `next`), and a
+status.watch asks for a view (`view`: `summary` of a `rank`, or `held`, the entries of the ranks
+something happened to) or is refused EFBIG (docs/protocol.md §7).
 
 A watcher's first answer is the whole table; after that it gets the whole table again whenever
 the table changed, at most once per batch of input the broker reads (the loop asks for `pushes`
@@ -16,11 +22,17 @@ import errno
 from dataclasses import dataclass
 from typing import Any
 
+from tbon.limits import WHOLE_TABLE_MAX
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.state import statusviews
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.wire.message import Message
+
+VIEWS = ("table", "summary", "held")
+"""What a status.watch may follow: the whole table (the default), a subtree's summary, or the
+entries of the ranks something happened to."""
 
 
 @dataclass(slots=True)
@@ -28,6 +40,8 @@ class Watcher:
     request: Message  # the status.watch: its route and tag address every table sent
     sent: int  # the generation of the table last sent
     unread: bool = True  # that table is in flight: the next waits for its acknowledgement
+    view: str = "table"  # VIEWS
+    rank: int = 0  # the subtree of a summary
 
     @property
     def route(self) -> list[str]:
@@ -41,19 +55,104 @@ class StatusService:
         self.watchers: list[Watcher] = []
         self._pushed_generation = -1
 
-    def snapshot(self, now: float) -> dict[str, Any]:
+    def snapshot(self, now: float, watcher: Watcher | None = None) -> dict[str, Any]:
+        """The object a watcher follows (the whole table by default)."""
+        if watcher is not None and watcher.view == "summary":
+            return statusviews.summary(self.table, now, watcher.rank)
+        if watcher is not None and watcher.view == "held":
+            return statusviews.held(self.table, now)
         return snapshot(self.table, now)
 
+    def _too_big(self, request: Message) -> Message | None:
+        if self.table.size <= WHOLE_TABLE_MAX:
+            return None
+        why = (
+            f"the table of {self.table.size} ranks is not sent whole (at most "
+            f"{WHOLE_TABLE_MAX}): read it in pages, or ask for a view"
+        )
+        return request.fail(errno.EFBIG, why)
+
     def get(self, request: Message, now: float) -> list[Action]:
-        return [Respond(request.respond(self.snapshot(now)))]
+        """The whole table; with `start` a page of it: the entries from that rank on, as JSON
+        text in the data frame, with `next`, the rank the next page starts at (null at the
+        end); with `view` `held`, the entries of the ranks something happened to."""
+        if request.payload.get("view") == "held":
+            try:
+                return [Respond(request.respond(statusviews.held(self.table, now)))]
+            except statusviews.TooBig as error:
+                return [Respond(request.fail(errno.EFBIG, f"{error}: read the table in pages"))]
+        start = request.payload.get("start")
+        if start is None:
+            refusal = self._too_big(request)
+            return [Respond(refusal or request.respond(self.snapshot(now)))]
+        if type(start) is not int or not 0 <= start < self.table.size:
+            why = f"status.get: start must be a rank from 0 to {self.table.size - 1}"
+            return [Respond(request.fail(errno.EINVAL, why))]
+        data, after = statusviews.page(self.table, now, start)
+        reply = request.respond(
+            {
+                "size": self.table.size,
+                "topo": self.table.topology.spec,
+                "start": start,
+                "next": after if after < self.table.size else None,
+            }
+        )
+        reply.data = data
+        return [Respond(reply)]
+
+    def _rank(self, request: Message) -> int | Message:
+        """The `rank` of a view's request (default 0), or the refusal of a bad one."""
+        rank = request.payload.get("rank", 0)
+        if type(rank) is not int or not 0 <= rank < self.table.size:
+            why = f"no such rank in this instance of size {self.table.size}"
+            return request.fail(errno.ENOENT, why)
+        return rank
+
+    def summary(self, request: Message, now: float) -> list[Action]:
+        rank = self._rank(request)
+        if isinstance(rank, Message):
+            return [Respond(rank)]
+        return [Respond(request.respond(statusviews.summary(self.table, now, rank)))]
+
+    def errors(self, request: Message, now: float) -> list[Action]:
+        rank = self._rank(request)
+        if isinstance(rank, Message):
+            return [Respond(rank)]
+        each = request.payload.get("each", False) is True
+        return [Respond(request.respond(statusviews.errors(self.table, now, rank, each)))]
+
+    def tree(self, request: Message, now: float) -> list[Action]:
+        rank = self._rank(request)
+        if isinstance(rank, Message):
+            return [Respond(rank)]
+        depth = request.payload.get("depth")
+        if depth is not None and (type(depth) is not int or depth < 0):
+            why = "status.tree: depth must be a whole number or null"
+            return [Respond(request.fail(errno.EINVAL, why))]
+        merge = request.payload.get("merge", True) is not False
+        answer = statusviews.tree(self.table, now, rank, depth, merge)
+        return [Respond(request.respond(answer))]
 
     def watch(self, request: Message, now: float) -> list[Action]:
-        """Register a status stream; its first response is the current table."""
+        """Register a status stream; its first response is the current table (or view)."""
         if self.lifecycle.stopping:
             return [Respond(request.fail(errno.ENODATA, "the instance is shutting down"))]
-        watcher = Watcher(request, self.table.generation)
+        view = request.payload.get("view", "table")
+        if view not in VIEWS:
+            why = f"status.watch: view must be one of {', '.join(VIEWS)}"
+            return [Respond(request.fail(errno.EINVAL, why))]
+        rank = self._rank(request)
+        if isinstance(rank, Message):
+            return [Respond(rank)]
+        if view == "table" and (refusal := self._too_big(request)) is not None:
+            return [Respond(refusal)]
+        watcher = Watcher(request, self.table.generation, view=view, rank=rank)
+        try:
+            first = self.snapshot(now, watcher)
+        except statusviews.TooBig as error:
+            return [Respond(request.fail(errno.EFBIG, str(error)))]
         self.watchers.append(watcher)
-        return [Respond(request.respond(self.snapshot(now), streaming=True))]
+        return [Respond(request.respond(first, streaming=True))]
 
     def ack(self, request: Message, now: float) -> list[Action]:
         """status.ack: the watcher whose status.watch had tag `watch` (from the same client: the
@@ -64,7 +163,7 @@ class StatusService:
             if watcher.request.tag == tag and watcher.route == request.route:
                 watcher.unread = False
                 if watcher.sent != self.table.generation:
-                    return [Respond(self._send(watcher, self.snapshot(now)))]
+                    return [Respond(self._update(watcher, now, {}))]
                 return []
         return []
 
@@ -86,10 +185,24 @@ class StatusService:
         due = [w for w in self.watchers if not w.unread and w.sent != generation]
         if not due:
             return []
-        status = self.snapshot(now)
-        return [(watcher, self._send(watcher, status)) for watcher in due]
+        made: dict[tuple[str, int], dict[str, Any] | str] = {}  # each view built once a push
+        return [(watcher, self._update(watcher, now, made)) for watcher in due]
 
-    def _send(self, watcher: Watcher, status: dict[str, Any]) -> Message:
+    def _update(
+        self, watcher: Watcher, now: float, made: dict[tuple[str, int], dict[str, Any] | str]
+    ) -> Message:
+        """The watcher's next update; or, if its view no longer fits one message (the held
+        ranks grew past WHOLE_TABLE_MAX), the end of its stream (EFBIG), and it is dropped."""
+        key = (watcher.view, watcher.rank if watcher.view == "summary" else 0)
+        if key not in made:
+            try:
+                made[key] = self.snapshot(now, watcher)
+            except statusviews.TooBig as error:
+                made[key] = str(error)
+        status = made[key]
+        if isinstance(status, str):
+            self.forget_watcher(watcher)
+            return watcher.request.fail(errno.EFBIG, status)
         watcher.sent, watcher.unread = self.table.generation, True
         return watcher.request.respond(status, streaming=True)
 

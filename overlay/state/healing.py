@@ -103,7 +103,7 @@ def cut_off_below(table: RankTable, rank: int) -> list[Admission]:
     its reattach timeout."""
     found: list[Admission] = []
     for below in table.topology.descendants(rank):
-        entry = table.entries[below]
+        entry = table.entries.peek(below)
         if entry.state not in CONNECTED or table.reachable(below):
             continue
         if entry.key:
@@ -120,7 +120,7 @@ def away_from_home(table: RankTable, rank: int) -> list[Admission]:
     """The children of `rank` (online again) that are connected but not attached to it."""
     found: list[Admission] = []
     for child in table.topology.children(rank):
-        entry = table.entries[child]
+        entry = table.entries.peek(child)
         if entry.state not in CONNECTED or entry.attached_to == rank:
             continue
         key = entry.key or ""
@@ -136,7 +136,7 @@ def goes_home(table: RankTable, rank: int, parent: int | None) -> int | None:
     home = table.topology.parent(rank)
     if home is None or parent is None or parent == home or not table.reachable(home):
         return None
-    entry = table.entries[rank]
+    entry = table.entries.peek(rank)
     return home if entry.key or entry.phase in CONFIG_PHASES else None
 
 
@@ -153,7 +153,7 @@ class Fate(Enum):
 
 def admission_fate(table: RankTable, rank: int, incarnation: int, parent: int) -> Fate:
     """The fate of `parent`'s open admission of (rank, incarnation)."""
-    entry = table.entries[rank]
+    entry = table.entries.peek(rank)
     current = entry.incarnation == incarnation and entry.state in CONNECTED
     if current and entry.attached_to == parent:
         return Fate.USED
@@ -167,4 +167,4 @@ def admission_fate(table: RankTable, rank: int, incarnation: int, parent: int) -
 
 def adrift(table: RankTable) -> bool:
     """Whether some connected rank is seeking a parent now."""
-    return any(entry.adrift_until is not None for entry in table.entries)
+    return any(entry.adrift_until is not None for entry in table.entries.held())

@@ -10,6 +10,7 @@ ranktable.py says how a rank moves between phases.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
@@ -167,10 +168,11 @@ def roll_up(topology: Topology, states: list[RankState]) -> list[SubtreeStatus]:
     statuses: list[SubtreeStatus] = [SubtreeStatus.FULL] * topology.size
     below_lost = [False] * topology.size
     below_short = [False] * topology.size
-    for rank in topology.postorder():
+    parents = topology.parents()
+    for rank in topology.bottom_up():
         state = states[rank]
         statuses[rank] = subtree_status(state, below_lost[rank], below_short[rank])
-        parent = topology.parent(rank)
+        parent = parents[rank]
         if parent is not None:
             below_lost[parent] |= state is RankState.LOST or below_lost[rank]
             below_short[parent] |= state is not RankState.ONLINE or below_short[rank]
@@ -191,15 +193,13 @@ class Rollup:
 
     def __init__(self, topology: Topology, states: list[RankState], now: float) -> None:
         size = topology.size
-        self.parents: list[int | None] = [None] * size
-        for rank in range(size):
-            for child in topology.children(rank):
-                self.parents[child] = rank
+        self.parents = topology.parents()
         self.states = list(states)
         self.offline = states.count(RankState.OFFLINE)  # ranks not up yet: RankTable.up()
+        self.counts = Counter(states)  # ranks in each state: `tbon status --summary` of rank 0
         self.lost_kids = [0] * size  # children whose subtree holds a lost rank
         self.short_kids = [0] * size  # children whose subtree holds a rank not online
-        for rank in topology.postorder():
+        for rank in topology.bottom_up():
             parent = self.parents[rank]
             if parent is not None:
                 lost, short = self._holds(rank)
@@ -222,6 +222,8 @@ class Rollup:
             return
         before = self._holds(rank)
         self.offline += (state is RankState.OFFLINE) - (self.states[rank] is RankState.OFFLINE)
+        self.counts[self.states[rank]] -= 1
+        self.counts[state] += 1
         self.states[rank] = state
         current = rank
         while True:

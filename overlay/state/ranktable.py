@@ -119,6 +119,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tbon.overlay.state.rankentries import CompactEntries, Entries
 from tbon.overlay.state.rankevents import (
     Departed,
     Dropped,
@@ -230,7 +231,7 @@ def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: flo
         return None
     if not table.topology.is_ancestor(parent, entry.rank):
         return f"rank {parent} is not an ancestor of rank {entry.rank}"
-    if table.entries[parent].state in CONNECTED:
+    if table.entries.peek(parent).state in CONNECTED:
         return None
     return f"rank {entry.rank}'s parent is not online"
 
@@ -284,7 +285,8 @@ def children_idle(table: RankTable, entry: RankEntry, event: Retire, now: float)
     busy = [
         rank
         for rank in table.topology.children(entry.rank)
-        if table.entries[rank].state in (RankState.ONLINE, RankState.RESERVED, RankState.RETIRING)
+        if table.entries.peek(rank).state
+        in (RankState.ONLINE, RankState.RESERVED, RankState.RETIRING)
     ]
     if not busy:
         return None
@@ -312,7 +314,7 @@ def parent_not_retiring(
 ) -> str | None:
     """A retiring broker takes no new children: the ranks below it are not handed out."""
     parent = table.topology.parent(entry.rank)
-    if parent is not None and table.entries[parent].state is RankState.RETIRING:
+    if parent is not None and table.entries.peek(parent).state is RankState.RETIRING:
         return f"rank {entry.rank}'s parent is retiring"
     return None
 
@@ -382,7 +384,7 @@ def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[
     to = event.to
     if not 0 <= to < table.size or not table.topology.is_ancestor(to, entry.rank):
         return ()
-    if table.entries[to].state not in CONNECTED or entry.attached_to == to:
+    if table.entries.peek(to).state not in CONNECTED or entry.attached_to == to:
         return ()
     entry.attached_to, entry.adrift_until = to, None
     entry.other_links = tuple(p for p in entry.other_links if p != to)
@@ -448,7 +450,7 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
     stack = [(child, False) for child in table.topology.children(entry.rank)]
     while stack:
         rank, parent_there = stack.pop()
-        below = table.entries[rank]
+        below = table.entries.peek(rank)  # a spare is neither connected nor orphaned
         connected = below.state in CONNECTED
         if connected and entry.rank in below.other_links:
             below.other_links = tuple(p for p in below.other_links if p != entry.rank)
@@ -461,6 +463,7 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
         elif not connected and not parent_there:
             rule = TRANSITIONS.get((below.phase, Orphaned))
             if rule is not None:
+                below = table.entries[rank]
                 changed += table._fire(below, rule, Orphaned(rank, below.incarnation, cause), now)
         stack.extend((child, connected) for child in table.topology.children(rank))
     return tuple(changed)
@@ -644,11 +647,13 @@ class RankTable:
         now: float,
         fixed: bool = False,
         reattach_grace: float = 120.0,
+        store: type[Entries] = CompactEntries,
     ) -> None:
         """Ranks below len(hosts) were launched by bootstrap (incarnation 1); the rest are spare.
         `fixed` (config bootstrap): those ranks belong to their hosts; when their broker goes
         they are offline, expected back, and never handed to FLUB. A rank adrift longer than
-        `reattach_grace` (its broker's silence limit and reattach timeout) is lost."""
+        `reattach_grace` (its broker's silence limit and reattach timeout) is lost. `store` keeps
+        the entries (rankentries.py): spares nothing happened to cost nothing by default."""
         self.reattach_grace = reattach_grace
         if not 1 <= len(hosts) <= topology.size:
             raise ValueError("between 1 and size ranks are launched")
@@ -656,21 +661,20 @@ class RankTable:
         self.generation = 0
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
-        self.entries = [
-            RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)
-        ]
-        self.entries += [
-            RankEntry(rank, Phase.VACANT, 0, f"extra{rank - len(hosts)}", None, now)
-            for rank in range(len(hosts), topology.size)
-        ]
-        self.rollup = Rollup(topology, [entry.state for entry in self.entries], now)
+        first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
+        self.entries: Entries = store(first, topology.size, now)
+        spares = topology.size - len(hosts)
+        self.rollup = Rollup(
+            topology, [first[0].state] * len(hosts) + [RankState.VACANT] * spares, now
+        )
 
     @property
     def size(self) -> int:
         return self.topology.size
 
     def entry(self, rank: int) -> RankEntry:
-        return self.entries[rank]
+        """`rank`'s entry, to read: only the table's rules change entries."""
+        return self.entries.peek(rank)
 
     def apply(self, event: Event | Reserve, now: float) -> Outcome:
         """Decide one event by the table, and count it in `generation` if it changed anything."""
@@ -684,7 +688,7 @@ class RankTable:
     def _event(self, event: Event, now: float) -> Outcome:
         if not 0 <= event.rank < self.size:
             return refused(f"rank {event.rank} is not in this instance of size {self.size}")
-        entry = self.entries[event.rank]
+        entry = self.entries.peek(event.rank)  # kept once a row applies (_step)
         # Reboot names the incarnation that ended (or 0): it asks for the current one
         if not isinstance(event, Reboot) and event.incarnation != entry.incarnation:
             return refused(
@@ -697,6 +701,7 @@ class RankTable:
         rule = self._rule(entry, event, now)
         if isinstance(rule, str):
             return refused(rule)
+        entry = self.entries[entry.rank]  # a spare is kept from its first applied event on
         return Outcome(True, self._fire(entry, rule, event, now), rule.note.format(rank=entry.rank))
 
     def _rule(self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float) -> Rule | str:
@@ -736,10 +741,11 @@ class RankTable:
         if (answer := self._key_guard(request)) is not None:
             return answer
         if request.rank is None:
-            free = [e for e in self.entries if isinstance(self._rule(e, request, now), Rule)]
-            if not free:
+            # lowest first: interior ranks before the leaves below them; the first one found
+            free = (e for e in self.entries if isinstance(self._rule(e, request, now), Rule))
+            if (found := next(free, None)) is None:
                 return _no("no available ranks")
-            entry = free[0]  # lowest first: interior ranks before the leaves below them
+            entry = self.entries[found.rank]  # kept from now on
         elif not 0 <= request.rank < self.size:
             return _no(f"no rank {request.rank} in this instance of size {self.size}")
         else:
@@ -758,10 +764,11 @@ class RankTable:
                 "come back (a new broker, with a new key, may join)",
                 never=True,
             )
-        for entry in self.entries:
+        held = self.entries.held()  # a spare nothing happened to holds no key
+        for entry in held:
             if entry.key == key and entry.state in CONNECTED:
                 return _no(f"this key already holds rank {entry.rank} ({entry.state})")
-        for entry in self.entries:
+        for entry in held:
             if entry.joiner == key:
                 if request.rank not in (None, entry.rank):
                     return _no(f"this key already holds a reservation of rank {entry.rank}")
@@ -773,7 +780,7 @@ class RankTable:
         """Why `public_key` may not join as (rank, incarnation), or None if it was reserved so."""
         if not 0 <= rank < self.size:
             return f"no rank {rank} in this instance of size {self.size}"
-        entry = self.entries[rank]
+        entry = self.entries.peek(rank)
         if entry.phase is not Phase.RESERVED or entry.incarnation != incarnation:
             return (
                 f"rank {rank} incarnation {incarnation} is not reserved "
@@ -787,14 +794,14 @@ class RankTable:
         """Reservations whose lease has run out."""
         return [
             Expire(e.rank, e.incarnation)
-            for e in self.entries
+            for e in self.entries.held()
             if e.lease is not None and now >= e.lease.until
         ]
 
     def next_expiry(self) -> float | None:
         """The next lease or reattach grace to run out."""
         soonest: float | None = None
-        for entry in self.entries:  # a rank is reserved or adrift, never both
+        for entry in self.entries.held():  # a rank is reserved or adrift, never both
             end = entry.lease.until if entry.lease is not None else entry.adrift_until
             if end is not None and (soonest is None or end < soonest):
                 soonest = end
@@ -804,7 +811,7 @@ class RankTable:
         """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
         return [
             Lost(e.rank, e.incarnation, "did not reattach in time")
-            for e in self.entries
+            for e in self.entries.held()
             if e.adrift_until is not None and now >= e.adrift_until and e.state in CONNECTED
         ]
 
@@ -837,7 +844,7 @@ class RankTable:
         """Whether `rank`'s broker is connected and its chain of links reaches rank 0 now."""
         seen = 0
         while rank != 0:
-            entry = self.entries[rank]
+            entry = self.entries.peek(rank)
             if entry.state not in CONNECTED or entry.attached_to is None or seen > self.size:
                 return False
             rank, seen = entry.attached_to, seen + 1

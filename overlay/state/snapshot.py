@@ -34,39 +34,44 @@ def describe(entry: RankEntry) -> str:
 def snapshot(table: RankTable, now: float) -> dict[str, Any]:
     """The `tbon status --json` object (docs/design.md); field names are a public contract.
 
-    Built for every status.get and every table a watcher is sent (at 2048 ranks, 2048 entries):
-    each entry's state, and the tree's shape, are looked up once."""
-    statuses = table.subtree_statuses()
+    Built whole only for a table of at most WHOLE_TABLE_MAX ranks (tbon/limits.py); a larger one
+    is read in pages (statusviews.page)."""
+    ranks = [shown(table, rank, now) for rank in range(table.size)]
+    return {"size": table.size, "topo": table.topology.spec, "ranks": ranks}
+
+
+def shown(table: RankTable, rank: int, now: float, children: bool = True) -> dict[str, Any]:
+    """One rank's entry of the status object; without `children` for the views computed at
+    rank 0, which draw the tree from `parent` and `attached_to` (a flat tree's root has 2^18)."""
+    entry = table.entries.peek(rank)
     topology = table.topology
-    ranks = []
-    for entry, status in zip(table.entries, statuses, strict=True):
-        rank, state = entry.rank, entry.state
-        shown: dict[str, Any] = {
-            "rank": rank,
-            "state": state.value,
-            "host": entry.host,
-            "pid": entry.pid,
-            "incarnation": entry.incarnation,
-            "parent": topology.parent(rank),
-            "children": list(topology.children(rank)),
-            "subtree": status.value,
-            "torpid": entry.torpid,
-            "since": round(max(0.0, now - entry.since), 3),
-        }
-        if state in CONNECTED:
-            shown["subtree_since"] = round(max(0.0, now - table.subtree_since(rank)), 3)
-            shown["attached_to"] = entry.attached_to
-            if entry.adrift_until is not None:
-                shown["reattaching"] = True
-        elif state is not RankState.RESERVED:  # gone, or never held: why, and who was it
-            if entry.reason:
-                shown["reason"] = entry.reason
-            if entry.last_pid is not None:
-                shown["last_pid"] = entry.last_pid
-        if entry.retired:
-            shown["retired"] = True
-        if (joiner := entry.joiner) is not None:
-            shown["joiner"] = fingerprint(joiner)
-            shown["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)
-        ranks.append(shown)
-    return {"size": table.size, "topo": topology.spec, "ranks": ranks}
+    state = entry.state
+    shown: dict[str, Any] = {
+        "rank": rank,
+        "state": state.value,
+        "host": entry.host,
+        "pid": entry.pid,
+        "incarnation": entry.incarnation,
+        "parent": topology.parent(rank),
+    }
+    if children:
+        shown["children"] = list(topology.children(rank))
+    shown["subtree"] = table.rollup.statuses[rank].value
+    shown["torpid"] = entry.torpid
+    shown["since"] = round(max(0.0, now - entry.since), 3)
+    if state in CONNECTED:
+        shown["subtree_since"] = round(max(0.0, now - table.subtree_since(rank)), 3)
+        shown["attached_to"] = entry.attached_to
+        if entry.adrift_until is not None:
+            shown["reattaching"] = True
+    elif state is not RankState.RESERVED:  # gone, or never held: why, and who was it
+        if entry.reason:
+            shown["reason"] = entry.reason
+        if entry.last_pid is not None:
+            shown["last_pid"] = entry.last_pid
+    if entry.retired:
+        shown["retired"] = True
+    if (joiner := entry.joiner) is not None:
+        shown["joiner"] = fingerprint(joiner)
+        shown["expires"] = round(max(0.0, (entry.lease_until or now) - now), 3)
+    return shown

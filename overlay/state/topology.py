@@ -9,7 +9,7 @@ lists the parent of every rank from 1 on, for trees a config file draws by hand.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -150,6 +150,18 @@ class Topology:
         A roll-up from the leaves must walk this, not descending rank numbers: a `parents:`
         tree (a config file) may give a rank a parent with a higher number than its own."""
         return self._postorder
+
+    def bottom_up(self) -> Iterable[int]:
+        """Every rank, each after all of its descendants: for `kary:K` and `binomial`, where a
+        parent's number is below its children's, simply from the highest rank down (no walk of
+        the tree, which at 2^18 ranks costs a second); else `postorder`."""
+        if self.spec.startswith("parents:"):
+            return self.postorder()
+        return range(self.size - 1, -1, -1)
+
+    def parents(self) -> list[int | None]:
+        """Every rank's parent (None for rank 0), by arithmetic where the shape allows."""
+        return [None, *(self._parent_of(rank) for rank in range(1, self.size))]
 
     def _walk_postorder(self) -> tuple[int, ...]:
         # A pre-order that takes the children right to left, reversed, is the post-order that

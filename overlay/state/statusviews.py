@@ -1,0 +1,401 @@
+"""The views of the rank table that rank 0 computes, so that no answer grows with the size.
+
+At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answers:
+
+- a *page* of it (`page`): the entries from a rank on, as JSON text of at most PAGE_BYTES, for
+  `tbon status --json` to write as it reads;
+- a *summary* of a subtree (`summary`): its root's entry and how many ranks are in each state;
+- its *errors* (`errors`): the ranks not online, grouped by state and reason, the spares never
+  held as one idset;
+- its *tree* (`tree`): the tree as drawn, where sibling subtrees that no broker ever held, and
+  sibling leaves that read the same, are one item each (`├─ 16-262143 extra: vacant`), cut at a
+  depth if asked;
+- the *held* ranks (`held`): every entry but the spares nothing happened to, as long as at most
+  WHOLE_TABLE_MAX ranks are held (else TooBig: such a table is read in pages).
+
+The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
+another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
+drawn tree has no loops. Pure functions of the table; no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from tbon.limits import PAGE_BYTES, WHOLE_TABLE_MAX
+from tbon.overlay.parse.hostlist import encode_hostlist
+from tbon.overlay.parse.idset import format_idset
+from tbon.overlay.state.rankstates import CONNECTED, RankState
+from tbon.overlay.state.snapshot import shown
+
+if TYPE_CHECKING:
+    from tbon.overlay.state.ranktable import RankTable
+
+EXPECTED_MISSING = (RankState.OFFLINE, RankState.RESERVED, RankState.LOST)
+"""States of a rank expected to have a broker that has none (`tbon status --wait up`)."""
+
+MISSING_NAMED = 8
+"""How many missing ranks a summary names (the rest are counted)."""
+
+MERGE_RUN = 4
+"""Sibling leaves that read the same are drawn as one line from this many on; fewer, and each
+has its own line (spares never held are one line however few)."""
+
+VIEW_BYTES = 2 << 20
+"""What the items of a tree, or the lines of the errors, may take in one answer (half a
+message): past that it is cut, and says so (`cut`), and `--rank` or `--depth` shows the rest."""
+
+
+def _within(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The first `items` that fit VIEW_BYTES of JSON, and how many did not."""
+    taken = 0
+    for count, item in enumerate(items):
+        taken += len(json.dumps(item)) + 2
+        if taken > VIEW_BYTES:
+            return items[:count], len(items) - count
+    return items, 0
+
+
+def page(table: RankTable, now: float, start: int, budget: int = PAGE_BYTES) -> tuple[bytes, int]:
+    """The entries from `start` on as JSON text, comma-separated, until they take `budget`
+    bytes (at least one entry), and the rank the next page starts at (`size`: none left).
+    A spare nothing happened to is written from a template (`spare_text`), 20 times faster than
+    its entry through the encoder: at 2^18 ranks, the pages take seconds, not a minute."""
+    parts: list[str] = []
+    taken = 0
+    rank = start
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    entries = table.entries
+    spare = SpareText(table, now)
+    while rank < table.size and (taken < budget or not parts):
+        text = spare(rank) if entries.pristine(rank) else dumps(shown(table, rank, now))
+        parts.append(text)
+        taken += len(text) + 1
+        rank += 1
+    return ",".join(parts).encode(), rank
+
+
+class SpareText:
+    """The JSON text of an untouched spare's entry, as `shown` would give it, from a template:
+    its parent and children by arithmetic for `kary:K`, from the topology for other shapes."""
+
+    def __init__(self, table: RankTable, now: float) -> None:
+        self.topology = table.topology
+        self.size = table.size
+        self.launched = table.entries.launched
+        self.statuses = table.rollup.statuses
+        spec = table.topology.spec
+        self.fanout = int(spec[len("kary:") :]) if spec.startswith("kary:") else None
+        since = round(max(0.0, now - table.entries.created), 3)
+        self.tail = f',"torpid":false,"since":{json.dumps(since)}}}'
+
+    def __call__(self, rank: int) -> str:
+        k = self.fanout
+        if k is not None and k >= 2:
+            parent: int | None = (rank - 1) // k if rank else None
+            first = rank * k + 1
+            kids = (
+                ""
+                if first >= self.size
+                else ",".join(map(str, range(first, min(first + k, self.size))))
+            )
+        else:
+            parent = self.topology.parent(rank)
+            kids = ",".join(map(str, self.topology.children(rank)))
+        return (
+            f'{{"rank":{rank},"state":"vacant","host":"extra{rank - self.launched}","pid":null,'
+            f'"incarnation":0,"parent":{"null" if parent is None else parent},'
+            f'"children":[{kids}],"subtree":"{self.statuses[rank]}"{self.tail}'
+        )
+
+
+class Drawn:
+    """The tree as drawn: each rank's children there, from the topology and the fostered."""
+
+    def __init__(self, table: RankTable) -> None:
+        self.table = table
+        self.fostered: dict[int, list[int]] = {}  # a foster parent -> the ranks it holds
+        self.away: set[int] = set()
+        for entry in table.entries.held():
+            attached = entry.attached_to
+            if entry.state not in CONNECTED or attached is None or attached == entry.rank:
+                continue
+            if attached != table.topology.parent(entry.rank):
+                self.fostered.setdefault(attached, []).append(entry.rank)
+                self.away.add(entry.rank)
+
+    def parent(self, rank: int) -> int | None:
+        entry = self.table.entries.peek(rank)
+        if rank in self.away:
+            return entry.attached_to
+        return self.table.topology.parent(rank)
+
+    def children(self, rank: int) -> list[int]:
+        mine = [c for c in self.table.topology.children(rank) if c not in self.away]
+        if rank in self.fostered:
+            mine = sorted(mine + self.fostered[rank])
+        return mine
+
+    def subtree(self, root: int) -> Iterator[int]:
+        """`root` and every rank below it as drawn (every rank, for rank 0)."""
+        if root == 0:
+            yield from range(self.table.size)
+            return
+        stack = [root]
+        while stack:
+            rank = stack.pop()
+            yield rank
+            stack.extend(self.children(rank))
+
+    def path(self, rank: int) -> list[int]:
+        """The ranks above `rank` as drawn, up to rank 0."""
+        found: list[int] = []
+        parent = self.parent(rank)
+        while parent is not None:
+            found.append(parent)
+            parent = self.parent(parent)
+        return found
+
+
+def summary(table: RankTable, now: float, root: int) -> dict[str, Any]:
+    """`tbon status --summary` (and `--wait`): the root's entry, how many ranks of its subtree
+    are in each state, and which are missing (EXPECTED_MISSING; the first MISSING_NAMED)."""
+    states = table.rollup.states
+    if root == 0:
+        counts = +table.rollup.counts  # kept as states change: no walk of 2^18 ranks
+        missing = [r.rank for r in table.entries.held() if r.state in EXPECTED_MISSING]
+    else:
+        ranks = list(Drawn(table).subtree(root))
+        counts = Counter(states[r] for r in ranks)
+        missing = sorted(r for r in ranks if states[r] in EXPECTED_MISSING)
+    return {
+        "size": table.size,
+        "topo": table.topology.spec,
+        "rank": root,
+        "entry": shown(table, root, now, children=False),
+        "ranks": sum(counts.values()),
+        "counts": {state.value: n for state, n in sorted(counts.items())},
+        "missing": sum(counts[state] for state in EXPECTED_MISSING),
+        "missing_ranks": [[r, states[r].value] for r in missing[:MISSING_NAMED]],
+    }
+
+
+Ranges = list[tuple[int, int]]
+"""Ranks as (first, last) runs, in order: how the spares of 2^18 ranks are counted cheaply."""
+
+
+def _held_in(table: RankTable, drawn: Drawn, root: int) -> tuple[list[int], Ranges]:
+    """The ranks of `root`'s subtree whose entries say something, and the untouched spares."""
+    if root == 0:
+        held = [e.rank for e in table.entries.held() if not table.entries.pristine(e.rank)]
+        return held, _complement(held, table.size)
+    said: list[int] = []
+    spares: list[int] = []
+    for rank in drawn.subtree(root):
+        (spares if table.entries.pristine(rank) else said).append(rank)
+    return sorted(said), _ranges(sorted(spares))
+
+
+def _complement(ranks: list[int], size: int) -> Ranges:
+    """The ranks below `size` not in the sorted `ranks`."""
+    gaps: Ranges = []
+    first = 0
+    for rank in ranks:
+        if rank > first:
+            gaps.append((first, rank - 1))
+        first = rank + 1
+    if first < size:
+        gaps.append((first, size - 1))
+    return gaps
+
+
+def _ranges(ranks: list[int]) -> Ranges:
+    """Sorted ranks as runs."""
+    runs: Ranges = []
+    for rank in ranks:
+        if runs and runs[-1][1] == rank - 1:
+            runs[-1] = (runs[-1][0], rank)
+        else:
+            runs.append((rank, rank))
+    return runs
+
+
+def _idset(ranges: Ranges) -> str:
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def errors(table: RankTable, now: float, root: int, each: bool = False) -> dict[str, Any]:
+    """`tbon status --errors`: the ranks of `root`'s subtree that are not online, grouped by
+    state and reason (`groups`: the ranks, their hosts as a host list, the first one's entry);
+    with `each`, every such rank's entry with `via`, its path to rank 0 as drawn (`-v`,
+    `--down`). Spares nothing happened to are one idset, `spares`."""
+    drawn = Drawn(table)
+    said, spares = _held_in(table, drawn, root)
+    answer: dict[str, Any] = {"size": table.size, "topo": table.topology.spec, "rank": root}
+    gone = [shown(table, r, now, children=False) for r in said]
+    gone = [e for e in gone if e["state"] != RankState.ONLINE.value]
+    untouched = [e["rank"] for e in gone if _never_held(e)]
+    gone = [e for e in gone if not _never_held(e)]
+    if untouched:  # kept, yet as a spare: rare, so the runs are expanded
+        spares = _ranges(sorted([r for a, b in spares for r in range(a, b + 1)] + untouched))
+    answer["spares"] = _idset(spares)
+    if each:
+        for entry in gone:
+            entry["via"] = drawn.path(entry["rank"])
+        answer["entries"], cut = _within(gone)
+        if cut:
+            answer["cut"] = cut
+        return answer
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for entry in gone:
+        key = (entry["state"], entry.get("reason", ""), entry.get("joiner", ""))
+        groups.setdefault(key, []).append(entry)
+    made = [
+        {
+            "state": entries[0]["state"],
+            "ranks": format_idset([e["rank"] for e in entries]),
+            "hosts": encode_hostlist([str(e["host"]) for e in entries]),
+            "entry": entries[0],
+        }
+        for entries in groups.values()
+    ]
+    answer["groups"], cut = _within(made)
+    if cut:
+        answer["cut"] = cut
+    return answer
+
+
+def _never_held(entry: dict[str, Any]) -> bool:
+    return entry["state"] == "vacant" and entry["incarnation"] == 0 and "reason" not in entry
+
+
+def tree(
+    table: RankTable, now: float, root: int, depth: int | None = None, merge: bool = True
+) -> dict[str, Any]:
+    """`tbon status`'s tree under `root`, as items in the order drawn, each with its `depth`
+    below the root and `last` (the last of its siblings). An item is one rank (`entry`), or a
+    run of sibling subtrees (`ranks`, an idset, and `count`; `entry` is its first rank's):
+    subtrees that no broker ever held, or with `merge`, leaves whose lines read the same but
+    for their rank. Below `depth`, an item says `more` if ranks are hidden under it."""
+    drawn = Drawn(table)
+    touched: set[int] = set()
+    for entry in table.entries.held():
+        if not table.entries.pristine(entry.rank):
+            touched.add(entry.rank)
+            touched.update(table.topology.ancestors(entry.rank))
+    items: list[dict[str, Any]] = []
+    stack: list[tuple[list[int], int, bool]] = [([root], 0, True)]
+    taken = 0
+    while stack and taken < VIEW_BYTES:
+        ranks, level, last = stack.pop()
+        first = ranks[0]
+        item: dict[str, Any] = {"depth": level, "last": last}
+        item["entry"] = shown(table, first, now, children=False)
+        taken += len(json.dumps(item["entry"])) + 64
+        if len(ranks) > 1 or (first not in touched and first != root):
+            members = _subtrees(table, drawn, ranks, touched)
+            item["ranks"], item["count"] = members
+            taken += len(members[0])
+            items.append(item)
+            continue
+        kids = drawn.children(first)
+        if depth is not None and level >= depth:
+            if kids:
+                item["more"] = True
+            items.append(item)
+            continue
+        items.append(item)
+        runs = _runs(table, drawn, kids, touched, merge)
+        for index in range(len(runs) - 1, -1, -1):
+            stack.append((runs[index], level + 1, index == len(runs) - 1))
+    answer: dict[str, Any] = {"size": table.size, "topo": table.topology.spec, "rank": root}
+    answer["items"] = items
+    if stack:
+        answer["cut"] = True
+    return answer
+
+
+def _runs(
+    table: RankTable, drawn: Drawn, kids: list[int], touched: set[int], merge: bool
+) -> list[list[int]]:
+    """`kids` in runs of consecutive siblings drawn as one item: untouched subtrees together,
+    and with `merge`, leaves that read the same; any other rank alone."""
+    runs: list[list[int]] = []
+    looks: list[object] = []
+    for kid in kids:
+        look: object = None
+        if kid not in touched:
+            look = "spare"
+        elif merge and not drawn.children(kid):
+            look = _look(shown(table, kid, 0.0, children=False))
+        if look is not None and runs and looks[-1] == look:
+            runs[-1].append(kid)
+        else:
+            runs.append([kid])
+            looks.append(look)
+    split: list[list[int]] = []
+    for run, look in zip(runs, looks, strict=True):
+        if look != "spare" and len(run) < MERGE_RUN:  # a few leaves: a line each, as ever
+            split.extend([kid] for kid in run)
+        else:
+            split.append(run)
+    return split
+
+
+def _look(entry: dict[str, Any]) -> object:
+    """What a leaf's line says but for its rank and clocks (a tuple of the fields drawn)."""
+    skip = ("rank", "since", "subtree_since", "pid", "last_pid", "expires", "parent")
+    return tuple(sorted((k, repr(v)) for k, v in entry.items() if k not in skip))
+
+
+def _subtrees(
+    table: RankTable, drawn: Drawn, ranks: list[int], touched: set[int]
+) -> tuple[str, int]:
+    """The idset and count of the ranks in the drawn subtrees of `ranks`."""
+    if all(r not in touched for r in ranks) and table.topology.spec.startswith("kary:"):
+        return _kary_levels(table, ranks[0], ranks[-1])
+    found: list[int] = []
+    for rank in ranks:
+        found.extend(drawn.subtree(rank))
+    return format_idset(sorted(found)), len(found)
+
+
+def _kary_levels(table: RankTable, first: int, last: int) -> tuple[str, int]:
+    """The subtrees of the consecutive siblings first..last of a k-ary tree: one run of ranks
+    per level, found by arithmetic (a spare's subtree is all spares, as in the topology)."""
+    k = int(table.topology.spec[len("kary:") :])
+    size = table.size
+    if k == 1:  # a chain: one rank's subtree is every rank after it
+        return _idset([(first, size - 1)]), size - first
+    spans: list[tuple[int, int]] = []
+    low, high = first, min(last, size - 1)
+    while low < size and low <= high:
+        spans.append((low, high))
+        if k == 0:  # flat: every rank but 0 is a leaf
+            break
+        low, high = low * k + 1, min(high * k + k, size - 1)
+    count = sum(b - a + 1 for a, b in spans)
+    return _idset(spans), count
+
+
+class TooBig(ValueError):
+    """A view that would not fit one message: the table is to be read in pages instead."""
+
+
+def held(table: RankTable, now: float) -> dict[str, Any]:
+    """Every entry but those of spares nothing happened to (`ranks`, in rank order), and those
+    as an idset (`spares`): what a command that follows ranks by their number reads."""
+    said = [e.rank for e in table.entries.held() if not table.entries.pristine(e.rank)]
+    if len(said) > WHOLE_TABLE_MAX:
+        raise TooBig(f"{len(said)} ranks are held: more than {WHOLE_TABLE_MAX} to send at once")
+    return {
+        "size": table.size,
+        "topo": table.topology.spec,
+        "ranks": [shown(table, r, now) for r in said],
+        "spares": _idset(_complement(said, table.size)),
+        "launched": table.entries.launched,  # a spare's host is extra{rank - launched}
+        "spare_since": round(max(0.0, now - table.entries.created), 3),
+    }

@@ -1,0 +1,132 @@
+"""The views rank 0 computes (overlay/state/statusviews.py) say what the whole table says.
+
+Random event sequences drive a table; after them, the table's pages put together are its
+status object, and `--summary`, `--errors` (grouped and `-v`) and `--down` drawn from rank 0's
+views read line for line as the same views drawn from the whole object (cli/render.py's
+functions of the table, the oracle: simpler, and what small instances were drawn with).
+"""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_rankentries import build, events, prelude
+
+from tbon.cli import render
+from tbon.overlay.state import statusviews
+from tbon.overlay.state.heldtable import whole
+from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state.snapshot import snapshot
+from tbon.overlay.state.topology import Topology
+
+
+def plain(lines: list[object]) -> list[str]:
+    return [text.plain for text in lines]  # type: ignore[attr-defined]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.integers(2, 40).flatmap(
+        lambda size: st.tuples(
+            st.just(size),
+            st.integers(1, size),
+            st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "binomial"]),
+            st.lists(events(size), max_size=50),
+            st.integers(1, 400),
+        )
+    )
+)
+def test_views_computed_at_rank_0_read_as_the_whole_table_does(
+    case: tuple[int, int, str, list[tuple[str, int, int, int, int]], int],
+) -> None:
+    size, launched, spec, stream, budget = case
+    stream = prelude(size, launched) + stream
+    table = RankTable(Topology(spec, size), [f"node{r}" for r in range(launched)], 10.0)
+    now = 10.0
+    for step, (kind, rank, offset, pid, other) in enumerate(stream):
+        now = 10.0 + step * 0.5
+        table.apply(build(kind, rank, offset, pid, other, table), now)  # type: ignore[arg-type]
+        for lapse in table.expired(now):
+            table.apply(lapse, now)
+    now += 1.0
+    status = snapshot(table, now)
+    pages, start = [], 0
+    while start < size:
+        data, after = statusviews.page(table, now, start, budget)
+        assert after > start
+        pages.append(data)
+        start = after
+    assert json.loads(b"[" + b",".join(pages) + b"]") == status["ranks"]
+    rebuilt = whole(statusviews.held(table, now))
+    assert [rebuilt["ranks"][r] for r in range(size)] == status["ranks"]
+    for root in range(size):
+        summary = statusviews.summary(table, now, root)
+        assert render.summary_of(summary).plain == render.summary(status, root).plain
+        grouped = render.errors_of(statusviews.errors(table, now, root))
+        assert plain(grouped) == plain(render.not_online(status, root))
+        each = statusviews.errors(table, now, root, each=True)
+        assert plain(render.errors_of(each, verbose=True)) == plain(
+            render.not_online(status, root, verbose=True)
+        )
+        assert plain(render.errors_of(each, paths=True)) == plain(
+            render.not_online(status, root, paths=True)
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 40).flatmap(
+        lambda size: st.tuples(
+            st.just(size),
+            st.integers(1, size),
+            st.sampled_from(["kary:0", "kary:1", "kary:2", "kary:3", "binomial"]),
+            st.lists(events(size), max_size=50),
+        )
+    )
+)
+def test_the_tree_draws_every_rank_once(
+    case: tuple[int, int, str, list[tuple[str, int, int, int, int]]],
+) -> None:
+    """Every rank is drawn once, as a line of its own or in a run, under the rank the whole
+    table draws it under; runs of ranks read the same but for their number."""
+    size, launched, spec, stream = case
+    stream = prelude(size, launched) + stream
+    table = RankTable(Topology(spec, size), [f"node{r}" for r in range(launched)], 10.0)
+    for step, (kind, rank, offset, pid, other) in enumerate(stream):
+        table.apply(build(kind, rank, offset, pid, other, table), 10.0 + step)  # type: ignore[arg-type]
+    status = snapshot(table, 100.0)
+    from tbon.overlay.parse.idset import parse_idset
+
+    for root in (0, size - 1):
+        answer = statusviews.tree(table, 100.0, root)
+        drawn: list[int] = []
+        for item in answer["items"]:
+            ranks = list(parse_idset(item["ranks"])) if "ranks" in item else [item["entry"]["rank"]]
+            assert "count" not in item or item["count"] == len(ranks)
+            drawn += ranks
+        assert sorted(drawn) == render.subtree(status, root)
+        assert len(drawn) == len(set(drawn))
+        assert len(render.tree_of(answer)) == len(answer["items"])
+
+
+def test_errors_group_by_state_and_reason_as_the_table_does() -> None:
+    from tbon.overlay.state.ranktable import Departed, Lost, Online, Void
+
+    table = RankTable(Topology("kary:2", 9), [f"node{r % 3}" for r in range(7)], 10.0)
+    for rank in range(7):
+        table.apply(Online(rank, 1, f"node{rank % 3}", 100 + rank), 11.0)
+    table.apply(Lost(3, 1, "connection dropped", 1), 12.0)
+    table.apply(Lost(4, 1, "connection dropped", 1), 12.0)
+    table.apply(Void(5, 1, "a test"), 12.0)
+    table.apply(Departed(6, 1, 2), 12.0)
+    status = snapshot(table, 13.0)
+    lines = plain(render.errors_of(statusviews.errors(table, 13.0, 0)))
+    assert lines == plain(render.not_online(status, 0))
+    assert lines == [
+        "3-4 node[0-1]: lost: connection dropped",
+        "5 node2: lost: voided: a test",
+        "6 node0: vacant: said goodbye (exit status 0)",
+        "7-8: vacant: spares never held",
+    ]
