@@ -139,7 +139,7 @@ def test_the_soft_limit_is_raised_to_the_hard_one() -> None:
     assert target_limit(1024, 524288, None) == 524288
     assert target_limit(1024, resource.RLIM_INFINITY, 1048576) == 1048576
     assert target_limit(4096, 4096, None) == 4096
-    assert (reserve_size(64), reserve_size(1024), reserve_size(1 << 20)) == (16, 128, 256)
+    assert [reserve_size(n) for n in (16, 40, 64, 1024, 1 << 20)] == [2, 5, 8, 128, 256]
 
 
 def test_the_reserve_lends_and_fills_again() -> None:

@@ -32,8 +32,11 @@ def descriptor_limit() -> int:
 
 
 def reserve_size(nofile: int) -> int:
-    """Descriptors kept back for local clients and jobs: an eighth of the limit, 16 to 256."""
-    return max(16, min(256, nofile // 8))
+    """Descriptors kept back for local clients and jobs: an eighth of the limit, at most 256
+    and at least 2 (one to lend, one to accept and refuse with). No fixed floor above that: at
+    a tiny limit (`ulimit -n 40`, tbon start --force) a floor of 16 took the descriptors the
+    brokers' own connections needed."""
+    return max(2, min(256, nofile // 8))
 
 
 def target_limit(soft: int, hard: int, nr_open: int | None) -> int:
