@@ -331,6 +331,7 @@ class Node:
             timeout=TIMEOUT,
             hostname=self.host,
             shutdown_timeout=1.0,
+            handshake_timeout=5.0,
         )
         topology = net.topology
         self.children = SimChildren.build(self) if topology.children(rank) else None
