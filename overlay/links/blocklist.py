@@ -16,7 +16,6 @@ system call; children.py finds the listener and carries it out.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import socket
 import struct
 
@@ -87,6 +86,8 @@ def attach(fd: int, blocked: frozenset[str]) -> None:
                 sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
             return
         program = filter_program(blocked)
+        import ctypes  # only once a flood is blocked: a broker that never sees one never loads it
+
         buffer = ctypes.create_string_buffer(program)
         fprog = struct.pack("HL", len(program) // _INSTRUCTION.size, ctypes.addressof(buffer))
         sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)

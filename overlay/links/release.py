@@ -10,8 +10,6 @@ turn of the loop. Without glibc (musl, say), there is nothing to call and nothin
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Callable
 from functools import cache
 
@@ -20,6 +18,9 @@ TRIM_ABOVE = 4 << 20  # bytes freed by drops and closes before a trim is worth i
 
 @cache
 def _malloc_trim() -> Callable[[int], int] | None:
+    import ctypes  # at the first trim: a broker that drops no client never loads it
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         trim: Callable[[int], int] = libc.malloc_trim
