@@ -60,7 +60,10 @@ def register(app: typer.Typer) -> None:
         from tbon.overlay.wire.message import ANY_RANK
 
         uri = words[0] if looks_like_uri(words[0]) else None
-        action, *rest = words[1:] if uri is not None else words
+        given = words[1:] if uri is not None else words
+        if not given:
+            raise UsageError("missing action: use get NAME or list")
+        action, *rest = given
         if action not in ACTIONS:
             raise UsageError(f"invalid action {action!r}: use get NAME or list")
         if action == "get" and len(rest) != 1:

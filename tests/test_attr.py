@@ -158,6 +158,7 @@ def test_a_joiner_says_it_took_the_instances_settings(instance) -> None:
         (["get"], 2, "tbon attr: get takes one attribute NAME"),
         (["list", "size"], 2, "tbon attr: list takes no NAME: 'size'"),
         (["show"], 2, "tbon attr: invalid action 'show': use get NAME or list"),
+        ([], 2, "tbon attr: missing action: use get NAME or list"),
         (["get", "broker.cert"], 1, "tbon attr: broker.cert is not set on rank 0"),
         (["-r", "9", "list"], 68, "tbon attr: no rank 9 in this instance of size 2"),
         (["-r", "x", "list"], 2, "tbon attr: invalid --rank 'x'"),
