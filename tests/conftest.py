@@ -29,6 +29,13 @@ from tbon.overlay.connectors.client import Client
 TBON = str(Path(sys.executable).parent / "tbon")
 DEADLINE = 20.0  # generous: the machine is shared and noisy
 
+# A run started in the background (nohup, or `&` in a shell without job control) inherits
+# SIGINT ignored, and so would every command it starts, which Python then leaves ignored: the
+# tests that end a command with Ctrl-C would wait for it in vain. A handler of our own is reset
+# to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def tbon(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60.0, input: str | None = None
