@@ -71,6 +71,8 @@ def test_the_caps_always_hold(steps: list[tuple[bool, int, str]]) -> None:
 def test_caps_follow_the_limit() -> None:
     assert caps_for(256, reserve_size(256)) == Caps(per_source=28, in_all=56)
     assert caps_for(1 << 20, reserve_size(1 << 20)) == Caps(per_source=512, in_all=1024)
+    # a broker's own children may all connect at once from one host: room for them on top
+    assert caps_for(40, reserve_size(40), children=8) == Caps(per_source=12, in_all=16)
     assert caps_for(16, 16) == Caps(per_source=4, in_all=8)
 
 

@@ -95,7 +95,8 @@ class Children:
         self.machine = Downward(rank, topology, timing(config))
         self.refusals = Refusals(refusal_grace(config.heartbeat))  # keys refused at handshake
         nofile = descriptor_limit()
-        self.strangers = Strangers(caps_for(nofile, reserve_size(nofile)))  # strangers.py
+        expected = len(topology.children(rank))
+        self.strangers = Strangers(caps_for(nofile, reserve_size(nofile), expected))
         self.flood = FloodLog(FLOOD_LOG_EVERY)
         self.blocklist = Blocklist(max(1.0, config.handshake_timeout))  # blocklist.py
         self._port = 0  # the tree port: a stranger is closed only on a socket bound to it

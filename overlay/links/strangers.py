@@ -33,11 +33,14 @@ class Caps:
     in_all: int
 
 
-def caps_for(nofile: int, reserve: int) -> Caps:
+def caps_for(nofile: int, reserve: int, children: int = 0) -> Caps:
     """The caps for a broker with `nofile` descriptors, `reserve` of them kept back: a quarter
-    of the rest for strangers (8 to 1024), half of that for one address (at least 4)."""
+    of the rest for strangers (8 to 1024), half of that for one address (at least 4); and on
+    top of both, room for its own `children`, who may all connect at once from one host (a
+    test instance, or a node's brokers) before any has authenticated: a cap below that shut
+    out the brokers of `tbon start --test-size=9 --force` under `ulimit -n 40`."""
     in_all = max(8, min(1024, (nofile - reserve) // 4))
-    return Caps(per_source=max(4, in_all // 2), in_all=in_all)
+    return Caps(per_source=max(4, in_all // 2) + children, in_all=in_all + children)
 
 
 class Strangers:
