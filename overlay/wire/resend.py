@@ -12,6 +12,12 @@ resend, in order). So the receiver never reorders, never buffers, and a gap cost
 What is kept is bounded by the credit window: the client acknowledges with its credit returns
 (exec.credit carries `seq`, the next number it expects), and a message it has not acknowledged
 is credit not yet returned. Pure: no sockets, no clock but the one passed in.
+
+The client's own broker acknowledges too, ahead of the client (Handoff): an answer it has put in
+the client's connection, in order, cannot be lost by any heal (that connection is a byte stream,
+and if it breaks the client is gone and its jobs with it). So what a target keeps is what is still
+on its way through the tree, not also what waits, unread, in front of a client that stopped
+reading: a stalled reader costs the window once (in its broker's queue), not twice.
 """
 
 from __future__ import annotations
@@ -110,3 +116,34 @@ class Inbox:
         """An acknowledgement is being sent: the number it carries."""
         self.free = 0
         return self.expected
+
+
+@dataclass(slots=True)
+class Handoff:
+    """The client's broker's side of one rank's stream: the answers it has handed to the local
+    client's connection, and when to acknowledge them for the client (the same number the client
+    will acknowledge once it reads them: it takes exactly what is handed to it, in order)."""
+
+    window: int  # the stream's credit window: acknowledged at least every quarter of it
+    expected: int = 0  # the next number to hand over in order
+    owed: int = 0  # credit cost handed over since the last acknowledgement
+    count: int = 0  # messages handed over since the last acknowledgement
+    said: int = -1  # `expected` when a duplicate was last acknowledged
+
+    def handed(self, seq: int, cost: int, last: bool = False) -> int | None:
+        """Answer `seq`, of credit cost `cost`, went into the client's connection (`last`: the
+        rank's last word): the number to acknowledge now, or None. A duplicate is acknowledged
+        once (its sender still keeps what an acknowledgement lost in a heal should have freed);
+        an answer after a hole is not counted: the client drops it too, and it comes again."""
+        if seq != self.expected:
+            if seq < self.expected and self.said != self.expected:
+                self.said = self.expected
+                return self.expected
+            return None
+        self.expected += 1
+        self.owed += cost
+        self.count += 1
+        if last or self.owed * 4 >= self.window or self.count >= ACK_MESSAGES:
+            self.owed = self.count = 0
+            return self.expected
+        return None
