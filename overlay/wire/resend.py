@@ -33,6 +33,16 @@ ASK_AGAIN_S = 1.0
 """Seconds before a receiver that asked for a resend, and still misses the same message, asks
 again (its request, or the resend, may have crossed a link that died too)."""
 
+QUIET_S = 2.0
+"""Seconds a client hears nothing from a rank still running before it asks that rank to send
+again what it has not acknowledged (exec.resend): a rank's last answer, lost in a heal the client
+never saw (the status table that showed it crossed a link that died too), leaves no hole behind
+it to notice, so silence is the only sign. Asked again after twice as long each time, up to
+QUIET_MAX_S: a job that is merely quiet costs a message now and then, not a stream."""
+
+QUIET_MAX_S = 16.0
+SCAN_S = 1.0  # how often the ranks still running are looked over for silence
+
 ACK_MESSAGES = 64
 """A receiver acknowledges at least every this many messages taken, even with no credit to
 return (answers that cost no credit: a job's `stdin` counts), so that what a sender keeps stays
@@ -147,3 +157,49 @@ class Handoff:
             self.owed = self.count = 0
             return self.expected
         return None
+
+
+@dataclass(slots=True)
+class Prompts:
+    """The client's side of answers that never come: which of the ranks still running to ask
+    to send again, and when (QUIET_S). Hearing from a rank resets its clock; a rank asked is
+    asked again only after its interval doubled. The ranks are looked over once a second at
+    most, not at every answer (an exec may have many thousands)."""
+
+    start: float  # when the job started: the clock of a rank not heard from yet
+    due: dict[int, float] = field(default_factory=dict)  # rank -> when to ask it, if still silent
+    interval: dict[int, float] = field(default_factory=dict)  # rank -> its interval, once asked
+    scan: float = 0.0  # when to look the ranks over next
+
+    def __post_init__(self) -> None:
+        self.scan = self.start + QUIET_S
+
+    def heard(self, rank: int, now: float) -> None:
+        self.due[rank] = now + QUIET_S
+        self.interval.pop(rank, None)
+
+    def soon(self, now: float) -> None:
+        """Something changed (a status table came): a rank asked before is due QUIET_S after
+        it was asked, not at the end of a longer interval; the ranks are looked over now."""
+        for rank, interval in self.interval.items():
+            self.due[rank] = min(self.due[rank], self.due[rank] - interval + QUIET_S)
+            self.interval[rank] = QUIET_S / 2
+        self.scan = min(self.scan, now)
+
+    def ask(self, pending: set[int], now: float) -> list[int]:
+        """The ranks of `pending` to ask now; none is asked again within its interval."""
+        if now < self.scan:
+            return []
+        self.scan = now + SCAN_S
+        asked = []
+        for rank in pending:
+            if self.due.get(rank, self.start + QUIET_S) <= now:
+                interval = min(QUIET_MAX_S, 2 * self.interval.get(rank, QUIET_S / 2))
+                self.interval[rank] = interval
+                self.due[rank] = now + interval
+                asked.append(rank)
+        return sorted(asked)
+
+    def wait(self, now: float) -> float:
+        """Seconds until the ranks are next looked over."""
+        return max(0.0, self.scan - now)
