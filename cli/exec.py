@@ -398,7 +398,10 @@ def _run(
     room = StdinRoom.for_ranks(targets)
     streams = Streams(client, job_id, window, label, as_json, outcome, room, eof_sent=job.noinput)
 
+    from tbon.overlay.wire.resend import Prompts
+
     signals = Signals()
+    prompts = Prompts(time.monotonic())  # ranks silent too long are asked to send again
     watcher = Watcher(client, targets) if client.progress is not None else None
     stdin = None if job.noinput else _stdin_fd()
     if stdin is None and not streams.eof_sent:
@@ -420,7 +423,7 @@ def _run(
                 raise Signalled(ending)
             wanted = [stdin] if stdin is not None and streams.stdin.available() > 0 else []
             watched = watcher.wait(now) if watcher is not None else None
-            wakes = [w for w in (signals.wait(now), watched) if w is not None]
+            wakes = [w for w in (signals.wait(now), watched, prompts.wait(now)) if w is not None]
             _, readable = client.wait([*wanted, signals.fd], min(wakes, default=None))
             if stdin is not None and stdin in readable:
                 stdin = streams.pass_stdin(stdin)
@@ -428,9 +431,12 @@ def _run(
                 if reply.tag == tag:
                     if watcher is not None:
                         watcher.heard(reply.payload.get("rank"))
+                    if isinstance(rank := reply.payload.get("rank"), int):
+                        prompts.heard(rank, time.monotonic())
                     streams.answer(reply)
                 elif reply.tag == watch and not reply.errnum:
                     _note_lost(reply.payload, outcome, as_json)
+                    prompts.soon(time.monotonic())
                     adrift, healed = heal_over(adrift, reply.payload)
                     if healed and outcome.pending:
                         resend = {"id": job_id, "targets": sorted(outcome.pending)}
@@ -442,6 +448,8 @@ def _run(
                     watcher.answered(reply.tag)
             if watcher is not None:
                 watcher.tick(outcome.pending)
+            if quiet := prompts.ask(outcome.pending, time.monotonic()):
+                client.send("exec.resend", {"id": job_id, "targets": quiet}, nodeid=0)
             if stdin is None and streams.stdin.ranks and not streams.eof_sent:
                 streams.send_eof()
     except BrokenPipeError:

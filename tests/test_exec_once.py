@@ -107,3 +107,35 @@ def test_lines_going_down_to_a_client_of_another_rank_survive_a_heal_on_their_wa
         assert not wrong, f"round {round_}: lines lost, repeated or out of order: {wrong}"
         assert sorted(seen) == targets
         inst.stop()
+
+
+def test_last_answers_lost_in_a_heal_the_client_never_saw_are_asked_for_again(
+    instance, tmp_path
+) -> None:
+    """The client talks to rank 7; the jobs of rank 2's subtree end the moment rank 3 (7's
+    parent) is killed, so their exits die on the way down, and the status tables that would
+    show the heal to the client die on the same way. Nothing after an exit shows a hole: only
+    the silence of the ranks still running does (exec.resend after resend.QUIET_S)."""
+    targets = [2, 5, 6]
+    for round_ in range(3):
+        inst = instance(SIZE, "tbon.fanout=2", *LIVENESS)
+        with Client(inst.uri) as client:
+            uri = client.rpc("broker.info", nodeid=7)["uri"]
+        victim = inst.pid(3)
+        flag = tmp_path / f"end{round_}"
+        wait = f"echo up; while [ ! -e {flag} ]; do sleep 0.01; done"
+        job = start_exec(uri, "-l", "-r", ",".join(map(str, targets)), "sh", "-c", wait)
+        try:
+            assert job.stdout is not None and job.stderr is not None
+            up = sorted(int(job.stdout.readline().partition(":")[0]) for _ in targets)
+            assert up == targets
+            flag.touch()
+            os.kill(victim, signal.SIGKILL)
+            out, err = job.communicate(timeout=DEADLINE)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+        assert job.returncode == 0, f"round {round_}: {err}"
+        assert out == "" and err == "", f"round {round_}: {out!r} {err!r}"
+        inst.stop()

@@ -4,6 +4,8 @@ and in order, and the credit window that bounds what is kept."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +14,17 @@ from tbon.overlay.services.exec import ExecService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
-from tbon.overlay.wire.resend import ACK_MESSAGES, ASK_AGAIN_S, Inbox, Outbox, Verdict
+from tbon.overlay.wire.resend import (
+    ACK_MESSAGES,
+    ASK_AGAIN_S,
+    QUIET_MAX_S,
+    QUIET_S,
+    Handoff,
+    Inbox,
+    Outbox,
+    Prompts,
+    Verdict,
+)
 
 # What the channel does to each message in flight: deliver it, lose it, deliver it twice, or hold
 # it back behind the next one; and when the sender's way up changes (it sends again).
@@ -192,3 +204,51 @@ def test_exec_credit_carries_acknowledgements_and_resend_requests() -> None:
         {"id": 7, "bytes": 1},
     ):
         assert _credit(bad) == [], bad
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 300_000)), max_size=80))
+def test_the_client_s_broker_acknowledges_only_what_the_client_will_take(
+    arrivals: list[tuple[int, int]],
+) -> None:
+    """Whatever order and repeats answers reach the client's broker in, what it acknowledges
+    never passes what an Inbox fed the same answers has taken: nothing the client may still
+    need is freed at its rank."""
+    handoff, inbox = Handoff(1024 * 1024), Inbox()
+    for seq, cost in arrivals:
+        upto = handoff.handed(seq, cost)
+        inbox.take(seq)
+        assert upto is None or upto <= inbox.expected
+    assert handoff.expected == inbox.expected
+
+
+def test_the_client_s_broker_acknowledges_every_quarter_window_and_a_last_word_at_once() -> None:
+    handoff = Handoff(4096)
+    assert handoff.handed(0, 500) is None
+    assert handoff.handed(1, 600) == 2  # 1100 of a 4096 window: a quarter
+    assert handoff.handed(2, 10, last=True) == 3
+    assert handoff.handed(1, 10) == 3  # a duplicate: its rank still keeps it, told once
+    assert handoff.handed(1, 10) is None
+    assert handoff.handed(5, 4096) is None  # after a hole: not taken
+
+
+def test_a_silent_rank_is_asked_again_less_and_less_often_and_a_heard_one_not_at_all() -> None:
+    prompts = Prompts(0.0)
+    pending = {1, 2}
+    assert prompts.ask(pending, QUIET_S - 0.1) == []
+    prompts.heard(2, QUIET_S - 0.1)
+    assert prompts.ask(pending, QUIET_S) == [1]
+    asked = [t for t in range(0, 200) if prompts.ask({1}, QUIET_S + t * 0.5)]
+    gaps = [(b - a) * 0.5 for a, b in itertools.pairwise(asked)]
+    assert gaps[0] == 2 * QUIET_S and max(gaps) <= QUIET_MAX_S + 1 and gaps == sorted(gaps)
+    assert prompts.ask({2}, 200.0) == [2]  # silent since: asked too
+
+
+def test_a_status_change_brings_a_long_interval_back_to_the_short_one() -> None:
+    prompts = Prompts(0.0)
+    for now in (2.0, 6.0, 14.0):  # asked at 2, 6 (4 s later), 14 (8 s later)
+        assert prompts.ask({1}, now) == [1]
+    assert prompts.ask({1}, 20.0) == []  # next due at 30
+    prompts.soon(20.0)
+    assert prompts.ask({1}, 20.0) == [1]  # due QUIET_S after it was last asked
+    assert prompts.ask({1}, 21.0) == []

@@ -141,7 +141,9 @@ class Broker:
             call_timeout=self.config.join_timeout,
         )
         self.services.exec.toward = self.router.hop_down
-        self.router.on_local_response = self.services.exec.answered
+        self.router.on_local_response = lambda hop, reply: self.perform(
+            self.services.exec.answered(hop, reply)
+        )
         status = self.services.status
         self.performer = Performer(
             self.rank, self, self.router, self.children, self.jobs, status, self.path

@@ -14,6 +14,7 @@ import errno
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.limits import ENV_LIMIT, environment_size
@@ -32,8 +33,9 @@ from tbon.overlay.services.actions import (
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
+from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
 from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.resend import Handoff
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
@@ -114,13 +116,25 @@ def start_problem(payload: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(slots=True)
+class ClientJob:
+    """A job a local client of this broker started: the ranks yet to end it (to kill, should
+    the client vanish) and, for a client that acknowledges, what was handed to it from each."""
+
+    id: Any
+    running: set[int]
+    window: int
+    acks: bool
+    handoffs: dict[int, Handoff] = field(default_factory=dict)
+
+
 class ExecService:
     def __init__(self, rank: int, topology: Topology, lifecycle: Lifecycle) -> None:
         self.rank = rank
         self.topology = topology
         self.lifecycle = lifecycle
-        # a local client's hop -> the tag of each exec.start it sent -> (id, ranks yet to end)
-        self._client_jobs: dict[str, dict[int, tuple[Any, set[int]]]] = {}
+        # a local client's hop -> the tag of each exec.start it sent -> that job
+        self._client_jobs: dict[str, dict[int, ClientJob]] = {}
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
 
@@ -226,37 +240,64 @@ class ExecService:
 
     def started_by(self, hop: str, request: Message) -> None:
         """A local client (route hop `hop`) asked for a job: remember it, to kill it should the
-        client vanish."""
-        targets = target_ranks(request.payload)
+        client vanish, and to acknowledge for it what is handed to it."""
+        payload = request.payload
+        targets = target_ranks(payload)
         if targets is None:
             return  # refused at once (handle): nothing runs
-        job = (request.payload.get("id"), set(targets))  # not its env: up to 1 MiB
+        window = payload.get("window", DEFAULT_WINDOW)
+        job = ClientJob(  # not its env: up to 1 MiB
+            payload.get("id"),
+            set(targets),
+            window if is_int(window) else DEFAULT_WINDOW,
+            payload.get("acks") is True,
+        )
         self._client_jobs.setdefault(hop, {})[request.tag] = job
 
-    def answered(self, hop: str, reply: Message) -> None:
+    def answered(self, hop: str, reply: Message) -> list[Action]:
         """A response went to local client `hop`: a rank's last word on a job (its exit, or
         why it could not run) means nothing is left to kill there, and a job that every rank
         has ended is forgotten, so that a client that leaves after its jobs is no cause for an
-        exec.signal to every rank."""
+        exec.signal to every rank. A numbered answer handed over is acknowledged for the client
+        (resend.Handoff): its rank need not keep it for a heal any more."""
         jobs = self._client_jobs.get(hop)
         if reply.topic != "exec.start" or jobs is None or reply.tag not in jobs:
-            return
-        _, running = jobs[reply.tag]
+            return []
+        job = jobs[reply.tag]
+        rank, last = reply.payload.get("rank"), "exit" in reply.payload
+        actions: list[Action] = []
         if reply.errnum or not reply.streaming:
-            running.clear()  # the request itself failed
-        elif "exit" in reply.payload or "error" in reply.payload:
-            running.discard(reply.payload.get("rank"))
-        if not running:
+            job.running.clear()  # the request itself failed
+        else:
+            actions = self._acknowledge(job, reply, last)
+            if (last or "error" in reply.payload) and is_int(rank):
+                job.running.discard(rank)
+                job.handoffs.pop(rank, None)
+        if not job.running:
             del jobs[reply.tag]
             if not jobs:
                 del self._client_jobs[hop]
+        return actions
+
+    def _acknowledge(self, job: ClientJob, reply: Message, last: bool) -> list[Action]:
+        rank, seq = reply.payload.get("rank"), reply.payload.get("seq")
+        if not job.acks or not is_int(rank) or rank not in job.running or not is_int(seq):
+            return []
+        handoff = job.handoffs.get(rank)
+        if handoff is None:
+            handoff = job.handoffs[rank] = Handoff(job.window)
+        upto = handoff.handed(seq, len(reply.data) + MESSAGE_COST, last)
+        if upto is None:
+            return []
+        ack = {"id": job.id, "bytes": 0, "seq": upto}
+        return [Send(Message(Kind.REQUEST, "exec.credit", ack, nodeid=rank))]
 
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,
         wherever they still run."""
         actions: list[Action] = []
-        for job_id, running in self._client_jobs.pop(hop, {}).values():
-            kill = {"id": job_id, "signal": int(signal.SIGKILL), "targets": sorted(running)}
+        for job in self._client_jobs.pop(hop, {}).values():
+            kill = {"id": job.id, "signal": int(signal.SIGKILL), "targets": sorted(job.running)}
             actions.append(Send(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0)))
         return actions
 

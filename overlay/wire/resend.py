@@ -12,6 +12,12 @@ resend, in order). So the receiver never reorders, never buffers, and a gap cost
 What is kept is bounded by the credit window: the client acknowledges with its credit returns
 (exec.credit carries `seq`, the next number it expects), and a message it has not acknowledged
 is credit not yet returned. Pure: no sockets, no clock but the one passed in.
+
+The client's own broker acknowledges too, ahead of the client (Handoff): an answer it has put in
+the client's connection, in order, cannot be lost by any heal (that connection is a byte stream,
+and if it breaks the client is gone and its jobs with it). So what a target keeps is what is still
+on its way through the tree, not also what waits, unread, in front of a client that stopped
+reading: a stalled reader costs the window once (in its broker's queue), not twice.
 """
 
 from __future__ import annotations
@@ -26,6 +32,16 @@ T = TypeVar("T")
 ASK_AGAIN_S = 1.0
 """Seconds before a receiver that asked for a resend, and still misses the same message, asks
 again (its request, or the resend, may have crossed a link that died too)."""
+
+QUIET_S = 2.0
+"""Seconds a client hears nothing from a rank still running before it asks that rank to send
+again what it has not acknowledged (exec.resend): a rank's last answer, lost in a heal the client
+never saw (the status table that showed it crossed a link that died too), leaves no hole behind
+it to notice, so silence is the only sign. Asked again after twice as long each time, up to
+QUIET_MAX_S: a job that is merely quiet costs a message now and then, not a stream."""
+
+QUIET_MAX_S = 16.0
+SCAN_S = 1.0  # how often the ranks still running are looked over for silence
 
 ACK_MESSAGES = 64
 """A receiver acknowledges at least every this many messages taken, even with no credit to
@@ -110,3 +126,80 @@ class Inbox:
         """An acknowledgement is being sent: the number it carries."""
         self.free = 0
         return self.expected
+
+
+@dataclass(slots=True)
+class Handoff:
+    """The client's broker's side of one rank's stream: the answers it has handed to the local
+    client's connection, and when to acknowledge them for the client (the same number the client
+    will acknowledge once it reads them: it takes exactly what is handed to it, in order)."""
+
+    window: int  # the stream's credit window: acknowledged at least every quarter of it
+    expected: int = 0  # the next number to hand over in order
+    owed: int = 0  # credit cost handed over since the last acknowledgement
+    count: int = 0  # messages handed over since the last acknowledgement
+    said: int = -1  # `expected` when a duplicate was last acknowledged
+
+    def handed(self, seq: int, cost: int, last: bool = False) -> int | None:
+        """Answer `seq`, of credit cost `cost`, went into the client's connection (`last`: the
+        rank's last word): the number to acknowledge now, or None. A duplicate is acknowledged
+        once (its sender still keeps what an acknowledgement lost in a heal should have freed);
+        an answer after a hole is not counted: the client drops it too, and it comes again."""
+        if seq != self.expected:
+            if seq < self.expected and self.said != self.expected:
+                self.said = self.expected
+                return self.expected
+            return None
+        self.expected += 1
+        self.owed += cost
+        self.count += 1
+        if last or self.owed * 4 >= self.window or self.count >= ACK_MESSAGES:
+            self.owed = self.count = 0
+            return self.expected
+        return None
+
+
+@dataclass(slots=True)
+class Prompts:
+    """The client's side of answers that never come: which of the ranks still running to ask
+    to send again, and when (QUIET_S). Hearing from a rank resets its clock; a rank asked is
+    asked again only after its interval doubled. The ranks are looked over once a second at
+    most, not at every answer (an exec may have many thousands)."""
+
+    start: float  # when the job started: the clock of a rank not heard from yet
+    due: dict[int, float] = field(default_factory=dict)  # rank -> when to ask it, if still silent
+    interval: dict[int, float] = field(default_factory=dict)  # rank -> its interval, once asked
+    scan: float = 0.0  # when to look the ranks over next
+
+    def __post_init__(self) -> None:
+        self.scan = self.start + QUIET_S
+
+    def heard(self, rank: int, now: float) -> None:
+        self.due[rank] = now + QUIET_S
+        self.interval.pop(rank, None)
+
+    def soon(self, now: float) -> None:
+        """Something changed (a status table came): a rank asked before is due QUIET_S after
+        it was asked, not at the end of a longer interval; the ranks are looked over now."""
+        for rank, interval in self.interval.items():
+            self.due[rank] = min(self.due[rank], self.due[rank] - interval + QUIET_S)
+            self.interval[rank] = QUIET_S / 2
+        self.scan = min(self.scan, now)
+
+    def ask(self, pending: set[int], now: float) -> list[int]:
+        """The ranks of `pending` to ask now; none is asked again within its interval."""
+        if now < self.scan:
+            return []
+        self.scan = now + SCAN_S
+        asked = []
+        for rank in pending:
+            if self.due.get(rank, self.start + QUIET_S) <= now:
+                interval = min(QUIET_MAX_S, 2 * self.interval.get(rank, QUIET_S / 2))
+                self.interval[rank] = interval
+                self.due[rank] = now + interval
+                asked.append(rank)
+        return sorted(asked)
+
+    def wait(self, now: float) -> float:
+        """Seconds until the ranks are next looked over."""
+        return max(0.0, self.scan - now)
