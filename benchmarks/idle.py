@@ -4,6 +4,7 @@ happens but heartbeats and the brokers' own clocks.
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/idle.py [--sizes 256,2048] [--seconds 30] [--settle 5] [--force]
+        [-S tbon.heartbeat=5s ...]
 
 For each size, one `tbon start --test-size=N` instance (wait mode, so its URI is printed once
 every broker is online) is left alone for `--settle` seconds (the tail of the wire-up), then the
@@ -56,10 +57,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of proc(5)
 
 
-def measure(size: int, seconds: float, settle: float, force: bool) -> tuple[float, int]:
+def measure(
+    size: int, seconds: float, settle: float, force: bool, attributes: Sequence[str]
+) -> tuple[float, int]:
     """CPU-seconds per second of the instance's brokers, idle, and how many brokers there were."""
-    progress(f"tbon start --test-size={size}")
-    with tbon_start(size, force=force, options=["--test-exit-timeout=1m"]) as instance:
+    progress(f"tbon start --test-size={size} {' '.join(f'-S {a}' for a in attributes)}")
+    options = ["--test-exit-timeout=1m"]
+    with tbon_start(size, attributes, force=force, options=options) as instance:
         pids = broker_pids(instance.uri)
         if len(pids) != size:
             raise RuntimeError(f"size {size}: status shows {len(pids)} broker pids")
@@ -82,16 +86,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--settle", type=positive, default=5.0, help="idle before measuring (default 5)"
     )
     parser.add_argument("--force", action="store_true", help="pass --force to `tbon start`")
+    parser.add_argument(
+        "-S",
+        "--setattr",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a broker attribute for `tbon start`, e.g. -S tbon.heartbeat=5s (repeatable)",
+    )
     args = parse_args(parser, argv, SECTIONS, counts=())
     report = begin("idle", args.markdown)
     rows = []
     for size in args.sizes:
-        rate, count = measure(size, args.seconds, args.settle, args.force)
+        rate, count = measure(size, args.seconds, args.settle, args.force, args.setattr)
         goal = ""
         if size == TARGET_SIZE:
             goal = f"≤ {TARGET_CPU_PER_S:g} {verdict(rate <= TARGET_CPU_PER_S)}"
         rows.append([str(size), f"{rate:.3f}", f"{rate / count * 1000:.3f}", goal])
-    report.heading(f"Idle instance: CPU of every broker over {args.seconds:g} s")
+    given = f" (-S {' -S '.join(args.setattr)})" if args.setattr else ""
+    report.heading(f"Idle instance{given}: CPU of every broker over {args.seconds:g} s")
     report.table(["N", "CPU-s per s, all", "ms per s, per broker", "target"], rows)
     report.note(
         f"utime + stime of each broker from /proc/PID/stat (in {1000 // TICK} ms ticks), read "
