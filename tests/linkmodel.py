@@ -44,6 +44,7 @@ from tbon.overlay.broker import router as router_module
 from tbon.overlay.broker.perform import Performer
 from tbon.overlay.broker.router import Router
 from tbon.overlay.links import children as children_module
+from tbon.overlay.links import parent as parent_module
 from tbon.overlay.links.children import Children
 from tbon.overlay.links.keyring import Identity, KeyRing
 from tbon.overlay.links.liveness import Liveness
@@ -82,7 +83,7 @@ class Clock:
 def model_time(clock: Clock) -> Iterator[None]:
     """The modules that read the time themselves read the model's clock meanwhile."""
     fake = SimpleNamespace(monotonic=clock.monotonic)
-    modules = (router_module, perform_module, children_module)
+    modules = (router_module, perform_module, children_module, parent_module)
     saved = [module.time for module in modules]
     for module in modules:
         module.time = fake  # type: ignore[attr-defined]
@@ -230,7 +231,8 @@ class SimParentLink(ParentLink):
         self.monitor = FakeMonitor()  # type: ignore[assignment]
         self.welcomed = False
         self.handshaken = True  # the model's handshake is one step, done as the wire opens
-        self._next_heartbeat = 0.0
+        self._last_sent = now
+        self.answered = False
         self.endpoint = wire.parent.endpoint
         self._liveness = Liveness(0, node.config.timeout, now)
         hello = {

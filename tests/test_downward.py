@@ -596,3 +596,22 @@ class DownwardMachine(RuleBasedStateMachine):
 
 TestDownwardMachine = DownwardMachine.TestCase
 TestDownwardMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+
+
+def test_a_child_sent_anything_within_half_a_heartbeat_gets_no_beat() -> None:
+    """Any message is a sign of life: a child that heard from this parent lately needs none."""
+    m = connected()
+    assert sent(m.handle(Tick(), 0.0)) == [SendControl(b"r", "heartbeat")]
+    m.sent(b"r", 0.6)  # a request routed down, say
+    assert m.handle(Tick(), 1.0) == []
+    assert sent(m.handle(Tick(), 2.0)) == [SendControl(b"r", "heartbeat")]
+
+
+def test_a_parents_first_beat_comes_early_by_its_phase() -> None:
+    """Parents started together beat out of step: each shortens its first interval by a phase
+    of its own, then keeps the period."""
+    m = Downward(1, TOPOLOGY, TIMING, phase=0.25)
+    m.handle(Tick(), 0.0)
+    assert m.next_deadline() == 0.75
+    m.handle(Tick(), 0.75)
+    assert m.next_deadline() == 1.75

@@ -152,3 +152,16 @@ def test_a_judge_that_was_paused_does_not_count_its_own_sleep() -> None:
 def test_without_pause_after_every_second_counts() -> None:
     live = Liveness(torpid_after=1.0, lost_after=2.0, now=0.0)
     assert live.check(5.0) is Verdict.LOST
+
+
+def test_a_judge_that_hears_often_and_checks_seldom_was_not_paused() -> None:
+    """A child hears its parent's beats and answers them, its own clock put off each time: its
+    checks are far apart, but each beat heard shows it was awake. When the beats stop, the
+    silence counts from the last one, not from the last check (no pause is discounted)."""
+    liveness = Liveness(0, 60, now=0, pause_after=6)
+    for beat in range(2, 1000, 2):  # heartbeat 2 s: heard every 2 s, never checked
+        liveness.heard(beat)
+    now = 998.0
+    while (verdict := liveness.check(now + 3)) is None:  # its own beat, every 1.5 heartbeats
+        now += 3
+    assert verdict is Verdict.LOST and now + 3 == 998 + 60

@@ -401,6 +401,11 @@ class Broker:
             if not link.socket.poll(0):
                 break
             self._uplink_news(parent.read(link, now), now)
+        if link.answered and self.exit_code is None and self._due > now:
+            # the answer put this broker's own beat off: no wake-up for it (idle is free)
+            link.answered = False
+            timeout = self._next_deadline(now)
+            self._due = float("inf") if timeout is None else now + timeout
 
     def _uplink_news(self, news: UplinkNews, now: float) -> None:
         """Act on what the links up brought: a welcome, a loss, orders, messages."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -92,7 +93,8 @@ class Children:
         self.rank = rank
         self.topology = topology
         self._config = config
-        self.machine = Downward(rank, topology, timing(config))
+        # a phase drawn at random: parents started together do not beat together
+        self.machine = Downward(rank, topology, timing(config), random.random())
         self.refusals = Refusals(refusal_grace(config.heartbeat))  # keys refused at handshake
         nofile = descriptor_limit()
         expected = len(topology.children(rank))
@@ -454,6 +456,7 @@ class Children:
                 log.warning("a child's link is full (%d messages unread): not sending", LINK_HWM)
             return False
         self._full.discard(routing_id)
+        self.machine.sent(routing_id, time.monotonic())
         return True
 
     def shutdown(self) -> None:

@@ -52,7 +52,9 @@ Rules.
   connection): then its session ends as any other, by its goodbye or its connection's close.
   A shutdown waits (`awaited`) for the children connected and for foster children still within
   their grace, nothing else.
-- Heartbeats go to every connected child every tbon.heartbeat.
+- Heartbeats go to the connected children together, every tbon.heartbeat, from a phase the
+  adapter draws at random (parents are not synchronized); a child sent anything within the last
+  half heartbeat gets none (it has heard from this parent). Children answer them (uplink side).
 - A census (`census`, a query) is every child's state as this parent reported it: an Online for
   each connected broker, the Lost or Departed it reported for each that ended (not one that
   moved or was revoked: rank 0 knows those). The broker says it again up every new link.
@@ -361,7 +363,9 @@ Handler = Callable[["Downward", Any, Any, float], list[Instruction]]
 
 
 class Downward:
-    def __init__(self, rank: int, topology: Topology, timing: Timing) -> None:
+    def __init__(self, rank: int, topology: Topology, timing: Timing, phase: float = 0.0) -> None:
+        """`phase`: the fraction of a heartbeat, in [0, 1), by which this parent's beats are
+        late against a parent started at the same moment (the adapter draws it at random)."""
         self.rank = rank
         self.topology = topology
         self.timing = timing
@@ -372,6 +376,7 @@ class Downward:
         self._by_routing: dict[bytes, ChildSession] = {}
         self._gone: list[ChildSession] = []  # off a closed connection; judged at Settle
         self._next_heartbeat = 0.0
+        self._phase = phase
 
     # --- what the adapter asks ------------------------------------------------------------
 
@@ -398,6 +403,13 @@ class Downward:
 
     def session_on(self, routing_id: bytes) -> ChildSession | None:
         return self._by_routing.get(routing_id)
+
+    def sent(self, routing_id: bytes, now: float) -> None:
+        """The adapter sent the child on `routing_id` a message at `now`: a heartbeat to it is
+        not needed for a while."""
+        session = self._by_routing.get(routing_id)
+        if session is not None and isinstance(phase := session.phase, Connected):
+            phase.last_sent = now
 
     def census(self) -> list[Event]:
         """What this parent knows of its children, as the reports it made: an Online for each
@@ -733,11 +745,19 @@ def dropped(m: Downward, s: ChildSession, st: Dropped, now: float) -> list[Instr
 
 
 def tick(m: Downward, s: None, st: Tick, now: float) -> list[Instruction]:
-    """Heartbeats when due, then each session's clock."""
+    """Heartbeats when due (to the children not sent anything lately), then each session's
+    clock. The first interval is shortened by the phase, so that parents beat out of step."""
     out: list[Instruction] = []
     if now >= m._next_heartbeat:
-        m._next_heartbeat = now + m.timing.heartbeat
-        out += _to_each_connected(m, "heartbeat")
+        beat = m.timing.heartbeat
+        m._next_heartbeat = now + beat * (1.0 - m._phase)
+        m._phase = 0.0
+        recent = now - beat / 2
+        for session in m.sessions.values():
+            phase = session.phase
+            if isinstance(phase, Connected) and phase.last_sent <= recent:
+                phase.last_sent = now
+                out.append(SendControl(phase.routing_id, "heartbeat"))
     for session in list(m.sessions.values()):
         out += m._dispatch(session, st, now)
     return out

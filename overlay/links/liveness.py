@@ -32,8 +32,10 @@ class Liveness:
         self.verdict = Verdict.ALIVE
 
     def heard(self, now: float) -> Verdict | None:
-        """Record a sign of life; returns the new verdict if that changed it (torpid → alive)."""
-        self.last_heard = now
+        """Record a sign of life; returns the new verdict if that changed it (torpid → alive).
+        Hearing is also being awake: a judge that hears its peer often and checks it seldom (a
+        child answering its parent's beats, docs/protocol.md §5.2) was not paused meanwhile."""
+        self.last_heard = self.last_check = now
         if self.verdict is Verdict.TORPID:
             self.verdict = Verdict.ALIVE
             return self.verdict

@@ -1,15 +1,17 @@
 """A child's side of one link: the DEALER that connects to a parent's ROUTER.
 
 The link is CURVE-encrypted with the parent's public key as the server key. After the handshake the
-child says hello and waits to be welcomed or refused; from then on both ends send heartbeats, and a
-dropped connection or a silent parent ends the link (`LinkEnded`). What the broker does then (seek
-a live ancestor, or exit) is decided in upward.py; uplink.py holds several of these at once.
+child says hello and waits to be welcomed or refused; from then on it answers the parent's
+heartbeats (and beats unasked if they stop, docs/protocol.md §5.2), and a dropped connection
+or a silent parent ends the link (`LinkEnded`). What the broker does then (seek a live
+ancestor, or exit) is decided in upward.py; uplink.py holds several of these at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,10 @@ from tbon.overlay.wire.message import (
 )
 
 log = logging.getLogger("tbon.parent")
+
+OWN_BEAT = 1.5
+"""Heartbeats after which a child that sent nothing up beats unasked: its parent's beats, which it
+answers, come every one; the half more keeps the two clocks from racing each other."""
 
 MONITORED = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -95,7 +101,8 @@ class ParentLink:
         # a broker has answered at the other end (its handshake done, or a message read): until
         # then nobody there can have welcomed this one
         self.handshaken = False
-        self._next_heartbeat = 0.0
+        self._last_sent = now  # the hello, below
+        self.answered = False  # a heartbeat was answered: the broker's next deadline moved
         self.endpoint, parent_public_z85 = parent
         self.socket.curve_serverkey = parent_public_z85.encode()
         self.socket.connect(self.endpoint)
@@ -119,6 +126,7 @@ class ParentLink:
             return
         try:
             self.socket.send_multipart(encode(message), flags=zmq.DONTWAIT, copy=False)
+            self._last_sent = time.monotonic()
         except zmq.Again:
             self.overflow = LinkEnded(
                 exitcodes.LOST,
@@ -176,15 +184,20 @@ class ParentLink:
             inbound.retire = dict(message.payload)
         elif message.topic == "seeking":
             inbound.seeking = _seconds(message.payload.get("for"))
-        elif message.topic != "heartbeat":
+        elif message.topic == "heartbeat":
+            # answered at once, so that parent and child wake once a beat, not each on its own
+            # clock; unless the parent heard from this broker within the last half beat
+            if self.welcomed and now - self._last_sent >= self.config.heartbeat / 2:
+                self.send(_control("heartbeat"))
+                self.answered = True
+        else:
             log.warning("unknown control message %r from the parent", message.topic)
         return inbound
 
     def tick(self, now: float) -> LinkEnded | None:
         if self.overflow is not None:
             return self.overflow
-        if self.welcomed and now >= self._next_heartbeat:
-            self._next_heartbeat = now + self.config.heartbeat
+        if self.welcomed and now >= self._own_beat():
             self.send(_control("heartbeat"))
         if self._liveness.check(now) is Verdict.LOST:
             if self.welcomed:
@@ -203,10 +216,15 @@ class ParentLink:
         return deadline is not None and deadline <= now
 
     def next_deadline(self) -> float | None:
-        deadlines = [self._next_heartbeat] if self.welcomed else []
+        deadlines = [self._own_beat()] if self.welcomed else []
         if (deadline := self._liveness.deadline()) is not None:
             deadlines.append(deadline)
         return min(deadlines) if deadlines else None
+
+    def _own_beat(self) -> float:
+        """When this broker beats unasked: the parent's beats, answered, keep it later; only
+        when they stop (or the parent skipped them, having sent something) does it come due."""
+        return self._last_sent + OWN_BEAT * self.config.heartbeat
 
     def goodbye(self) -> None:
         """Tell the parent this incarnation ends cleanly (sent before the socket lingers closed)."""

@@ -26,6 +26,7 @@ class Connected:
 
     routing_id: bytes
     liveness: Liveness
+    last_sent: float = float("-inf")  # when this parent last sent it anything (a heartbeat's due)
 
 
 @dataclass(frozen=True, slots=True)
