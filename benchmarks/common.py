@@ -420,3 +420,19 @@ def proc_kb(pid: int, names: Sequence[str]) -> dict[str, int]:
             if key in names and key not in found:
                 found[key] = int(value.split()[0])
     return found
+
+
+def in_tree(pid: int, root: int) -> bool:
+    """Whether `pid` descends from `root` (parent links in /proc): the only brokers a
+    benchmark may signal."""
+    for _ in range(64):
+        if pid == root:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if pid <= 1:
+            return False
+    return False

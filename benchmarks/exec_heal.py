@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import TBON, begin, parse_args, progress, stop, tbon_start
+from common import TBON, begin, in_tree, parse_args, progress, stop, tbon_start
 
 SIZE = 15
 VICTIM = 1
@@ -75,21 +75,6 @@ class Run:
     @property
     def bad(self) -> bool:
         return bool(self.lost or self.duplicated or self.reordered or not self.victim_named)
-
-
-def in_tree(pid: int, root: int) -> bool:
-    """Whether `pid` descends from `root` (parent links in /proc): the only broker we kill."""
-    for _ in range(64):
-        if pid == root:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if pid <= 1:
-            return False
-    return False
 
 
 def wait_online(uri: str) -> dict[int, int]:

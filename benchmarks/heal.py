@@ -75,6 +75,7 @@ from common import (
     Report,
     all_online,
     begin,
+    in_tree,
     log_tail,
     machine_line,
     median,
@@ -316,21 +317,6 @@ def shape_of(ranks: list[dict[str, Any]], victim: int) -> Shape:
     job_rank = min(grandchildren) if grandchildren else min(children)
     others = [r["rank"] for r in ranks if r["rank"] != victim]
     return Shape(victim, job_rank, list(children), sorted(below), others, bool(grandchildren))
-
-
-def in_tree(pid: int, root: int) -> bool:
-    """Whether `pid` descends from `root` (parent links in /proc): the only brokers we signal."""
-    for _ in range(64):
-        if pid == root:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if pid <= 1:
-            return False
-    return False
 
 
 def started_at(pid: int) -> float | None:

@@ -7,10 +7,12 @@ a real client's do; every wait has a deadline.
 
 from __future__ import annotations
 
+import itertools
 import select
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 
 from tbon.overlay.wire.frames import FrameReader, encode_frames
 
@@ -75,3 +77,19 @@ class RawClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def partial_writes(takes: list[int]) -> tuple[Callable[[list[bytes]], int], bytearray]:
+    """A socket's sendmsg for an Outbox (overlay/wire/frames.py) that accepts `takes[i]` bytes
+    at its i-th call, in turn (-1: none, BlockingIOError, as a full socket), and what it took."""
+    written, turn = bytearray(), itertools.count()
+
+    def sendmsg(parts: list[bytes]) -> int:
+        take = takes[next(turn) % len(takes)]
+        if take < 0:
+            raise BlockingIOError
+        data = b"".join(bytes(part) for part in parts)[:take]
+        written.extend(data)
+        return len(data)
+
+    return sendmsg, written

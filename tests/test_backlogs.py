@@ -4,10 +4,9 @@ against oracles simpler than the code."""
 
 from __future__ import annotations
 
-import itertools
-
 from hypothesis import given
 from hypothesis import strategies as st
+from rawlocal import partial_writes
 
 from tbon.overlay.links.backlogs import Admission, Drop, Ledger
 from tbon.overlay.wire.frames import FrameReader, Outbox, encode_frames, frame_parts
@@ -95,16 +94,8 @@ messages_st = st.lists(
 def test_an_outbox_that_gives_up_leaves_a_stream_of_whole_messages(messages, takes, turns) -> None:
     """Whenever it gives up, what the reader gets is whole messages (those begun, in order),
     then the last word; and what is freed is all that had not begun."""
-    outbox, written, turn = Outbox(), bytearray(), itertools.count()
-
-    def sendmsg(parts: list[bytes]) -> int:
-        take = takes[next(turn) % len(takes)]
-        if take < 0:
-            raise BlockingIOError
-        data = b"".join(bytes(part) for part in parts)[:take]
-        written.extend(data)
-        return len(data)
-
+    outbox = Outbox()
+    sendmsg, written = partial_writes(takes)
     for frames in messages:
         outbox.send(frame_parts(frames), sendmsg)
     for _ in range(turns):

@@ -50,21 +50,28 @@ def _lines_killing(job, victim: int, watched: int) -> dict[int, list[int]]:
     return seen
 
 
+def _run_killing(job, victim: int, watched: int) -> tuple[dict[int, list[int]], str]:
+    """_lines_killing, then the exec's end and its standard error; the exec is reaped, pass or
+    fail."""
+    try:
+        seen = _lines_killing(job, victim, watched)
+        job.wait(timeout=DEADLINE)
+        assert job.stderr is not None
+        err = job.stderr.read()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        job.stdout.close()
+        job.stderr.close()
+    return seen, err
+
+
 def test_every_line_arrives_once_in_order_when_an_interior_broker_dies(instance) -> None:
     for round_ in range(ROUNDS):
         inst = instance(SIZE, "tbon.fanout=2", *LIVENESS)
         job = start_exec(inst.uri, "-l", "-r", "all", "sh", "-c", LOOP)
-        try:
-            seen = _lines_killing(job, inst.pid(1), 1)
-            job.wait(timeout=DEADLINE)
-            assert job.stderr is not None
-            err = job.stderr.read()
-        finally:
-            if job.poll() is None:
-                job.kill()
-                job.wait()
-            job.stdout.close()
-            job.stderr.close()
+        seen, err = _run_killing(job, inst.pid(1), 1)
         assert job.returncode == 68, f"round {round_}: {err}"
         assert "rank 1: output may be incomplete: its broker was lost" in err, err
         wrong = {
@@ -91,17 +98,7 @@ def test_lines_going_down_to_a_client_of_another_rank_survive_a_heal_on_their_wa
             uri = client.rpc("broker.info", nodeid=7)["uri"]
         ranks = ",".join(map(str, targets))
         job = start_exec(uri, "-l", "-r", ranks, "sh", "-c", LOOP)
-        try:
-            seen = _lines_killing(job, inst.pid(3), 5)
-            job.wait(timeout=DEADLINE)
-            assert job.stderr is not None
-            err = job.stderr.read()
-        finally:
-            if job.poll() is None:
-                job.kill()
-                job.wait()
-            job.stdout.close()
-            job.stderr.close()
+        seen, err = _run_killing(job, inst.pid(3), 5)
         assert job.returncode == 0, f"round {round_}: {err}"
         wrong = {rank: numbers for rank, numbers in seen.items() if numbers != list(range(LINES))}
         assert not wrong, f"round {round_}: lines lost, repeated or out of order: {wrong}"

@@ -29,7 +29,7 @@ import pytest
 from conftest import DEADLINE, TBON, child_env, process_gone, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
-from rawlocal import RawClient
+from rawlocal import RawClient, partial_writes
 
 from tbon.overlay.links.local import MAX_INPUT, LocalServer, RateLimit, client_cap
 from tbon.overlay.wire.frames import (
@@ -76,16 +76,8 @@ def test_an_outbox_writes_every_byte_in_order_however_little_each_write_takes(
     messages: list[list[bytes]], takes: list[int]
 ) -> None:
     """`takes`: how much each write accepts, in turn (-1: none, as a full socket)."""
-    outbox, written, turn = Outbox(), bytearray(), itertools.count()
-
-    def sendmsg(parts: list[bytes]) -> int:
-        take = takes[next(turn) % len(takes)]
-        if take < 0:
-            raise BlockingIOError
-        data = b"".join(bytes(part) for part in parts)[:take]
-        written.extend(data)
-        return len(data)
-
+    outbox = Outbox()
+    sendmsg, written = partial_writes(takes)
     for frames in messages:  # each sent at once as far as it goes, the rest queued in order
         outbox.send(frame_parts(frames), sendmsg)
     for _ in range(10_000):
