@@ -64,6 +64,9 @@ from tbon.overlay.state.ranktable import (
 )
 from tbon.overlay.wire.message import Kind, Message
 
+Chains = list[list[int]]
+"""A rank's chains of links to rank 0, nearest first (RankTable.links_above)."""
+
 RELEASED = "the joiner released its reservation"
 EXPIRED = "the reservation expired"
 
@@ -83,18 +86,19 @@ class RankPath:
         self.table = table
         self.topology = table.topology
         self.admissions = Admissions(table.topology)  # who was told to admit whom
-        self.links_above: dict[int, list[list[int]]] = {}  # of a rank the event may end
 
     def handle(self, event: Event | Reserve, now: float) -> Applied:
         generation = self.table.generation
-        self.links_above = self._chain_of(event)
+        chains = self._chains_before(event)
         outcome = self.table.apply(event, now)
-        actions = self._follow_ups(event, outcome, now)
+        actions = self._follow_ups(event, outcome, now, chains)
         if self.table.generation != generation:
             actions.append(Wake())
         return Applied(outcome, actions)
 
-    def _follow_ups(self, event: Event | Reserve, outcome: Outcome, now: float) -> list[Action]:
+    def _follow_ups(
+        self, event: Event | Reserve, outcome: Outcome, now: float, chains: Chains
+    ) -> list[Action]:
         if not outcome.applied:
             if isinstance(event, Reserve):
                 return []  # FLUB tells its joiner why
@@ -104,7 +108,7 @@ class RankPath:
                     event.rank, event.incarnation, outcome.reason, now, event.parent
                 )
             return said
-        return self._ended_for_good(event, outcome, now) + self._heal(event, now)
+        return self._ended_for_good(event, outcome, now) + self._heal(event, now, chains)
 
     # --- steps 2 and 3: incarnations ended for good ----------------------------------------
 
@@ -137,10 +141,10 @@ class RankPath:
             also.add(attached)
         actions: list[Action] = []
         voided = Void(rank, incarnation, reason)
-        self.links_above = self._chain_of(voided)
+        chains = self._chains_before(voided)
         if self.table.apply(voided, now).applied:  # else nothing of it is connected
             said = f"FLUB: rank {rank} incarnation {incarnation} voided: {reason}"
-            actions += [warning(said), *self._heal(voided, now)]
+            actions += [warning(said), *self._heal(voided, now, chains)]
         return actions + self._revoke(rank, incarnation, reason, also)
 
     def _supersede(self, rank: int, incarnation: int) -> list[Action]:
@@ -166,15 +170,16 @@ class RankPath:
 
     # --- steps 4 and 5: healing ---------------------------------------------------------------
 
-    def _heal(self, event: Event | Reserve, now: float) -> list[Action]:
+    def _heal(self, event: Event | Reserve, now: float, chains: Chains) -> list[Action]:
+        """`chains`: those of the rank the event ended, as they were before (_chains_before)."""
         actions: list[Action] = []
         if isinstance(event, Lost | Departed | Void):
-            actions = self._foster_below(event.rank)
+            actions = self._foster_below(event.rank, chains)
         elif (
             isinstance(event, Dropped)
             and self.table.entries.peek(event.gone).state not in CONNECTED
         ):
-            actions = self._foster_below(event.gone)  # a child's word ended it (adrift)
+            actions = self._foster_below(event.gone, chains)  # a child's word ended it (adrift)
         elif isinstance(event, Online):
             home = self.topology.parent(event.rank)
             welcomer = event.parent if event.parent is not None else home
@@ -183,20 +188,20 @@ class RankPath:
             actions = self._send_home(event.rank, event.parent)
         return actions + self._withdraw_moot()
 
-    def _chain_of(self, event: Event | Reserve) -> dict[int, list[list[int]]]:
-        """The chains of links above a rank this event may end, taken before the table applies
+    def _chains_before(self, event: Event | Reserve) -> Chains:
+        """The chains of links above the rank this event may end, taken before the table applies
         it (the table forgets an ended rank's links): its foster parents are chosen from them."""
         if isinstance(event, Lost | Departed | Void):
-            return {event.rank: self.table.links_above(event.rank)}
+            return self.table.links_above(event.rank)
         if isinstance(event, Dropped) and 0 <= event.gone < self.table.size:
-            return {event.gone: self.table.links_above(event.gone)}
-        return {}
+            return self.table.links_above(event.gone)
+        return []
 
-    def _foster_below(self, rank: int) -> list[Action]:
+    def _foster_below(self, rank: int, chains: Chains) -> list[Action]:
         admitted = cut_off_below(self.table, rank)
         if not admitted:
             return []
-        fosters = foster_parents(self.table, rank, self.links_above.get(rank, ()))
+        fosters = foster_parents(self.table, rank, chains)
         for foster in fosters:
             for admitted_rank, incarnation, _ in admitted:
                 self.admissions.fostered(admitted_rank, incarnation, foster)
