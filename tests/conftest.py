@@ -194,11 +194,11 @@ class Instance:
                 last = whole(reply.payload)
                 if predicate(last):
                     return last
-        tail = " | ".join(self.stderr().splitlines()[-5:])
+        tail = "\n  ".join(self.stderr().splitlines()[-40:])  # enough to tell a race apart
         shown = json.dumps(last, default=lambda ranks: f"<{len(ranks)} ranks>")
         raise AssertionError(
             f"timed out waiting for {what}; last status: {shown}; tbon start "
-            f"{'running' if self.process.poll() is None else 'exited'}; its stderr ends: {tail}"
+            f"{'running' if self.process.poll() is None else 'exited'}; its stderr ends:\n  {tail}"
         )
 
     def join(

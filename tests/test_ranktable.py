@@ -630,6 +630,7 @@ class RankTableMachine(RuleBasedStateMachine):
         self.config: set[int] = set()  # ranks a config file gives to their host
         self.welcomed: dict[int, int] = {}  # rank -> the incarnation last welcomed online
         self.incarnations: list[int] = []  # only a Reboot of a welcomed incarnation raises one
+        self.adrift_until: list[float | None] = []  # each rank's grace before the event
 
     @initialize(tree=trees(12), fixed=st.booleans(), data=st.data())
     def start(self, tree: tuple[str, int], fixed: bool, data: st.DataObject) -> None:
@@ -656,6 +657,7 @@ class RankTableMachine(RuleBasedStateMachine):
         old_entries = [astuple(entry) for entry in self.table.entries]
         was = [entry.state for entry in self.table.entries]
         attached = [entry.attached_to for entry in self.table.entries]
+        self.adrift_until = [entry.adrift_until for entry in self.table.entries]
         snapshot = json.dumps(status_json(self.table, self.now), sort_keys=True)
         in_range = 0 <= event.rank < self.table.size
         # a Reboot names the incarnation that ended (or 0): it is not checked
@@ -713,8 +715,12 @@ class RankTableMachine(RuleBasedStateMachine):
                         adrift = attached[rank] == event.rank
                         assert (rank in changed) == adrift
                         if adrift:
+                            # a new grace, or what was left of the ended rank's own (cut_below)
+                            grace_ends = self.now + self.table.reattach_grace
+                            if self.adrift_until[event.rank] is not None:
+                                grace_ends = min(grace_ends, self.adrift_until[event.rank])
                             assert below.attached_to is None
-                            assert below.adrift_until == self.now + self.table.reattach_grace
+                            assert below.adrift_until == grace_ends
                     elif rank in changed:  # never online, under a parent that is gone
                         assert below.state is (
                             RankState.OFFLINE if rank in self.config else RankState.LOST
