@@ -218,6 +218,29 @@ def test_moved_ends_the_old_link_for_a_new_one_in_either_order() -> None:
         assert away_from_home(result, 1) == []
 
 
+def test_a_rank_that_went_home_and_died_is_fostered_on_its_old_chain_too() -> None:
+    """Rank 2, fostered at rank 0, went home to rank 1's replacement and then died: its child,
+    rank 3, may never have read the lineage [0, 1, 2] (it dies with rank 2, or waits unread
+    behind the dropped connection), and knows only [0, 2]. So rank 0 fosters it as well as
+    rank 1, whichever order the Moved and the Online reached the table in, and however long
+    ago: the table cannot know when rank 3 read it (issue 20's CI race, session 15)."""
+    for moved_first in (True, False):
+        result = chain(4)
+        result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
+        result.apply(hello(result, 2, parent=0), 201.0)
+        grant = result.apply(Reserve(public_key(101), "joiner", 1, 30.0), 202.0).reservation
+        assert grant is not None and grant.granted
+        assert result.apply(Online(1, 2, "joiner", 77, None, public_key(101)), 203.0).applied
+        moved, online = Moved(2, 1, 0, to=1), hello(result, 2, parent=1)
+        for event in (moved, online) if moved_first else (online, moved):
+            assert result.apply(event, 204.0).applied
+        assert result.links_above(2) == [[1, 0], [0]]
+        chains = result.links_above(2)
+        assert result.apply(Lost(2, 1, "connection dropped", parent=1), 900.0).applied
+        assert foster_parents(result, 2, chains) == [1, 0]  # nearest first
+        assert cut_off_below(result, 2) == [(3, 1, public_key(3))]
+
+
 @pytest.mark.parametrize("to", [-1, 2, 3, 9], ids=["outside", "itself", "below", "too-big"])
 def test_moved_to_a_rank_that_cannot_hold_it_leaves_it_where_it_was(to: int) -> None:
     result = chain(4)

@@ -71,10 +71,11 @@ def _rank_1_replaced(inst, *home: int) -> dict[int, int]:
 def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> None:
     """Issue 20 item 2. Rank 1's death has rank 0 admit every broker cut off below it, its
     grandchildren 7-10 too, which stay with their own parents: those admissions are moot at
-    once. Rank 1 replaced and its children home, rank 3 dies: rank 0 sends 7 and 8 to the new
-    rank 1, their nearest live ancestor. No admission of the first heal may let rank 0 welcome
-    them as well (the second welcome's link, left, read as a loss, had the rank handed out again
-    while its broker ran on): each stays one broker, under rank 1, and never reads lost."""
+    once. Rank 1 replaced and its children home, rank 3 dies: rank 0 has the new rank 1 foster
+    7 and 8, and itself too (rank 3 was fostered by rank 0 in this incarnation: its children may
+    hold that lineage still). They keep whichever welcomes them first and leave the other: that
+    link's end, read as a loss, once had the rank handed out again while its broker ran on (the
+    first heal's admission left open). Each stays one broker, under one of the two, never lost."""
     inst = instance(15, "tbon.fanout=2", *QUICK, "broker.reattach-timeout=60s")
     before = _rank_1_replaced(inst, 3, 4)
     # Rank 3 keeps its link to rank 0, told `moved`, open for DISMISS_WAIT after going home; a
@@ -82,8 +83,8 @@ def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> No
     time.sleep(DISMISS_WAIT + 0.5)
     os.kill(before[3], signal.SIGKILL)
     inst.wait_status(
-        lambda s: s["ranks"][3]["state"] == "lost" and attached(s, 7, 8) == [1, 1],
-        "ranks 7 and 8 fostered by the new rank 1",
+        lambda s: s["ranks"][3]["state"] == "lost" and set(attached(s, 7, 8)) <= {0, 1},
+        "ranks 7 and 8 fostered by the new rank 1 or rank 0",
     )
     # Stay a while: two liveness timeouts, in which a second welcome's end would be reported.
     watched_until = time.monotonic() + 2 * 1.5
@@ -96,7 +97,8 @@ def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> No
                 before[rank],
                 1,
             ), entry
-            assert entry.get("attached_to") == 1, entry
+            # welcomed by both, it may show under one until its move to the other is reported
+            assert entry.get("attached_to") in (0, 1), entry
         time.sleep(0.1)  # a poll's pace, not a wait for anything
     assert tbon("exec", inst.uri, "-r", "7,8", "true").returncode == 0
 

@@ -16,8 +16,9 @@ The rules:
    chain, not the topology, is what their lineage names: a rank fostered by rank 0 gave its
    children the lineage [0, itself], so should it die before it goes home to its parent's new
    broker, they can find rank 0 but not that new broker, whose card they never had. A rank
-   that had several links when it ended (welcomed home, its foster link not yet ended) may
-   have passed either lineage down, so the nearest live rank on each chain fosters: the
+   that had several links in its incarnation (welcomed home, its foster link over or not) may
+   have left either lineage below it (its children may not have read the new one before it
+   ended), so the nearest live rank on each chain fosters: the
    brokers seek every ancestor they know at once, keep the first that welcomes them and
    dismiss the others (protocol §12.1, step 4), and the unused admission is withdrawn (5). A
    rank that was adrift has no chain: the nearest ancestor whose own chain reaches rank 0.

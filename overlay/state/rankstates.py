@@ -124,10 +124,11 @@ class RankEntry:
     # while connected: other brokers that welcomed this broker too, whose end of that link has
     # not been reported yet (a second welcome while it sought a parent, or the way home)
     other_links: tuple[int, ...] = ()
-    # while connected: parents whose link to this broker dropped while it held another; the
-    # lineage its subtree holds may still be theirs (the broker died before it passed the other
-    # link's down), so a foster parent is chosen on their chain too (state/healing.py, rule 3)
-    dropped_links: tuple[int, ...] = ()
+    # while connected: parents whose link to this broker ended (moved or dropped) while it held
+    # another; the lineage its subtree holds may still be theirs (the broker died before its
+    # children read the other link's), so a foster parent is chosen on their chain too
+    # (state/healing.py, rule 3). Ancestors only, each once: no longer than the tree is deep
+    past_links: tuple[int, ...] = ()
 
     @property
     def state(self) -> RankState:

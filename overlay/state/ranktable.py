@@ -52,9 +52,10 @@ they were: a repeat, or the torpid flag.
   attached to another of its links if it was attached by that one. A rank is lost only when the
   last parent that holds its broker says so, so a stale `connection dropped` from a parent the
   broker left never hands its rank out while it runs on elsewhere (issue 20). A link that ended
-  by a drop, not a Moved, is kept in `dropped_links` while the rank is connected: its broker
-  may have died before it passed its new link's lineage down, and its foster parents are chosen
-  on that chain too (`links_above`, healing.py rule 3). A rank that ends
+  (a Moved or a drop) is kept in `past_links` while the rank is connected: its broker may have
+  died before its children read its new link's lineage (the message dies with it, or waits
+  unread behind the news that their connection dropped), and its foster parents are chosen on
+  that chain too (`links_above`, healing.py rule 3). A rank that ends
   leaves every link below it that it held: those attached to it by their only link go adrift.
 - Special case: a child's word on its parent (Dropped). A broker whose connection to its parent
   dropped and that was welcomed by another ancestor says so, once there: rank `rank`'s link to
@@ -199,7 +200,6 @@ class LinkEnded:
     rank: int
     incarnation: int
     parent: int
-    dropped: bool = False  # a Lost (the connection dropped), not a Moved
 
 
 def refused(reason: str) -> Outcome:
@@ -358,8 +358,8 @@ def end_link(table: RankTable, entry: RankEntry, event: LinkEnded, now: float) -
     if entry.attached_to == event.parent:
         entry.attached_to = others.pop() if others else None
     entry.other_links = tuple(others)
-    if event.dropped and event.parent not in entry.dropped_links:
-        entry.dropped_links += (event.parent,)
+    if event.parent not in entry.past_links:
+        entry.past_links += (event.parent,)
     return (entry.rank,)
 
 
@@ -386,8 +386,11 @@ def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[
         return ()
     if table.entries.peek(to).state not in CONNECTED or entry.attached_to == to:
         return ()
+    left = entry.attached_to
     entry.attached_to, entry.adrift_until = to, None
     entry.other_links = tuple(p for p in entry.other_links if p != to)
+    if left is not None and left != to and left not in entry.past_links:
+        entry.past_links += (left,)  # its children may not have read the new lineage yet
     return (entry.rank,)
 
 
@@ -476,7 +479,7 @@ def one_of_several(entry: RankEntry, event: Event) -> Event | LinkEnded:
     if not isinstance(event, Lost | Moved) or parent is None or not entry.other_links:
         return event
     if parent in entry.other_links or (isinstance(event, Lost) and parent == entry.attached_to):
-        return LinkEnded(entry.rank, entry.incarnation, parent, isinstance(event, Lost))
+        return LinkEnded(entry.rank, entry.incarnation, parent)
     return event
 
 
@@ -727,7 +730,7 @@ class RankTable:
             if entry.state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
-                entry.other_links = entry.dropped_links = ()
+                entry.other_links = entry.past_links = ()
             if rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
@@ -818,14 +821,14 @@ class RankTable:
     def links_above(self, rank: int) -> list[list[int]]:
         """The chains of links from `rank` to rank 0 now, each nearest first: the one it is
         attached by, then one through each other parent that holds it (`other_links`) or held
-        it until the connection dropped (`dropped_links`). Its subtree's lineage
+        it until it moved on or the connection dropped (`past_links`). Its subtree's lineage
         (docs/protocol.md section 5.1) names the brokers of one of them, whichever its broker
         last passed down. A chain that breaks (a parent adrift) ends there; a rank not
         connected has none."""
         entry = self.entries[rank]
         if entry.state not in CONNECTED:
             return []
-        links = (entry.attached_to, *entry.other_links, *entry.dropped_links)
+        links = (entry.attached_to, *entry.other_links, *entry.past_links)
         parents = [p for p in links if p is not None]
         return [[parent, *self._chain(parent)] for parent in dict.fromkeys(parents)]
 
