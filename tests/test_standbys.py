@@ -96,3 +96,24 @@ def test_standbys_past_the_size_are_clamped(instance) -> None:
     inst = instance(2, "tbon.standbys=4")
     status = json.loads(tbon("status", inst.uri, "--json").stdout)
     assert (status["root"], status["standbys"]) == (0, [1])
+
+
+def test_roles_at_the_largest_size(instance) -> None:
+    """262,144 ranks, 4 launched, 4 standbys asked for: three brokers and a spare stand by;
+    the views and the paged JSON say so without the table being sent whole."""
+    from tbon.limits import MAX_SIZE
+
+    inst = instance(4, f"size={MAX_SIZE}", "tbon.standbys=4")
+    summary = tbon("status", inst.uri, "--summary").stdout
+    assert re.fullmatch(
+        rf"0 \S+: partial \(root\) \({MAX_SIZE} ranks: 4 online, {MAX_SIZE - 4} vacant; "
+        r"root 0, standbys 1-4\)\n",
+        summary,
+    ), summary
+    tree = tbon("status", inst.uri, "--depth", "1").stdout.splitlines()
+    assert re.fullmatch(r"0 \S+: partial \(root\)", tree[0]), tree
+    for rank in (1, 2, 3):  # their spares below are hidden by --depth
+        assert re.fullmatch(rf"├─ {rank} \S+: partial \(standby\) \.\.\.", tree[rank]), tree
+    shown = tbon("status", inst.uri, "--json", timeout=120)
+    head = shown.stdout[:200]
+    assert head.startswith(f'{{"size":{MAX_SIZE},"topo":"kary:32","root":0,"standbys":[1,2,3,4],')
