@@ -162,22 +162,9 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
 def _check_boot_servers(text: str) -> None:
     """broker.boot-server is a comma-separated list of URIs, tried in order by the joiner
     (boot/flub.py): each must parse, and a bad one is named, with its place in a longer list."""
-    from tbon.overlay.connectors.uri import MAX_URIS, parse_uri, split_uris
+    from tbon.overlay.connectors.uri import parse_uri_list
 
-    uris = split_uris(text)
-    if len(uris) > MAX_URIS:
-        raise UsageError(
-            f"invalid broker.boot-server: {len(uris)} URIs, at most {MAX_URIS} may be given"
-        )
-    for place, uri in enumerate(uris, 1):
-        try:
-            parse_uri(uri)
-        except UsageError:
-            where = f" (URI {place} of {len(uris)})" if len(uris) > 1 else ""
-            raise UsageError(
-                f"invalid broker.boot-server {uri!r}{where}: use local://PATH or "
-                "ssh://[user@]host[:port]/PATH, several separated by commas"
-            ) from None
+    parse_uri_list(text, "broker.boot-server")
 
 
 def _standbys(text: str) -> int:
