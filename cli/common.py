@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 
     from tbon.overlay.connectors.client import Client
 
-URI_HELP = "The instance to talk to (local://PATH or ssh://...); default: $TBON_URI."
+URI_HELP = (
+    "The instance to talk to (local://PATH or ssh://..., or a comma-separated list of them, "
+    "the first that answers used); default: $TBON_URI."
+)
 
 
 def duration(text: str | None, what: str) -> float | None:

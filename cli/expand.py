@@ -188,7 +188,7 @@ def _boot_servers(
     was given, rank 0's, then up to two other online brokers' (this host's first, lowest ranks
     first), BOOT_SERVERS in all. A broker on this host is named by its local:// URI, one on
     another by the ssh:// form; joiners on other hosts (`remote`) get ssh:// forms only."""
-    from tbon.overlay.connectors.uri import Uri, to_remote
+    from tbon.overlay.connectors.uri import reach, to_remote
 
     given = client.uri
     first = str(to_remote(given) if remote else given)
@@ -198,12 +198,7 @@ def _boot_servers(
     found = [first]
 
     def add(about: dict[str, Any]) -> None:
-        path, host = about["uri"][len("local://") :], about["hostname"]
-        if remote or host != here:
-            same = given.scheme == "ssh" and given.host == host  # the user and port it took
-            uri = Uri("ssh", path, host, given.user if same else "", given.port if same else None)
-        else:
-            uri = Uri("local", path)
+        uri = reach(about["uri"], about["hostname"], given, remote)
         if "," not in str(uri) and str(uri) not in found:
             found.append(str(uri))
 

@@ -21,6 +21,10 @@ still reattaching after its parent was lost is marked so, and every rank drawn b
 `(behind rank R, reattaching: last known)`, since no message can reach it until R is back.
 `--highlight` marks ranks and the ranks on their way to the root: in reverse video when colour
 is on, with a trailing ` *` when it is off.
+
+The rank that is the root now is marked `(root)`, and the standbys that keep a copy of its table
+`(standby)` (`root` and `standbys` of the answer: docs/design.md §12), unless the instance has
+no standbys and its root is rank 0, where the tree reads as it always has.
 """
 
 from __future__ import annotations
@@ -82,6 +86,24 @@ def why(entry: dict[str, Any], age: float = 0.0) -> str:
     return ""
 
 
+def roles(answer: dict[str, Any]) -> dict[int, str]:
+    """The marks of the root and its standbys, by rank (`root`, `standby`); none for an
+    instance without standbys whose root is rank 0, or from a rank 0 that does not say."""
+    root, standbys = answer.get("root", 0), answer.get("standbys") or []
+    if root == 0 and not standbys:
+        return {}
+    return {**{rank: "standby" for rank in standbys}, root: "root"}
+
+
+def roles_note(answer: dict[str, Any]) -> str:
+    """`root 0, standbys 1-2` for a summary; "" when roles() marks nothing."""
+    if not roles(answer):
+        return ""
+    standbys = answer.get("standbys") or []
+    listed = f"standbys {format_idset(standbys)}" if standbys else "no standbys"
+    return f"root {answer['root']}, {listed}"
+
+
 def line(
     entry: dict[str, Any],
     verbose: bool,
@@ -89,13 +111,17 @@ def line(
     age: float = 0.0,
     path: list[int] | None = None,
     behind: int | None = None,
+    role: str = "",
 ) -> Text:
-    """`RANK HOST: STATE`, its marks (a joiner's lease, retired, fostered, reattaching, torpid),
+    """`RANK HOST: STATE`, its marks (root or standby, a joiner's lease, retired, fostered,
+    reattaching, torpid),
     what `verbose` adds (time in state, incarnation, rtt and, for a rank not online, why and its
     last pid) and, for `--down`, its path to the root."""
     state = shown_state(entry)
     text = Text(f"{entry['rank']} {entry['host']}: ")
     text.append(state, style=STYLE.get(state, ""))
+    if role:
+        text.append(f" ({role})", style="bold")
     if entry["state"] == "reserved" and "joiner" in entry:
         left = format_duration(max(0.0, entry["expires"] - age))
         text.append(f" (joiner {entry['joiner']}, {left} left)", style="bright_black")
@@ -192,13 +218,16 @@ def tree(
     below_of = drawn_children(status)
     rtts = rtts or {}
     lit = highlighted(status, marks.ranks) if marks else set()
+    marked = roles(status)
     lines: list[Text] = []
     # rank, own prefix, children's prefix, the reattaching rank it is behind
     stack: list[tuple[int, str, str, int | None]] = [(root, "", "", cut_off_by(status, root))]
     while stack:
         rank, prefix, below, behind = stack.pop()
         text = Text(prefix)
-        shown = line(ranks[rank], verbose, rtts.get(rank), age, behind=behind)
+        shown = line(
+            ranks[rank], verbose, rtts.get(rank), age, behind=behind, role=marked.get(rank, "")
+        )
         if rank in lit:
             shown.stylize("reverse")
             if marks is not None and marks.plain:
@@ -276,9 +305,10 @@ def summary(status: dict[str, Any], root: int = 0) -> Text:
     for rank in ranks:
         state = status["ranks"][rank]["state"]
         counts[state] = counts.get(state, 0) + 1
-    text = line(status["ranks"][root], False, None)
+    text = line(status["ranks"][root], False, None, role=roles(status).get(root, ""))
     parts = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
-    text.append(f" ({len(ranks)} ranks: {parts})")
+    note = f"; {roles_note(status)}" if roles_note(status) else ""
+    text.append(f" ({len(ranks)} ranks: {parts}{note})")
     return text
 
 
@@ -371,9 +401,10 @@ def view(
 
 def summary_of(answer: dict[str, Any]) -> Text:
     """`--summary` from rank 0's status.summary: the root line, and its ranks by state."""
-    text = line(answer["entry"], False, None)
+    text = line(answer["entry"], False, None, role=roles(answer).get(answer["entry"]["rank"], ""))
     parts = ", ".join(f"{count} {state}" for state, count in answer["counts"].items())
-    text.append(f" ({answer['ranks']} ranks: {parts})")
+    note = f"; {roles_note(answer)}" if roles_note(answer) else ""
+    text.append(f" ({answer['ranks']} ranks: {parts}{note})")
     return text
 
 
@@ -419,6 +450,7 @@ def tree_of(
     `extra`), ` ...` after a rank whose ranks below are hidden by `--depth`."""
     rtts = rtts or {}
     lit = _lit_items(answer, marks.ranks) if marks else set()
+    marked = roles(answer)
     lines: list[Text] = []
     open_levels: list[bool] = []  # per depth: whether more siblings follow at that depth
     behind_at: list[int | None] = [None]  # per depth: the reattaching rank its ranks are behind
@@ -443,7 +475,8 @@ def tree_of(
             shown = Text(f"{item['ranks']} {host}: ") + shown[len(first) :]
             ranks = _item_ranks(item)
         else:
-            shown = line(entry, verbose, rtts.get(entry["rank"]), age, behind=behind)
+            role = marked.get(entry["rank"], "")
+            shown = line(entry, verbose, rtts.get(entry["rank"]), age, behind=behind, role=role)
             ranks = {entry["rank"]}
         if item.get("more"):
             shown.append(" ...", style="bright_black")

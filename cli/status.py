@@ -263,7 +263,8 @@ def write_pages(client: Any, rank: int, timeout: float | None, limit: float | No
     pages, (header, data) = once_healed(client, first, limit)
     check_rank(header, rank)
     out = sys.stdout
-    out.write(f'{{"size":{header["size"]},"topo":{json.dumps(header["topo"])},"ranks":[')
+    head = {k: v for k, v in header.items() if k not in ("start", "next")}  # size, topo, root..
+    out.write(json.dumps(head, separators=(",", ":"))[:-1] + ',"ranks":[')
     while True:
         out.flush()
         out.buffer.write(data)

@@ -50,8 +50,13 @@ def test_the_json_table_streams_in_pages_as_one_object(instance) -> None:
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("\n") == 1  # one line, as a single status.get gives it
     table = json.loads(shown.stdout)
-    assert list(table) == ["size", "topo", "ranks"]
-    assert (table["size"], table["topo"]) == (SIZE, "kary:32")
+    assert list(table) == ["size", "topo", "root", "standbys", "ranks"]
+    assert (table["size"], table["topo"], table["root"], table["standbys"]) == (
+        SIZE,
+        "kary:32",
+        0,
+        [],
+    )
     assert [entry["rank"] for entry in table["ranks"]] == list(range(SIZE))
     assert [entry["state"] for entry in table["ranks"][:5]] == ["online"] * 4 + ["vacant"]
     assert table["ranks"][SIZE - 1] | {"since": 0} == {

@@ -96,8 +96,10 @@ class Services:
         status = None
         if table is not None:  # rank 0
             from tbon.overlay.services.status import StatusService
+            from tbon.overlay.state.standbys import Roles, standby_ranks
 
-            status = StatusService(table, lifecycle)
+            roles = Roles(rank, standby_ranks(topology, config.standbys))
+            status = StatusService(table, lifecycle, roles)
         return Services(
             ping=PingService(me, topology),
             exec=ExecService(rank, topology, lifecycle),

@@ -46,6 +46,11 @@ ATTRIBUTES = [
     ("tbon.torpid", "Silence that flags a broker torpid (default 10s; 0 disables)."),
     ("tbon.timeout", "Silence that makes a broker lost (default 60s; 0 disables)."),
     (
+        "tbon.standbys",
+        "K, 0 to 4: ranks that keep a copy of the root's table, ranks 1..K in breadth-first "
+        "order, clamped to size-1 (default 0).",
+    ),
+    (
         "tbon.endpoint",
         "Where a parent listens, tcp://HOST:PORT; %h is this host's address, * a free port "
         "(default tcp://%h:*).",

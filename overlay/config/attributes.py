@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from tbon.errors import UsageError
 from tbon.limits import check_duration, parse_rank, parse_size
 from tbon.overlay.parse.duration import parse_duration
+from tbon.overlay.parse.numbers import is_decimal
+from tbon.overlay.state.standbys import DEFAULT_STANDBYS, MAX_STANDBYS
 from tbon.overlay.state.topology import DEFAULT_SPEC, parse_spec, spec_from_fanout
 
 DEFAULTS: dict[str, str] = {
@@ -16,6 +18,7 @@ DEFAULTS: dict[str, str] = {
     "tbon.torpid": "10s",
     "tbon.timeout": "60s",
     "tbon.endpoint": "tcp://%h:*",
+    "tbon.standbys": str(DEFAULT_STANDBYS),
     "broker.shutdown-timeout": "10s",
     "broker.join-timeout": "30s",
     "broker.client-backlog": "64M",
@@ -71,6 +74,7 @@ class BrokerConfig:
     reattach_timeout: float | None = (
         None  # how long an orphan seeks a live ancestor (None: timeout)
     )
+    standbys: int = DEFAULT_STANDBYS  # tbon.standbys: copies of the root table (standbys.py)
     attributes: dict[str, str] = field(default_factory=dict)
 
 
@@ -150,6 +154,7 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
         cert=values.get("broker.cert") or None,
         config_file=config_file,
         reattach_timeout=reattach_timeout,
+        standbys=_standbys(values["tbon.standbys"]),
         attributes=dict(attributes),
     )
 
@@ -157,22 +162,18 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
 def _check_boot_servers(text: str) -> None:
     """broker.boot-server is a comma-separated list of URIs, tried in order by the joiner
     (boot/flub.py): each must parse, and a bad one is named, with its place in a longer list."""
-    from tbon.overlay.connectors.uri import MAX_URIS, parse_uri, split_uris
+    from tbon.overlay.connectors.uri import parse_uri_list
 
-    uris = split_uris(text)
-    if len(uris) > MAX_URIS:
-        raise UsageError(
-            f"invalid broker.boot-server: {len(uris)} URIs, at most {MAX_URIS} may be given"
-        )
-    for place, uri in enumerate(uris, 1):
-        try:
-            parse_uri(uri)
-        except UsageError:
-            where = f" (URI {place} of {len(uris)})" if len(uris) > 1 else ""
-            raise UsageError(
-                f"invalid broker.boot-server {uri!r}{where}: use local://PATH or "
-                "ssh://[user@]host[:port]/PATH, several separated by commas"
-            ) from None
+    parse_uri_list(text, "broker.boot-server")
+
+
+def _standbys(text: str) -> int:
+    """tbon.standbys: a whole number from 0 to MAX_STANDBYS (more than the instance has ranks
+    below the root is clamped where the ranks are chosen: state/standbys.py)."""
+    if not is_decimal(text) or len(text) > 1 or int(text) > MAX_STANDBYS:
+        shown = repr(text) if len(text) <= 16 else f"{text[:16]!r}..."
+        raise UsageError(f"invalid tbon.standbys {shown}: a whole number from 0 to {MAX_STANDBYS}")
+    return int(text)
 
 
 def _client_backlog(text: str) -> int:

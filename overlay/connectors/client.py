@@ -18,13 +18,19 @@ from typing import Any, Protocol
 
 from tbon.errors import TbonError
 from tbon.overlay.connectors.patience import ANSWER_WAIT, Patience
-from tbon.overlay.connectors.uri import Uri, parse_uri
+from tbon.overlay.connectors.uri import Uri, parse_uri, parse_uri_list
 from tbon.overlay.wire.flow import ACK_EVERY
 from tbon.overlay.wire.frames import Buffer as Part
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode
 
 DEFAULT_TIMEOUT = ANSWER_WAIT  # seconds an answer is waited for, unless told otherwise
+LIST_WAIT = 5.0
+"""Seconds each URI of a list has to connect and answer a ping before the next is tried. The
+broker a command connects to answers the ping itself, without the tree, so a live one answers
+in milliseconds, a loaded one well within this; a stopped broker, an ssh host that does not
+answer, a socket whose backlog is full cost this much each, and a whole list at most MAX_URIS
+times as much."""
 CHUNK = 256 << 10  # bytes read from the broker's socket at a time
 
 
@@ -45,12 +51,16 @@ Progress = Callable[[str], None]
 
 
 class Client:
-    def __init__(self, uri: str | Uri, progress: Progress | None = None) -> None:
+    def __init__(
+        self, uri: str | Uri, progress: Progress | None = None, within: float | None = None
+    ) -> None:
+        """`within`: seconds the connection may take (a local socket's connect); None: as
+        long as the system takes."""
         self.progress = progress  # None: say nothing while waiting (not at a terminal)
         self.uri = parse_uri(uri) if isinstance(uri, str) else uri
         self._transport: Transport
         if self.uri.scheme == "local":
-            self._transport = LocalTransport(self.uri.path)
+            self._transport = LocalTransport(self.uri.path, within)
         else:
             from tbon.overlay.connectors.ssh import SshTransport
 
@@ -176,6 +186,13 @@ class Client:
     def close(self) -> None:
         self._transport.close()
 
+    def abandon(self) -> None:
+        """Close at once: an ssh session that hangs is killed, not waited for."""
+        process = getattr(self._transport, "process", None)
+        if process is not None:
+            process.kill()
+        self.close()
+
     def __enter__(self) -> Client:
         return self
 
@@ -219,9 +236,9 @@ class LocalTransport:
     connection: whatever it sent before is still read, and then waiting for more raises at once
     instead of lasting until the caller's timeout."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, within: float | None = None) -> None:
         self.path = path
-        self.socket = open_socket(path)
+        self.socket = open_socket(path, within)
         self._reader = FrameReader()
         self._ready: collections.deque[list[bytes]] = collections.deque()
         self._scratch = bytearray(CHUNK)
@@ -314,19 +331,24 @@ def _payload(reply: Message) -> dict[str, Any]:
     return reply.payload
 
 
-def open_socket(path: str) -> socket.socket:
-    """A connection to the broker's socket at `path`, or one clear line saying why not."""
+def open_socket(path: str, within: float | None = None) -> socket.socket:
+    """A connection to the broker's socket at `path` (within `within` seconds, if given: a
+    broker whose backlog is full makes connect(2) wait), or one clear line saying why not."""
     uri = f"local://{path}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        sock.settimeout(within)
         sock.connect(path)
+        sock.settimeout(None)
     except OSError as error:
         sock.close()
-        raise TbonError(f"cannot connect to {uri}: {_why_not(error, path)}") from None
+        raise TbonError(f"cannot connect to {uri}: {_why_not(error, path, within)}") from None
     return sock
 
 
-def _why_not(error: OSError, path: str) -> str:
+def _why_not(error: OSError, path: str, within: float | None = None) -> str:
+    if isinstance(error, TimeoutError):
+        return f"no connection within {within:g}s (the broker does not accept)"
     if isinstance(error, FileNotFoundError):
         return "no such socket (is the instance running?)"
     if isinstance(error, PermissionError):
@@ -348,7 +370,8 @@ def _is_socket(path: str) -> bool:
 
 
 def connect(uri: str | None, progress: Progress | None = None) -> Client:
-    """A client for `uri`, or for $TBON_URI when none is given."""
+    """A client for `uri`, or for $TBON_URI when none is given: a URI, or a comma-separated
+    list of them tried in order (first_answering)."""
     text = uri or os.environ.get("TBON_URI")
     if not text:
         raise TbonError(
@@ -356,4 +379,41 @@ def connect(uri: str | None, progress: Progress | None = None) -> Client:
             "inside an instance",
             exit_code=2,
         )
-    return Client(text, progress)
+    uris = parse_uri_list(text)
+    if len(uris) == 1:
+        return Client(uris[0], progress)
+    return first_answering(uris, progress)
+
+
+def first_answering(uris: list[Uri], progress: Progress | None = None) -> Client:
+    """A client of the first of `uris` whose broker answers a ping (broker.ping, answered by
+    that broker itself) within LIST_WAIT seconds of the attempt, so that a list that names
+    the root first and its standbys after serves a command after the root is gone. Those that
+    failed are said only if all did: one line naming each and why (exit 1)."""
+    failures: list[str] = []
+    for uri in uris:
+        started = time.monotonic()
+        try:
+            client = Client(uri, progress, within=LIST_WAIT)
+        except TbonError as error:
+            failures.append(_failure(error, uri))
+            continue
+        left = max(0.1, LIST_WAIT - (time.monotonic() - started))
+        try:
+            client.rpc("broker.ping", {}, ANY_RANK, timeout=left, quiet=True)
+        except TbonError as error:
+            client.abandon()
+            failures.append(_failure(error, uri))
+            continue
+        return client
+    raise TbonError(f"no URI of the list answered: {'; '.join(failures)}")
+
+
+def _failure(error: TbonError, uri: Uri) -> str:
+    """`URI: why`, from an error that may name the URI already."""
+    said = str(error)
+    for verb in ("cannot connect to", "cannot reach", "lost the connection to"):
+        said = said.removeprefix(f"{verb} {uri}: ")
+    if isinstance(error, NoAnswer):
+        said = f"no answer within {LIST_WAIT:g}s"
+    return f"{uri}: {said}"

@@ -44,35 +44,67 @@ def looks_like_uri(word: str) -> bool:
     return _SCHEME.match(word) is not None
 
 
+FORMS = "use local://PATH or ssh://[user@]host[:port]/PATH"
+
+
 def parse_uri(text: str) -> Uri:
+    found = _parsed(text)
+    if isinstance(found, str):
+        raise UsageError(f"invalid URI {text!r}: {found}")
+    return found
+
+
+def _parsed(text: str) -> Uri | str:
+    """The URI, or why `text` is not one."""
     if text.startswith("local://"):
         path = text[len("local://") :]
         if not path.startswith("/"):
-            raise UsageError(f"invalid URI {text!r}: local:// takes an absolute path")
+            return "local:// takes an absolute path"
         return Uri("local", path)
     match = _SSH.match(text)
     if match:
-        port = _port(match["port"], text) if match["port"] is not None else None
+        digits = match["port"]
+        # checked on the digits first: int() refuses very long ones
+        if digits is not None and (len(digits) > 5 or not 1 <= int(digits) <= 65535):
+            return "the port must be 1 to 65535"
+        port = int(digits) if digits is not None else None
         return Uri("ssh", match["path"], match["host"], match["user"] or "", port)
-    raise UsageError(f"invalid URI {text!r}: use local://PATH or ssh://[user@]host[:port]/PATH")
+    return FORMS
 
 
 MAX_URIS = 16
-"""The most URIs a list (broker.boot-server) may hold. A joiner gives each one at most a
-broker.join-timeout, so a longer list would only stretch how long a hopeless join lasts."""
+"""The most URIs a list (broker.boot-server, a command's [URI] or TBON_URI) may hold. A joiner
+gives each one at most a broker.join-timeout, and a command LIST_WAIT, so a longer list would
+only stretch how long a hopeless join or command lasts."""
 
 
 def split_uris(text: str) -> list[str]:
-    """The URIs of a comma-separated list, in order, unchecked (parse each with parse_uri).
+    """The URIs of a comma-separated list, in order, unchecked (parse_uri_list checks them).
     Nothing is trimmed, so a path that holds a comma cannot be named in such a list."""
     return text.split(",")
 
 
-def _port(digits: str, text: str) -> int:
-    """A TCP port, 1 to 65535 (checked on the digits first: int() refuses very long ones)."""
-    if len(digits) > 5 or not 1 <= int(digits) <= 65535:
-        raise UsageError(f"invalid URI {text!r}: the port must be 1 to 65535")
-    return int(digits)
+def parse_uri_list(text: str, what: str = "URI") -> list[Uri]:
+    """The URIs of a comma-separated list, in order, each once: the one parser of such lists
+    (broker.boot-server, a command's [URI], TBON_URI). More than MAX_URIS, an empty one (a
+    comma too many) or a malformed one is a UsageError (exit 2) that names it and its place;
+    a repeat is dropped, as trying it again could only fail again."""
+    items = split_uris(text)
+    if len(items) > MAX_URIS:
+        raise UsageError(
+            f"invalid {what}: {len(items)} URIs, at most {MAX_URIS} may be given (separated by "
+            "commas)"
+        )
+    found: list[Uri] = []
+    for place, item in enumerate(items, 1):
+        uri = _parsed(item) if item else "empty (a comma too many?)"
+        if isinstance(uri, str):
+            where = f" (URI {place} of {len(items)})" if len(items) > 1 else ""
+            why = uri if uri == FORMS else f"{uri}; {FORMS}"
+            raise UsageError(f"invalid {what} {item!r}{where}: {why}, several separated by commas")
+        if uri not in found:
+            found.append(uri)
+    return found
 
 
 def to_remote(uri: Uri) -> Uri:
@@ -84,6 +116,18 @@ def to_remote(uri: Uri) -> Uri:
 
 def to_local(uri: Uri) -> Uri:
     return Uri("local", uri.path)
+
+
+def reach(local: str, host: str, given: Uri, remote: bool = False) -> Uri:
+    """How a command here reaches a broker whose own URI is `local` (local://PATH) on `host`,
+    having reached the instance through `given`: local:// on this host, else ssh://, with the
+    user and port `given` took if it went to that host; ssh:// always if `remote` (for use on
+    another host)."""
+    path = local.removeprefix("local://")
+    if remote or host != socket.gethostname():
+        same = given.scheme == "ssh" and given.host == host
+        return Uri("ssh", path, host, given.user if same else "", given.port if same else None)
+    return Uri("local", path)
 
 
 def resolve_target(target: str) -> Uri:
@@ -203,8 +247,8 @@ def _environment_uri(pid: int) -> Uri | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as environ:
             for entry in environ.read().split(b"\0"):
-                if entry.startswith(b"TBON_URI="):
-                    return parse_uri(entry[9:].decode())
+                if entry.startswith(b"TBON_URI="):  # a list: its first
+                    return parse_uri_list(entry[9:].decode())[0]
     except (OSError, UsageError, UnicodeDecodeError):
         return None
     return None

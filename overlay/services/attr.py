@@ -108,6 +108,7 @@ def describe(me: Whoami, config: BrokerConfig, topology: Topology) -> dict[str, 
         "broker.client-backlog",
         "broker.handshake-timeout",
         "log-stderr-level",
+        "tbon.standbys",
     )
     for name in plain_names:
         plain(name)

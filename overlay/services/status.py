@@ -6,6 +6,10 @@ A table of more than WHOLE_TABLE_MAX ranks is never sent whole: status.get gives
 status.watch asks for a view (`view`: `summary` of a `rank`, or `held`, the entries of the ranks
 something happened to) or is refused EFBIG (docs/protocol.md §7).
 
+Every answer (the table, a page's header, each view) also says which rank is the root now and
+which ranks stand by for it (`root`, `standbys`: state/standbys.py), from `roles`, which whoever
+changes the root updates: a command shows the root the instance has now.
+
 A watcher's first answer is the whole table; after that it gets the whole table again whenever
 the table changed, at most once per batch of input the broker reads (the loop asks for `pushes`
 after each batch), so a burst of changes costs one message per watcher, not one per change.
@@ -28,6 +32,7 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state import statusviews
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.snapshot import snapshot
+from tbon.overlay.state.standbys import Roles
 from tbon.overlay.wire.message import Message
 
 VIEWS = ("table", "summary", "held")
@@ -49,19 +54,25 @@ class Watcher:
 
 
 class StatusService:
-    def __init__(self, table: RankTable, lifecycle: Lifecycle) -> None:
+    def __init__(self, table: RankTable, lifecycle: Lifecycle, roles: Roles | None = None) -> None:
         self.table = table
         self.lifecycle = lifecycle
+        self.roles = roles or Roles()
         self.watchers: list[Watcher] = []
         self._pushed_generation = -1
 
     def snapshot(self, now: float, watcher: Watcher | None = None) -> dict[str, Any]:
         """The object a watcher follows (the whole table by default)."""
         if watcher is not None and watcher.view == "summary":
-            return statusviews.summary(self.table, now, watcher.rank)
+            return self._said(statusviews.summary(self.table, now, watcher.rank))
         if watcher is not None and watcher.view == "held":
-            return statusviews.held(self.table, now)
-        return snapshot(self.table, now)
+            return self._said(statusviews.held(self.table, now))
+        return self._said(snapshot(self.table, now))
+
+    def _said(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """`answer` with the roles, before its `ranks` (a page's header is written first)."""
+        head = {k: v for k, v in answer.items() if k in ("size", "topo")}
+        return {**head, **self.roles.wire(), **answer}
 
     def _too_big(self, request: Message) -> Message | None:
         if self.table.size <= WHOLE_TABLE_MAX:
@@ -78,7 +89,7 @@ class StatusService:
         end); with `view` `held`, the entries of the ranks something happened to."""
         if request.payload.get("view") == "held":
             try:
-                return [Respond(request.respond(statusviews.held(self.table, now)))]
+                return [Respond(request.respond(self._said(statusviews.held(self.table, now))))]
             except statusviews.TooBig as error:
                 return [Respond(request.fail(errno.EFBIG, f"{error}: read the table in pages"))]
         start = request.payload.get("start")
@@ -90,12 +101,14 @@ class StatusService:
             return [Respond(request.fail(errno.EINVAL, why))]
         data, after = statusviews.page(self.table, now, start)
         reply = request.respond(
-            {
-                "size": self.table.size,
-                "topo": self.table.topology.spec,
-                "start": start,
-                "next": after if after < self.table.size else None,
-            }
+            self._said(
+                {
+                    "size": self.table.size,
+                    "topo": self.table.topology.spec,
+                    "start": start,
+                    "next": after if after < self.table.size else None,
+                }
+            )
         )
         reply.data = data
         return [Respond(reply)]
@@ -112,14 +125,15 @@ class StatusService:
         rank = self._rank(request)
         if isinstance(rank, Message):
             return [Respond(rank)]
-        return [Respond(request.respond(statusviews.summary(self.table, now, rank)))]
+        return [Respond(request.respond(self._said(statusviews.summary(self.table, now, rank))))]
 
     def errors(self, request: Message, now: float) -> list[Action]:
         rank = self._rank(request)
         if isinstance(rank, Message):
             return [Respond(rank)]
         each = request.payload.get("each", False) is True
-        return [Respond(request.respond(statusviews.errors(self.table, now, rank, each)))]
+        answer = statusviews.errors(self.table, now, rank, each)
+        return [Respond(request.respond(self._said(answer)))]
 
     def tree(self, request: Message, now: float) -> list[Action]:
         rank = self._rank(request)
@@ -130,8 +144,9 @@ class StatusService:
             why = "status.tree: depth must be a whole number or null"
             return [Respond(request.fail(errno.EINVAL, why))]
         merge = request.payload.get("merge", True) is not False
-        answer = statusviews.tree(self.table, now, rank, depth, merge)
-        return [Respond(request.respond(answer))]
+        apart = frozenset((self.roles.root, *self.roles.standbys))  # each on a line of its own
+        answer = statusviews.tree(self.table, now, rank, depth, merge, apart)
+        return [Respond(request.respond(self._said(answer)))]
 
     def watch(self, request: Message, now: float) -> list[Action]:
         """Register a status stream; its first response is the current table (or view)."""

@@ -273,13 +273,19 @@ def _never_held(entry: dict[str, Any]) -> bool:
 
 
 def tree(
-    table: RankTable, now: float, root: int, depth: int | None = None, merge: bool = True
+    table: RankTable,
+    now: float,
+    root: int,
+    depth: int | None = None,
+    merge: bool = True,
+    apart: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
     """`tbon status`'s tree under `root`, as items in the order drawn, each with its `depth`
     below the root and `last` (the last of its siblings). An item is one rank (`entry`), or a
     run of sibling subtrees (`ranks`, an idset, and `count`; `entry` is its first rank's):
     subtrees that no broker ever held, or with `merge`, leaves whose lines read the same but
-    for their rank. Below `depth`, an item says `more` if ranks are hidden under it."""
+    for their rank (not those `apart`). Below `depth`, an item says `more` if ranks are hidden
+    under it."""
     drawn = Drawn(table)
     touched: set[int] = set()
     for entry in table.entries.held():
@@ -308,7 +314,7 @@ def tree(
             items.append(item)
             continue
         items.append(item)
-        runs = _runs(table, drawn, kids, touched, merge)
+        runs = _runs(table, drawn, kids, touched, merge, apart)
         for index in range(len(runs) - 1, -1, -1):
             stack.append((runs[index], level + 1, index == len(runs) - 1))
     answer: dict[str, Any] = {"size": table.size, "topo": table.topology.spec, "rank": root}
@@ -319,17 +325,23 @@ def tree(
 
 
 def _runs(
-    table: RankTable, drawn: Drawn, kids: list[int], touched: set[int], merge: bool
+    table: RankTable,
+    drawn: Drawn,
+    kids: list[int],
+    touched: set[int],
+    merge: bool,
+    apart: frozenset[int] = frozenset(),
 ) -> list[list[int]]:
     """`kids` in runs of consecutive siblings drawn as one item: untouched subtrees together,
-    and with `merge`, leaves that read the same; any other rank alone."""
+    and with `merge`, leaves that read the same but those `apart` (the root and standbys, whose
+    lines are marked); any other rank alone."""
     runs: list[list[int]] = []
     looks: list[object] = []
     for kid in kids:
         look: object = None
         if kid not in touched:
             look = "spare"
-        elif merge and not drawn.children(kid):
+        elif merge and kid not in apart and not drawn.children(kid):
             look = _look(shown(table, kid, 0.0, children=False))
         if look is not None and runs and looks[-1] == look:
             runs[-1].append(kid)
