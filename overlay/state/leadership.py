@@ -31,7 +31,12 @@ Rules.
   a moment cannot depose a root that the others still hear.
 - Election. A voter that has heard no root for `election` plus `stagger` times its place
   in `members` (the lowest rank first) campaigns: it takes the next term, votes for
-  itself and asks the others, again every `retry` seconds until answered. A member grants its
+  itself and asks the others, again every `retry` seconds until answered. It first canvasses
+  (Raft's pre-vote): it asks, for the term it would take, whether each would vote for it, and
+  raises its term only once a majority (itself included) says yes. Answering a canvass changes
+  nothing; a member says yes if it is not quiet and the log is at least as complete as its own.
+  So a member whose log is behind, or that is cut off, never raises its term, and never makes a
+  root step down through the refusal of its appends. A member grants its
   vote in a term once, and only to a candidate whose log is at least as complete as its own
   (last term, then length). A candidate with a majority's votes is root: it appends an empty
   entry of its term (`Entry(term, None)`), and replicates. One that has no majority by its
@@ -121,6 +126,7 @@ class VoteRequest:
     last: int
     last_term: int
     sent_at: float
+    pre: bool = False  # a canvass: would it vote for me in `term`? (changes nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,7 @@ class VoteReply:
     term: int
     granted: bool
     sent_at: float  # echoed from the request
+    pre: bool = False
 
 
 Message = AppendEntries[Any] | AppendReply | VoteRequest | VoteReply
@@ -236,6 +243,7 @@ class Campaigning:
     started: float
     asked_at: float
     votes: dict[int, float] = field(default_factory=dict)  # voter -> its request's send time
+    pre: bool = False  # canvassing: its term not yet raised
 
 
 @dataclass(slots=True)
@@ -341,6 +349,8 @@ class Member(Generic[P]):
             return []  # from an incarnation that has died since
         if isinstance(stimulus, VoteRequest) and self._quiet(now):
             return []  # the quiet rule: no answer, no new term
+        if isinstance(stimulus, VoteRequest | VoteReply) and stimulus.pre:
+            return canvass(self, stimulus, now)  # a canvass changes no term
         term = getattr(stimulus, "term", None)
         if term is not None and term > self.term:
             leader = stimulus.sender if isinstance(stimulus, AppendEntries) else None
@@ -453,6 +463,13 @@ class Member(Generic[P]):
         done = sorted(i for i in role.pending if i <= self.log.commit)
         return [Acknowledge(i, role.pending.pop(i)) for i in done]
 
+    def _canvass(self, now: float) -> list[Instruction]:
+        """Before raising its term, ask whether a majority would vote for it."""
+        self.role = Campaigning(started=now, asked_at=now, votes={self.rank: now}, pre=True)
+        if len(self.role.votes) >= self.majority:
+            return self._campaign(now)
+        return self._ask(now)
+
     def _campaign(self, now: float) -> list[Instruction]:
         self.term += 1
         self.voted_for = self.rank
@@ -465,7 +482,8 @@ class Member(Generic[P]):
         role = self.role
         assert isinstance(role, Campaigning)
         role.asked_at = now
-        request = VoteRequest(self.rank, self.term, self.log.last, self.log.last_term, now)
+        term = self.term + 1 if role.pre else self.term
+        request = VoteRequest(self.rank, term, self.log.last, self.log.last_term, now, role.pre)
         return [Send(p, request) for p in self.peers if p not in role.votes]
 
     def _win(self, now: float, votes: dict[int, float] | None = None) -> list[Instruction]:
@@ -521,7 +539,7 @@ def vote(m: Member[Any], s: VoteRequest, now: float) -> list[Instruction]:
 def counted(m: Member[Any], s: VoteReply, now: float) -> list[Instruction]:
     role = m.role
     assert isinstance(role, Campaigning)
-    if not s.granted:
+    if not s.granted or role.pre:
         return []
     role.votes[s.sender] = max(role.votes.get(s.sender, -math.inf), s.sent_at)
     if len(role.votes) < m.majority:
@@ -583,7 +601,7 @@ def campaign_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
     role = m.role
     assert isinstance(role, Campaigning)
     if now >= role.started + m._timeout():
-        return m._campaign(now)
+        return m._canvass(now)
     if now >= role.asked_at + m.timing.retry:
         return m._ask(now)
     return []
@@ -591,8 +609,24 @@ def campaign_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
 
 def follow_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
     if m.voter and now >= m.heard_at + m._timeout():
-        return m._campaign(now)
+        return m._canvass(now)
     return []
+
+
+def canvass(m: Member[Any], s: VoteRequest | VoteReply, now: float) -> list[Instruction]:
+    """The canvass before a campaign (Raft's pre-vote): a member that could not win (its log
+    behind a majority's) never raises its term, so it never deposes a root the others hear."""
+    if isinstance(s, VoteRequest):
+        granted = s.term > m.term and m.log.up_to_date(s.last, s.last_term)
+        term = s.term if granted else m.term
+        return [Send(s.sender, VoteReply(m.rank, m.incarnation, term, granted, s.sent_at, True))]
+    role = m.role
+    if not s.granted:
+        return m._adopt(s.term, None, now) if s.term > m.term else []
+    if not isinstance(role, Campaigning) or not role.pre or s.term != m.term + 1:
+        return []  # an answer to an older canvass
+    role.votes[s.sender] = s.sent_at
+    return m._campaign(now) if len(role.votes) >= m.majority else []
 
 
 def nothing(m: Member[Any], s: Any, now: float) -> list[Instruction]:
