@@ -245,6 +245,15 @@ class RootGroup(RuleBasedStateMachine):
     def heal(self) -> None:
         self.cut.clear()
 
+    @rule(rounds=st.integers(1, 20), dt=st.sampled_from([0.02, 0.05, 0.1]))
+    def run(self, rounds: int, dt: float) -> None:
+        """Time passes with the network working (but for its cuts): what a partition does."""
+        for _ in range(rounds):
+            self.deliver_all()
+            self.tick(dt)
+            self.one_acknowledger()
+            self.committed_logs_agree()
+
     @rule()
     def liveness(self) -> None:
         """Heal the network; with a majority of voters running, a root serves in bounded time."""
