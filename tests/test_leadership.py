@@ -26,6 +26,7 @@ from tbon.overlay.state.leadership import (
     SteppedDown,
     TermFence,
     Tick,
+    Timing,
     Unexpected,
     VoteReply,
     VoteRequest,
@@ -197,6 +198,11 @@ def test_an_append_of_its_own_term_at_a_root_is_unexpected() -> None:
     root: Member[str] = Member(0, GROUP, now=0.0)
     with pytest.raises(Unexpected, match="AppendEntries when role=Leading"):
         root.handle(AppendEntries(1, 1, 0, 0, (), 0, 0.0), 0.0)
+
+
+def test_a_lease_must_end_before_quiet_does() -> None:
+    with pytest.raises(ValueError, match="shorter than quiet"):
+        Timing(lease=0.5, election=0.5)
 
 
 def test_the_term_fence_refuses_older_terms_only() -> None:

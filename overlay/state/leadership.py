@@ -93,6 +93,12 @@ class Timing:
     retry: float = 0.05
     batch: int = 256  # entries per append at most
 
+    def __post_init__(self) -> None:
+        if not 0 < self.lease < self.election:
+            raise ValueError(
+                f"a lease ({self.lease}s) must be shorter than quiet ({self.election}s)"
+            )
+
 
 # --- messages between members -------------------------------------------------------------------
 
