@@ -1,0 +1,341 @@
+"""The root group of issue 23 as a hypothesis state machine (docs/protocol.md §13): a root and
+K standbys (K from 0 to 4), each an `overlay.state.leadership.Member`, over a network written
+here that loses, repeats, delays and reorders messages, cuts links and heals them; members are
+killed, stopped and woken later with their old state and term, and refilled as new
+incarnations that remember nothing; the clock jumps. Clients ask whoever believes it is root to
+grant, release and retire ranks, and a grant counts as given only when that member's machine
+acknowledges it. Two tree brokers obey the orders that follow each acknowledgement, behind a
+`TermFence`.
+
+The oracle is a table far simpler than the rank table: a rank is held by one joiner, released
+by it, or retired for good. It is applied to the one committed log, and every acknowledgement
+must agree with it. Invariants, after every step: committed logs are prefixes of one another;
+every acknowledged entry is that committed log's, and every root of a later term holds it; no
+rank is acknowledged to a second joiner unless the committed log released it from the first in
+between, and none after its retirement; at most one member may acknowledge at any moment; a
+broker obeys no order of a term older than one it has seen, and every order it obeys is the
+committed log's. And a liveness check: once the network heals, with a majority of voters
+running, some member serves as root within a bounded time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tbon.overlay.state.leadership import (
+    Acknowledge,
+    Apply,
+    Member,
+    Message,
+    Propose,
+    Send,
+    StaleTerm,
+    TermFence,
+    Tick,
+)
+from tbon.overlay.state.replicalog import Entry
+
+Payload = tuple[Any, ...]  # ("grant", rank, joiner), ("release", rank, joiner), ("retire", rank)
+OBSERVERS = (100, 101)  # two tree brokers that obey the root's orders
+LIVENESS_BOUND = 4.0  # seconds of simulated time for a new root to serve
+
+
+@dataclass
+class Table:
+    """The oracle: who holds each rank, and which are retired."""
+
+    holders: dict[int, int]
+    retired: set[int]
+
+    def apply(self, payload: Payload) -> str:
+        kind, rank = payload[0], payload[1]
+        if kind == "grant":
+            joiner = payload[2]
+            if rank in self.retired or self.holders.get(rank, joiner) != joiner:
+                return "refused"
+            self.holders[rank] = joiner
+            return "granted"
+        if kind == "release":
+            if self.holders.get(rank) != payload[2]:
+                return "refused"
+            del self.holders[rank]
+            return "released"
+        self.retired.add(rank)
+        self.holders.pop(rank, None)
+        return "retired"
+
+
+def outcomes(payloads: list[tuple[int, Payload]]) -> dict[int, str]:
+    table = Table({}, set())
+    return {index: table.apply(payload) for index, payload in payloads}
+
+
+@dataclass
+class Replica:
+    """A member's copy of the table, fed by its Apply instructions."""
+
+    table: Table
+    applied: int
+    outcome: dict[int, str]
+
+
+@dataclass
+class Order:
+    """What a root sends the tree after an acknowledgement (flub.authorize and the like)."""
+
+    sender: int
+    term: int
+    index: int
+    payload: Payload
+
+
+payloads = st.one_of(
+    st.tuples(st.just("grant"), st.integers(1, 4), st.integers(0, 4)),
+    st.tuples(st.just("release"), st.integers(1, 4), st.integers(0, 4)),
+    st.tuples(st.just("retire"), st.integers(1, 4)),
+)
+
+
+class RootGroup(RuleBasedStateMachine):
+    @initialize(k=st.integers(0, 4))
+    def start(self, k: int) -> None:
+        self.now = 0.0
+        self.ranks = tuple(range(k + 1))
+        self.members: dict[int, Member[Payload]] = {
+            r: Member(r, self.ranks, self.now) for r in self.ranks
+        }
+        self.status = dict.fromkeys(self.ranks, "up")  # up, stopped or dead
+        self.incarnation = dict.fromkeys(self.ranks, 1)
+        self.replicas = {r: Replica(Table({}, set()), 0, {}) for r in self.ranks}
+        self.net: list[tuple[int, int, Message | Order | StaleTerm]] = []  # (from, to, what)
+        self.cut: set[frozenset[int]] = set()
+        self.acks: list[tuple[int, Entry[Payload], str]] = []  # (index, entry, outcome)
+        self.fences = {o: TermFence() for o in OBSERVERS}
+        self.obeyed: dict[int, list[Order]] = {o: [] for o in OBSERVERS}
+        self.committed: list[Entry[Payload]] = []  # the longest committed prefix seen
+
+    # --- carrying instructions out ------------------------------------------------------------
+
+    def feed(self, rank: int, stimulus: Any) -> None:
+        member = self.members[rank]
+        for instruction in member.handle(stimulus, self.now):
+            if isinstance(instruction, Send):
+                self.net.append((rank, instruction.to, instruction.message))
+            elif isinstance(instruction, Apply):
+                replica = self.replicas[rank]
+                assert instruction.index > replica.applied, "applied twice or out of order"
+                replica.applied = instruction.index
+                replica.outcome[instruction.index] = replica.table.apply(instruction.payload)
+            elif isinstance(instruction, Acknowledge):
+                index = instruction.index
+                outcome = self.replicas[rank].outcome[index]
+                self.acks.append((index, member.log.at(index), outcome))
+                for o in OBSERVERS:
+                    self.net.append((rank, o, Order(rank, member.term, index, instruction.payload)))
+        self.note_committed(member)
+
+    def note_committed(self, member: Member[Payload]) -> None:
+        prefix = member.log.entries[: member.log.commit]
+        shorter, longer = sorted((prefix, self.committed), key=len)
+        assert longer[: len(shorter)] == shorter, "two committed logs disagree"
+        self.committed = list(longer)
+
+    def deliver_one(self, position: int) -> None:
+        sender, to, what = self.net[position]
+        if to in self.fences:
+            del self.net[position]
+            if frozenset((sender, to)) in self.cut:
+                return
+            assert isinstance(what, Order)
+            if self.fences[to].admit(what.term):
+                self.obeyed[to].append(what)
+            else:
+                self.net.append((to, sender, StaleTerm(self.fences[to].term)))
+            return
+        if self.status[to] == "stopped":
+            return  # it waits in the socket until the broker wakes
+        del self.net[position]
+        if self.status[to] == "dead" or frozenset((sender, to)) in self.cut:
+            return
+        self.feed(to, what)
+
+    # --- rules --------------------------------------------------------------------------------
+
+    @rule(dt=st.sampled_from([0.01, 0.05, 0.1, 0.3, 0.45, 0.7, 1.5]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        for rank in self.ranks:
+            if self.status[rank] == "up":
+                self.feed(rank, Tick())
+
+    @precondition(lambda self: self.net)
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        self.deliver_one(data.draw(st.integers(0, len(self.net) - 1)))
+
+    @precondition(lambda self: self.net)
+    @rule()
+    def deliver_all(self) -> None:
+        for _ in range(len(self.net)):
+            waiting = [i for i, m in enumerate(self.net) if self.status.get(m[1]) != "stopped"]
+            if not waiting:
+                return
+            self.deliver_one(waiting[0])
+
+    @precondition(lambda self: self.net)
+    @rule(data=st.data())
+    def lose(self, data: st.DataObject) -> None:
+        del self.net[data.draw(st.integers(0, len(self.net) - 1))]
+
+    @precondition(lambda self: self.net)
+    @rule(data=st.data())
+    def repeat(self, data: st.DataObject) -> None:
+        self.net.append(self.net[data.draw(st.integers(0, len(self.net) - 1))])
+
+    @rule(data=st.data(), payload=payloads)
+    def ask_root(self, data: st.DataObject, payload: Payload) -> None:
+        roots = [r for r in self.ranks if self.status[r] == "up" and self.members[r].is_root]
+        if roots:
+            self.feed(data.draw(st.sampled_from(roots)), Propose(payload))
+
+    @rule(data=st.data())
+    def stop(self, data: st.DataObject) -> None:
+        up = [r for r in self.ranks if self.status[r] == "up"]
+        if up:
+            self.status[data.draw(st.sampled_from(up))] = "stopped"
+
+    @rule(data=st.data())
+    def wake(self, data: st.DataObject) -> None:
+        stopped = [r for r in self.ranks if self.status[r] == "stopped"]
+        if stopped:
+            self.status[data.draw(st.sampled_from(stopped))] = "up"
+
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        alive = [r for r in self.ranks if self.status[r] != "dead"]
+        if alive:
+            self.status[data.draw(st.sampled_from(alive))] = "dead"
+
+    @rule(data=st.data())
+    def refill(self, data: st.DataObject) -> None:
+        """A new broker takes a dead member's rank: a new incarnation that knows nothing."""
+        dead = [r for r in self.ranks if self.status[r] == "dead"]
+        if not dead:
+            return
+        rank = data.draw(st.sampled_from(dead))
+        self.incarnation[rank] += 1
+        self.members[rank] = Member(
+            rank, self.ranks, self.now, incarnation=self.incarnation[rank], fresh=True
+        )
+        self.replicas[rank] = Replica(Table({}, set()), 0, {})
+        self.status[rank] = "up"
+
+    @rule(a=st.integers(0, 4), b=st.integers(0, 101))
+    def partition(self, a: int, b: int) -> None:
+        if a in self.ranks and (b in self.ranks or b in OBSERVERS) and a != b:
+            self.cut.add(frozenset((a, b)))
+
+    @rule()
+    def heal(self) -> None:
+        self.cut.clear()
+
+    @rule(rounds=st.integers(1, 20), dt=st.sampled_from([0.02, 0.05, 0.1]))
+    def run(self, rounds: int, dt: float) -> None:
+        """Time passes with the network working (but for its cuts): what a partition does."""
+        for _ in range(rounds):
+            self.deliver_all()
+            self.tick(dt)
+            self.one_acknowledger()
+            self.committed_logs_agree()
+
+    @rule()
+    def liveness(self) -> None:
+        """Heal the network; with a majority of voters running, a root serves in bounded time."""
+        self.cut.clear()
+        voters = [r for r in self.ranks if self.status[r] == "up" and self.members[r].voter]
+        if len(voters) < len(self.ranks) // 2 + 1:
+            return
+        deadline = self.now + LIVENESS_BOUND
+        while not any(self.members[r].serves(self.now) for r in voters):
+            assert self.now < deadline, f"no root within {LIVENESS_BOUND}s: {self.describe()}"
+            self.deliver_all()
+            self.tick(0.05)
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{r}:{self.status[r]} term {m.term} {type(m.role).__name__} voter={m.voter}"
+            f" log={m.log.last} commit={m.log.commit}"
+            for r, m in self.members.items()
+        )
+
+    # --- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def committed_logs_agree(self) -> None:
+        for rank in self.ranks:
+            if self.status[rank] != "dead":
+                self.note_committed(self.members[rank])
+
+    @invariant()
+    def acknowledged_entries_stay(self) -> None:
+        truth = outcomes(
+            [(i, e.payload) for i, e in enumerate(self.committed, 1) if e.payload is not None]
+        )
+        for index, entry, outcome in self.acks:
+            assert index <= len(self.committed), f"acknowledged {index} is not committed"
+            assert self.committed[index - 1] == entry, f"acknowledged {index} was lost"
+            assert truth[index] == outcome, f"acknowledged {index}: {outcome}, not {truth[index]}"
+            for rank in self.ranks:
+                m = self.members[rank]
+                if self.status[rank] != "dead" and m.is_root and m.term > entry.term:
+                    held = m.log.entries[index - 1] if index <= m.log.last else None
+                    assert held == entry, f"root {rank} of term {m.term} lacks {index}"
+
+    @invariant()
+    def one_holder_per_rank(self) -> None:
+        committed = {i: e.payload for i, e in enumerate(self.committed, 1)}
+        given = sorted((i, e.payload) for i, e, o in self.acks if o == "granted")
+        for n, (index, payload) in enumerate(given):
+            assert payload is not None
+            _, rank, joiner = payload
+            retired = [i for i, p in committed.items() if p == ("retire", rank) and i < index]
+            assert not retired, f"rank {rank} granted at {index} after its retirement"
+            for earlier, before in given[:n]:
+                assert before is not None
+                if before[1] == rank and before[2] != joiner:
+                    released = ("release", rank, before[2])
+                    between = [p for i, p in committed.items() if earlier < i < index]
+                    assert released in between, f"rank {rank} granted to {before[2]} and {joiner}"
+
+    @invariant()
+    def one_acknowledger(self) -> None:
+        able = [
+            r
+            for r in self.ranks
+            if self.status[r] != "dead" and self.members[r].may_acknowledge(self.now)
+        ]
+        assert len(able) <= 1, f"members {able} may all acknowledge at {self.now}"
+
+    @invariant()
+    def orders_obeyed_are_current(self) -> None:
+        for orders in self.obeyed.values():
+            for before, after in itertools.pairwise(orders):
+                assert after.term >= before.term, "a stale root's order was obeyed"
+            for order in orders:
+                entry = self.committed[order.index - 1]
+                assert entry == Entry(order.term, order.payload), f"{order}: not the log's"
+
+
+TestRootGroup = RootGroup.TestCase
+TestRootGroup.settings = settings(
+    max_examples=200,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
