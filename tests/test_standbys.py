@@ -11,7 +11,12 @@ from conftest import tbon
 
 from tbon.errors import UsageError
 from tbon.overlay.config.attributes import DEFAULTS, broker_config
-from tbon.overlay.state.standbys import DEFAULT_STANDBYS, MAX_STANDBYS, standby_ranks
+from tbon.overlay.state.standbys import (
+    DEFAULT_STANDBYS,
+    MAX_STANDBYS,
+    kept_standbys,
+    standby_ranks,
+)
 from tbon.overlay.state.topology import Topology
 
 
@@ -92,10 +97,25 @@ def test_status_without_standbys_reads_as_before(instance) -> None:
     assert re.fullmatch(r"0 \S+: full \(2 ranks: 2 online\)\n", summary), summary
 
 
-def test_standbys_past_the_size_are_clamped(instance) -> None:
+def test_standbys_past_the_size_are_clamped_and_the_group_kept_odd(instance) -> None:
+    """4 asked of a size of 3: 2 kept. Of a size of 2: 1 there is, and a group of two (root
+    and one standby) adds no failover (protocol §13.1): none kept, and the broker says why."""
+    inst = instance(3, "tbon.standbys=4")
+    status = json.loads(tbon("status", inst.uri, "--json").stdout)
+    assert (status["root"], status["standbys"]) == (0, [1, 2])
     inst = instance(2, "tbon.standbys=4")
     status = json.loads(tbon("status", inst.uri, "--json").stdout)
-    assert (status["root"], status["standbys"]) == (0, [1])
+    assert (status["root"], status["standbys"]) == (0, [])
+    assert "tbon.standbys=4 (1 in a size of 2) adds no failover" in inst.stderr()
+
+
+@pytest.mark.parametrize(
+    ("asked", "kept"), [(0, ()), (1, ()), (2, (1, 2)), (3, (1, 2)), (4, (1, 2, 3, 4))]
+)
+def test_the_root_group_is_odd(asked: int, kept: tuple[int, ...]) -> None:
+    ranks, note = kept_standbys(Topology("kary:4", 64), asked)
+    assert ranks == kept
+    assert (note is None) == (len(kept) == asked)
 
 
 def test_roles_at_the_largest_size(instance) -> None:

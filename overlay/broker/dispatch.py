@@ -7,6 +7,7 @@ unknown topic, and never loads the module that serves them (services/status.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -96,9 +97,12 @@ class Services:
         status = None
         if table is not None:  # rank 0
             from tbon.overlay.services.status import StatusService
-            from tbon.overlay.state.standbys import Roles, standby_ranks
+            from tbon.overlay.state.standbys import Roles, kept_standbys
 
-            roles = Roles(rank, standby_ranks(topology, config.standbys))
+            standbys, fewer = kept_standbys(topology, config.standbys)
+            if fewer is not None:
+                logging.getLogger("tbon.broker").warning("%s", fewer)
+            roles = Roles(rank, standbys)
             status = StatusService(table, lifecycle, roles)
         return Services(
             ping=PingService(me, topology),

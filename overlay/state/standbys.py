@@ -27,6 +27,24 @@ MAX_STANDBYS = 4
 before it acknowledges a change of its table."""
 
 
+def kept_standbys(topology: Topology, asked: int) -> tuple[tuple[int, ...], str | None]:
+    """The standbys an instance keeps for tbon.standbys=`asked`, and a line to log if that is
+    fewer than asked. First clamped to the ranks there are; then the root group (root and
+    standbys) must be odd, since a takeover needs a majority of it (docs/protocol.md §13.1):
+    an even group buys nothing (with one standby, both members make the majority, so the
+    standby could never take over, and its death would stop every grant). So 1 runs as 0 and
+    3 as 2."""
+    ranks = standby_ranks(topology, asked)
+    kept = ranks[: len(ranks) - len(ranks) % 2]
+    if len(kept) == len(ranks):
+        return kept, None
+    clamped = f" ({len(ranks)} in a size of {topology.size})" if len(ranks) < asked else ""
+    return kept, (
+        f"tbon.standbys={asked}{clamped} adds no failover (the root group must be odd): "
+        f"running with {len(kept)}"
+    )
+
+
 def standby_ranks(topology: Topology, count: int) -> tuple[int, ...]:
     """The first `count` ranks after the root in breadth-first order (fewer if the instance
     has fewer). Visits at most `count` ranks' children lists, so it costs nothing at 2^18."""
