@@ -346,13 +346,17 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
     )
     with progress if interactive() else nullcontext():
         task = progress.add_task("join", total=len(joiners))
+        from tbon.overlay.state.heldtable import HeldPages, said
+
         tag = client.send("status.watch", {"view": "held"}, nodeid=0)  # the ranks that joined
+        pages = HeldPages()
         while any(j.pending for j in joiners) and time.monotonic() < deadline:
             reply = client.receive(0.1)
             if reply is not None and reply.tag == tag:
                 if reply.errnum:
                     raise TbonError(f"status stream ended: {reply.errstr}")
-                for entry in reply.payload["ranks"]:
+                view = pages.take(reply.payload)
+                for entry in said(view) if view is not None else []:
                     joiner = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
                     if joiner is None or entry["state"] != "online" or not joiner.pending:
                         continue
