@@ -480,9 +480,11 @@ def _cli_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_scale(report: Report, runs: int) -> None:
+def bench_scale(report: Report, runs: int, sizes: set[int] | None = None) -> None:
     rows = []
     for what, size, words, target in SCALE_CASES:
+        if sizes is not None and size not in sizes:
+            continue
         progress(f"scale: size {size}: {what}")
         with tbon_start(size, ["tbon.topo=kary:32"], force=size > 1024) as launched:
             _wait_online(launched, size)
@@ -605,6 +607,10 @@ def bench_flux(report: Report, runs: int, tbon: dict[tuple[int, str], float]) ->
     )
 
 
+def _sizes(text: str | None) -> set[int] | None:
+    return None if text is None else {int(word) for word in text.split(",")}
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -615,6 +621,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--throughput-runs", type=int, default=3, help="throughput runs (default 3)"
     )
     parser.add_argument("--scale-runs", type=int, default=5, help="scale runs (default 5)")
+    parser.add_argument(
+        "--scale-sizes",
+        default=None,
+        help="only these sizes of the scale section, comma-separated (e.g. 1024)",
+    )
     args = parse_args(
         parser, argv, SECTIONS, counts=("--runs", "--throughput-runs", "--scale-runs")
     )
@@ -624,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency": lambda: cli_medians.update(bench_latency(report, args.runs)),
         "throughput": lambda: bench_throughput(report, args.throughput_runs),
         "flux": lambda: bench_flux(report, args.runs, cli_medians),
-        "scale": lambda: bench_scale(report, args.scale_runs),
+        "scale": lambda: bench_scale(report, args.scale_runs, _sizes(args.scale_sizes)),
     }
     for name in args.sections:
         steps[name]()

@@ -11,9 +11,12 @@ reaped. Each round runs, against it, `tbon status --summary`, `--errors`, the tr
 status`, collapsed where ranks read the same) and `--json` (its output to /dev/null), and the
 table gives the medians of the wall times, with the largest resident set of the `--json`
 process; then rank 0's resident set (VmRSS, and its peak VmHWM, from /proc) once every command
-ran. `tbon ping 0` shows the floor, what any command costs on this machine now. Targets (issue
-26) at S = 262,144, N = 64: rank 0 ≤ 128 MB, `--summary` ≤ 0.2 s, the tree ≤ 1 s, `--json`
-≤ 3 s.
+ran. `tbon ping 0` shows the floor, what any command costs on this machine now. Each round
+then runs `tbon expand --ranks S-1` (which starts brokers for the vacant ranks above it too) and
+times its joiner, from the process's start (/proc/PID/stat, to 10 ms) to expand's exit once rank
+0 showed it online, and retires what it started, deepest first. Targets (issue 26) at S =
+262,144, N = 64: rank 0 ≤ 128 MB, `--summary` ≤ 0.2 s, the tree ≤ 1 s, `--json` ≤ 3 s, the
+joiner online ≤ 0.5 s after it starts.
 
 Drives tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run
 it against an older checkout, whose `tbon start` refuses a size above its limit.
@@ -74,6 +77,37 @@ def rank0_pid(uri: str) -> int:
     return int(found.group(1))
 
 
+def started_at(pid: int) -> float:
+    """When process `pid` started, in seconds since boot (CLOCK_BOOTTIME)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def expand_highest(uri: str, size: int) -> tuple[float, float]:
+    """`tbon expand --ranks size-1`: its wall time, and its joiner's time from its start to
+    expand's exit (online); then every rank it joined retired, deepest first."""
+    import json
+
+    began = time.perf_counter()
+    process = subprocess.run(
+        [str(TBON), "expand", uri, "--ranks", str(size - 1), "--json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+    )
+    done = time.clock_gettime(time.CLOCK_BOOTTIME)
+    elapsed = time.perf_counter() - began
+    if process.returncode != 0:
+        raise RuntimeError(f"tbon expand exited {process.returncode}: {process.stderr[-400:]!r}")
+    joined = json.loads(process.stdout)["joined"]
+    highest = next(j for j in joined if j["rank"] == size - 1)
+    online = done - started_at(highest["pid"])
+    for rank in sorted((j["rank"] for j in joined), reverse=True):
+        run([str(TBON), "retire", uri, str(rank)])
+    return elapsed, online
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="rounds (default 5)")
@@ -89,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress(f"tbon start --test-size={args.test_size} -S {' -S '.join(attributes)}")
     times: dict[str, list[float]] = {label: [] for label, _flags, _target in VIEWS}
     json_rss: list[int] = []
+    expands: list[float] = []
+    onlines: list[float] = []
     with tbon_start(args.test_size, attributes, options=["--test-exit-timeout=1m"]) as instance:
         pid = rank0_pid(instance.uri)
         for round_ in range(args.runs):
@@ -103,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 times[label].append(elapsed)
                 if "--json" in flags:
                     json_rss.append(rss)
+            elapsed, online = expand_highest(instance.uri, args.size)
+            expands.append(elapsed)
+            onlines.append(online)
         memory = proc_kb(pid, ["VmRSS", "VmHWM"])
     report.heading(
         f"tbon status, {args.size} ranks ({args.test_size} online, {args.topo}), "
@@ -113,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         goal = f"≤ {target:g} s" if target is not None and args.size == 262144 else ""
         rows.append([label, f"{median(times[label]):.3f} s", goal])
     rows.append(["`--json` CLI, peak RSS, MB", f"{median(json_rss) / 1024:.1f}", ""])
+    rows.append([f"`tbon expand --ranks {args.size - 1}`", f"{median(expands):.3f} s", ""])
+    goal = "≤ 0.5 s" if args.size == 262144 else ""
+    rows.append(["its joiner: started -> online", f"{median(onlines):.3f} s", goal])
     goal = "≤ 128" if args.size == 262144 else ""
     rows.append(["rank 0 RSS after the rounds, MB", f"{memory.get('VmRSS', 0) / 1024:.1f}", goal])
     rows.append(["rank 0 peak RSS (VmHWM), MB", f"{memory.get('VmHWM', 0) / 1024:.1f}", ""])

@@ -123,24 +123,28 @@ T = TypeVar("T")
 def fetch_status(client: Any) -> dict[str, Any]:
     """Rank 0's status object for a command that looks ranks up by number: the entries of the
     ranks something happened to, the untouched spares made up as they are read (heldtable.py),
-    in one message whatever the size; past WHOLE_TABLE_MAX ranks held, read in pages."""
-    import errno
-    import json
+    read a page at a time (one, unless thousands of ranks are held) whatever the size."""
+    return read_held(client)
 
-    from tbon.overlay.connectors.client import RequestError
-    from tbon.overlay.state.heldtable import whole
 
-    try:
-        return whole(client.rpc("status.get", {"view": "held"}, nodeid=0))
-    except RequestError as error:
-        if error.errnum != errno.EFBIG:  # more than 8192 ranks held: the pages, then
-            raise
-    ranks: list[dict[str, Any]] = []
-    status: dict[str, Any] = {}
-    for header, data in client.table_pages():
-        status = {"size": header["size"], "topo": header["topo"], "ranks": ranks}
-        ranks += json.loads(b"[" + data + b"]")
-    return status
+def read_held(client: Any, timeout: float | None = None) -> dict[str, Any]:
+    """Rank 0's held view, its pages asked for one after another until the last
+    (status.get with `view` `held` and `start`), as one status object (heldtable.whole)."""
+    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT
+    from tbon.overlay.state.heldtable import HeldPages
+
+    pages = HeldPages()
+    start = 0
+    while True:
+        page = client.rpc(
+            "status.get",
+            {"view": "held", "start": start},
+            nodeid=0,
+            timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        )
+        if (status := pages.take(page)) is not None:
+            return status
+        start = page["next"]
 
 
 def once_healed(

@@ -28,6 +28,7 @@ import typer
 from tbon.cli.common import URI_HELP, fetch_status, open_client, print_json
 from tbon.errors import RANK_TROUBLE, TbonError, UsageError
 from tbon.overlay.connectors.patience import ANSWER_WAIT
+from tbon.overlay.state.heldtable import HeldPages
 
 WINDOW = 16  # ranks asked at once: what they answer is at most 16 rings (about 24 MiB)
 LEVELS = ("debug", "info", "warning", "error")
@@ -174,6 +175,7 @@ class Reading:
     acks: dict[int, int] = field(default_factory=dict)  # tag -> `next` to acknowledge
     mode: str = "read"  # or "clear" (dmesg.clear), or "read-clear" (dmesg.get with clear)
     watch: int = 0
+    pages: HeldPages = field(default_factory=HeldPages)  # rank 0's table, a page at a time
     clock: HumanClock | None = None  # -H
 
     def run(self, targets: list[int]) -> None:
@@ -262,9 +264,10 @@ class Reading:
         """Rank 0 pushed its table: a rank being read whose broker has gone will never answer."""
         if reply.errnum:  # the instance is shutting down
             raise TbonError(f"status stream ended: {reply.errstr}")
-        from tbon.overlay.state.heldtable import whole
-
-        entries = whole(reply.payload)["ranks"]
+        view = self.pages.take(reply.payload)
+        if view is None:
+            return  # more pages of this table to come
+        entries = view["ranks"]
         gone = {r for r in self.waiting if entries[r]["state"] not in READABLE}
         self.waiting = [r for r in self.waiting if r not in gone]
         for streams in (self.asked, self.following):

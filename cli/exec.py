@@ -200,14 +200,17 @@ def _watch_status(client: Any) -> tuple[int, dict[str, Any]]:
     later ones tell of ranks lost while the jobs run. One stream for both, so that rank 0 builds
     and sends the table once, not also for a status.get (at 2048 ranks, 370 kB of JSON)."""
     from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
-    from tbon.overlay.state.heldtable import whole
+    from tbon.overlay.state.heldtable import HeldPages
 
     # the ranks something happened to: the others are spares, never targets, never lost
     tag = client.send("status.watch", {"view": "held"}, nodeid=0)
-    reply = client.answer(tag, 0, DEFAULT_TIMEOUT)
-    if reply.errnum:
-        raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
-    return tag, whole(reply.payload)
+    pages = HeldPages()  # one page but for thousands of ranks held
+    while True:
+        reply = client.answer(tag, 0, DEFAULT_TIMEOUT)
+        if reply.errnum:
+            raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+        if (status := pages.take(reply.payload)) is not None:
+            return tag, status
 
 
 def _empty_stdin() -> bool:
@@ -378,6 +381,7 @@ def _run(
     Output is written as it comes and credited back once written (flow.py), so a reader that
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
     Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
+    from tbon.overlay.state.heldtable import HeldPages, said
     from tbon.overlay.wire.flow import StdinRoom, output_window
 
     job_id = uuid.uuid4().hex
@@ -408,6 +412,7 @@ def _run(
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
     adrift = False  # some rank was reattaching, in rank 0's last table
+    pages = HeldPages()  # the pages of rank 0's next table
     try:
         while outcome.pending:
             now = time.monotonic()
@@ -435,9 +440,12 @@ def _run(
                         prompts.heard(rank, time.monotonic())
                     streams.answer(reply)
                 elif reply.tag == watch and not reply.errnum:
-                    _note_lost(reply.payload, outcome, as_json)
+                    if (view := pages.take(reply.payload)) is None:
+                        continue
+                    entries = {"ranks": said(view)}
+                    _note_lost(entries, outcome, as_json)
                     prompts.soon(time.monotonic())
-                    adrift, healed = heal_over(adrift, reply.payload)
+                    adrift, healed = heal_over(adrift, entries)
                     if healed and outcome.pending:
                         resend = {"id": job_id, "targets": sorted(outcome.pending)}
                         client.send("exec.resend", resend, nodeid=0)

@@ -125,6 +125,16 @@ def register(app: typer.Typer) -> None:
             status = fetch_status(client)
             info = client.rpc("broker.info", nodeid=0)
             wanted = _wanted(status, count, fill, ranks)
+            above = vacant_ancestors(status, [r for r in wanted if r is not None])
+            if above:
+                print(
+                    f"tbon expand: also starting brokers for rank{'s' * (len(above) > 1)} "
+                    f"{format_idset(above)} above the ranks asked for: no broker holds "
+                    f"{'them' if len(above) > 1 else 'it'}, and a broker comes online only "
+                    "below a parent that is online",
+                    file=sys.stderr,
+                )
+                wanted = [*above, *wanted]  # the highest first: they start first
             if not wanted:
                 _report([], as_json, "no available ranks: nothing to fill")
                 return
@@ -171,6 +181,33 @@ def _wanted(
         return [None] * sum(r["state"] in ("vacant", "lost") for r in status["ranks"])
     assert count is not None
     return [None] * count
+
+
+def vacant_ancestors(status: dict[str, Any], ranks: list[int]) -> list[int]:
+    """The ranks above `ranks` that no broker holds and none is expected for (`vacant` or
+    `lost`), and that are not asked for themselves, parents before children: a joiner comes
+    online only below a parent that is online, so each of these needs a broker too, or the
+    joiners below it wait out their lease for nothing (docs/flub.md §2, step 2)."""
+    asked = set(ranks)
+    found: set[int] = set()
+    for rank in ranks:
+        parent = status["ranks"][rank]["parent"]
+        while parent is not None and parent not in found:
+            entry = status["ranks"][parent]
+            if entry["state"] in ("online", "retiring"):
+                break  # connected: what is above it is its own broker's concern
+            if entry["state"] in ("vacant", "lost") and parent not in asked:
+                found.add(parent)
+            parent = entry["parent"]
+    levels = {rank: _depth(status, rank) for rank in found}
+    return sorted(found, key=lambda rank: (levels[rank], rank))
+
+
+def _depth(status: dict[str, Any], rank: int) -> int:
+    depth = 0
+    while (rank := status["ranks"][rank]["parent"]) is not None:
+        depth += 1
+    return depth
 
 
 def _tbon_command() -> list[str]:
@@ -341,13 +378,17 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
     )
     with progress if interactive() else nullcontext():
         task = progress.add_task("join", total=len(joiners))
+        from tbon.overlay.state.heldtable import HeldPages, said
+
         tag = client.send("status.watch", {"view": "held"}, nodeid=0)  # the ranks that joined
+        pages = HeldPages()
         while any(j.pending for j in joiners) and time.monotonic() < deadline:
             reply = client.receive(0.1)
             if reply is not None and reply.tag == tag:
                 if reply.errnum:
                     raise TbonError(f"status stream ended: {reply.errstr}")
-                for entry in reply.payload["ranks"]:
+                view = pages.take(reply.payload)
+                for entry in said(view) if view is not None else []:
                     joiner = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
                     if joiner is None or entry["state"] != "online" or not joiner.pending:
                         continue

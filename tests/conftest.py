@@ -155,8 +155,8 @@ class Instance:
     def status(self) -> dict[str, Any]:
         """Rank 0's table: whole, or past WHOLE_TABLE_MAX ranks (EFBIG) as its held view, the
         spares made up as read (heldtable.py)."""
+        from tbon.cli.common import read_held
         from tbon.overlay.connectors.client import RequestError
-        from tbon.overlay.state.heldtable import whole
 
         with self.client() as client:
             try:
@@ -164,7 +164,7 @@ class Instance:
             except RequestError as error:
                 if error.errnum != errno.EFBIG:
                     raise
-                return whole(client.rpc("status.get", {"view": "held"}, nodeid=0))
+                return read_held(client)
 
     def pid(self, rank: int) -> int:
         pid = self.status()["ranks"][rank]["pid"]
@@ -177,8 +177,9 @@ class Instance:
         """The first pushed status that satisfies `predicate` (rank 0 pushes every change)."""
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
-        from tbon.overlay.state.heldtable import whole
+        from tbon.overlay.state.heldtable import HeldPages, whole
 
+        pages = HeldPages()  # the held view comes in pages past thousands of ranks held
         with self.client() as client:
             tag = client.send("status.watch", {}, nodeid=0)
             while time.monotonic() < deadline:
@@ -191,7 +192,10 @@ class Instance:
                     tag = client.send("status.watch", {"view": "held"}, nodeid=0)
                     continue
                 assert not reply.errnum, reply.errstr
-                last = whole(reply.payload)
+                view = pages.take(reply.payload) if "launched" in reply.payload else None
+                if view is None and "launched" in reply.payload:
+                    continue  # more pages of this table to come
+                last = view if view is not None else whole(reply.payload)
                 if predicate(last):
                     return last
         tail = "\n  ".join(self.stderr().splitlines()[-40:])  # enough to tell a race apart

@@ -85,6 +85,7 @@ def test_a_joiner_takes_the_highest_rank_and_retires(instance) -> None:
     joined = tbon("expand", inst.uri, "--ranks", str(last), "--json", timeout=120)
     assert joined.returncode == 0, joined.stderr
     assert [r["rank"] for r in json.loads(joined.stdout)["joined"]] == [last]
+    assert "also starting" not in joined.stderr
     tree = tbon("status", inst.uri).stdout.splitlines()
     assert tree[-2:] == [f"├─ 4-{last - 1} extra: vacant", tree[-1]]
     assert re.fullmatch(rf"└─ {last} \S+: full", tree[-1])
@@ -96,3 +97,28 @@ def test_a_joiner_takes_the_highest_rank_and_retires(instance) -> None:
     errors = tbon("status", inst.uri, "--errors").stdout.splitlines()
     assert re.fullmatch(rf"{last} \S+: vacant: retired", errors[0]), errors
     assert errors[1] == f"4-{last - 1}: vacant: spares never held"
+
+
+def test_expand_into_the_highest_rank_starts_its_vacant_parents_too(instance) -> None:
+    """The default tree (kary:32): rank 262143 hangs from 8191, 255 and 7, all spares. Its
+    broker cannot come online below a vacant parent, so expand starts theirs too, and says so;
+    then they retire, the deepest first."""
+    inst = instance(4, f"size={SIZE}")
+    last = SIZE - 1
+    joined = tbon("expand", inst.uri, "--ranks", str(last), "--json", timeout=120)
+    assert joined.returncode == 0, joined.stderr
+    assert "also starting brokers for ranks 7,255,8191 above the ranks asked for" in (
+        joined.stderr
+    )
+    assert [r["rank"] for r in json.loads(joined.stdout)["joined"]] == [7, 255, 8191, last]
+    subtree = tbon("status", inst.uri, "-r", "8191").stdout.splitlines()
+    assert re.fullmatch(r"8191 \S+: partial", subtree[0]), subtree
+    assert re.fullmatch(rf"└─ {last} \S+: full", subtree[-1]), subtree
+    summary = tbon("status", inst.uri, "--summary").stdout
+    assert f"({SIZE} ranks: 8 online, {SIZE - 8} vacant)" in summary
+    for rank in (last, 8191, 255, 7):
+        retired = tbon("retire", inst.uri, str(rank))
+        assert retired.returncode == 0, retired.stderr
+        assert f"rank {rank}: retired" in retired.stdout
+    held = inst.status()
+    assert [held["ranks"][r]["state"] for r in (7, 255, 8191, last)] == ["vacant"] * 4

@@ -198,6 +198,47 @@ def test_a_watcher_that_has_not_read_gets_only_the_latest_table_when_it_does() -
     assert status.ack(request("status.ack", {"watch": watch.tag}, route=["l0a", "c1"]), NOW) == []
 
 
+def test_a_held_watcher_of_thousands_of_held_ranks_reads_its_table_in_pages() -> None:
+    """Past what one message holds, each update of the held view goes as pages, the next
+    once the one before is acknowledged; a change meanwhile goes as a new update after them."""
+    from tbon.overlay.state.heldtable import HeldPages
+
+    table = started("kary:32", 20_000)  # 20,000 ranks launched: every one held
+    status = StatusService(table, Lifecycle())
+    watch = request("status.watch", {"view": "held"})
+    ack = request("status.ack", {"watch": watch.tag})
+    pages = HeldPages()
+    reply = only_response(status.watch(watch, NOW))
+    count = 1
+    while (view := pages.take(reply.payload)) is None:
+        assert status.pushes(NOW) == []  # a page in flight: nothing else goes
+        reply = only_response(status.ack(ack, NOW))
+        assert reply.streaming and reply.payload["start"] > 0
+        count += 1
+    assert count > 2 and view["ranks"][19_999]["state"] == "offline"
+    assert status.ack(ack, NOW) == []  # the whole view read, and nothing changed
+    bring_up(table, [1])
+    (pushed,) = status.pushes(NOW)
+    assert pushed[1].payload["start"] == 0 and pushed[1].payload["next"] is not None
+    bring_up(table, [2])  # while the pages of the update go
+    reply = pushed[1]
+    while (view := pages.take(reply.payload)) is None:
+        reply = only_response(status.ack(ack, NOW))
+    assert view["ranks"][1]["state"] == "online"
+    again = only_response(status.ack(ack, NOW))  # then the newer table, from its first page
+    assert again.payload["start"] == 0
+
+
+def test_the_held_view_is_asked_for_a_page_at_a_time() -> None:
+    table = started("kary:32", 20_000)
+    status = StatusService(table, Lifecycle())
+    first = only_response(status.get(request("status.get", {"view": "held"}), NOW)).payload
+    later = status.get(request("status.get", {"view": "held", "start": first["next"]}), NOW)
+    assert only_response(later).payload["ranks"][0]["rank"] == first["next"]
+    bad = status.get(request("status.get", {"view": "held", "start": 20_000}), NOW)
+    assert only_response(bad).errnum == errno.EINVAL
+
+
 def test_watches_end_with_their_client_and_at_shutdown() -> None:
     table = started("kary:2", 3)
     status = StatusService(table, Lifecycle())

@@ -16,10 +16,46 @@ from test_rankentries import build, events, prelude
 
 from tbon.cli import render
 from tbon.overlay.state import statusviews
-from tbon.overlay.state.heldtable import whole
+from tbon.overlay.state.heldtable import HeldPages, whole
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.state.topology import Topology
+
+
+def held_pages(table: RankTable, now: float, budget: int) -> dict[str, object]:
+    """The held view read a page at a time, as a command reads it, put together."""
+    pages = HeldPages()
+    start = 0
+    while True:
+        page = statusviews.held(table, now, start, budget)
+        assert page["ranks"] and page["start"] == start
+        view = pages.take(page)
+        if view is not None:
+            assert page["next"] is None
+            return view
+        assert page["next"] > page["ranks"][-1]["rank"]
+        start = page["next"]
+
+
+def test_thousands_of_held_ranks_go_in_pages_that_rebuild_the_table() -> None:
+    """More ranks held than the 8192 a table is sent whole with: every held entry is in one
+    page, each page is bounded, and the spares in between are made up as rank 0 shows them."""
+    size, launched = 40_000, 20_000
+    table = RankTable(Topology("kary:32", size), [f"node{r}" for r in range(launched)], 10.0)
+    now = 12.0
+    first = statusviews.held(table, now)
+    assert first["next"] is not None and "spares" not in first  # a page, not the view
+    assert len(json.dumps(first)) < 2 * statusviews.PAGE_BYTES
+    view = held_pages(table, now, statusviews.PAGE_BYTES)
+    assert len(view["ranks"].held) == launched  # type: ignore[attr-defined]
+    for rank in (0, 1, launched - 1, launched, size - 1):
+        assert view["ranks"][rank] == snapshot_entry(table, rank, now)  # type: ignore[index]
+
+
+def snapshot_entry(table: RankTable, rank: int, now: float) -> dict[str, object]:
+    from tbon.overlay.state.snapshot import shown
+
+    return shown(table, rank, now)
 
 
 def plain(lines: list[object]) -> list[str]:
@@ -61,6 +97,8 @@ def test_views_computed_at_rank_0_read_as_the_whole_table_does(
     assert json.loads(b"[" + b",".join(pages) + b"]") == status["ranks"]
     rebuilt = whole(statusviews.held(table, now))
     assert [rebuilt["ranks"][r] for r in range(size)] == status["ranks"]
+    paged = held_pages(table, now, budget)
+    assert [paged["ranks"][r] for r in range(size)] == status["ranks"]
     for root in range(size):
         summary = statusviews.summary(table, now, root)
         assert render.summary_of(summary).plain == render.summary(status, root).plain

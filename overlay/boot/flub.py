@@ -213,11 +213,13 @@ def _rpc(client: Client, topic: str, payload: dict[str, Any], timeout: float) ->
 def _watch(client: Client, deadline: float) -> Iterator[dict[str, Any]]:
     """Rank 0's status tables until `deadline`, as Client.watch_status gives them; a stream
     cut by a boot server that is gone (or that cannot reach rank 0) is BootServerLost."""
-    from tbon.overlay.state.heldtable import whole
+    from tbon.overlay.state.heldtable import HeldPages
 
+    pages = HeldPages()  # one page but for thousands of ranks held
     try:
-        for status in client.watch_status(deadline, {"view": "held"}):
-            yield whole(status)
+        for page in client.watch_status(deadline, {"view": "held"}):
+            if (status := pages.take(page)) is not None:
+                yield status
     except RequestError as error:
         if error.errnum == errno.EHOSTUNREACH:
             raise BootServerLost(f"{client.uri}: {error}") from None

@@ -33,7 +33,19 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
 
 MAX_ADMISSIONS = 65536
-"""The most (rank, incarnation, key) one heal.foster may carry: an instance's size bounds it."""
+"""The most (rank, incarnation, key) one heal.foster (or heal.withdraw) may carry."""
+
+ORDER_RANKS = 16384
+"""The most admissions rank 0 puts in one heal.foster or heal.withdraw: one takes at most 57
+bytes of JSON (a rank, an incarnation, a 40-character key), so an order stays under 1 MiB, a
+quarter of a message, and within MAX_ADMISSIONS. A loss near the root of 262,144 ranks may cut
+off 131,071 brokers (rank 1 of a binomial tree), or all but two (a chain): such an order goes as
+several, each obeyed on its own."""
+
+
+def in_orders(items: list[Any]) -> list[list[Any]]:
+    """`items` cut into orders of at most ORDER_RANKS."""
+    return [items[at : at + ORDER_RANKS] for at in range(0, len(items), ORDER_RANKS)]
 
 MAX_WAIT = 3600.0
 """The longest heal.wait a client may ask for (seconds)."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbon.overlay.services.actions import Action, Call, Send, Wake, info, warning
+from tbon.overlay.services.heal import in_orders
 from tbon.overlay.state.admissions import Admissions
 from tbon.overlay.state.healing import (
     Fate,
@@ -205,15 +206,15 @@ class RankPath:
         for foster in fosters:
             for admitted_rank, incarnation, _ in admitted:
                 self.admissions.fostered(admitted_rank, incarnation, foster)
-        order = {
-            "ranks": [list(admission) for admission in admitted],
-            "for": self.table.reattach_grace,
-        }
+        orders = [
+            {"ranks": [list(admission) for admission in part], "for": self.table.reattach_grace}
+            for part in in_orders(admitted)
+        ]
         shown = ",".join(str(r) for r, _, _ in admitted[:8]) + ("..." if len(admitted) > 8 else "")
         who = f"rank {fosters[0]}" if len(fosters) == 1 else "ranks " + ",".join(map(str, fosters))
         actions: list[Action] = [info(f"rank {rank} ended: {who} fosters what it held ({shown})")]
         for foster in fosters:
-            actions.append(self._foster_at(foster, order))
+            actions += [self._foster_at(foster, order) for order in orders]
         return actions
 
     def _foster_at(self, foster: int, order: dict[str, object]) -> Call:
@@ -269,12 +270,13 @@ class RankPath:
                 Message(
                     Kind.REQUEST,
                     "heal.withdraw",
-                    {"ranks": [list(a) for a in ranks]},
+                    {"ranks": [list(a) for a in part]},
                     nodeid=parent,
                 )
             )
             for parent, ranks in sorted(moot.items())
             if self.table.entries.peek(parent).state in CONNECTED
+            for part in in_orders(ranks)
         ]
 
 

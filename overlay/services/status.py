@@ -4,7 +4,9 @@ status.tree), served by rank 0 from its rank table.
 A table of more than WHOLE_TABLE_MAX ranks is never sent whole: status.get gives it in pages
 (`start`: the entries from that rank on, as JSON text in the data frame, and `next`), and a
 status.watch asks for a view (`view`: `summary` of a `rank`, or `held`, the entries of the ranks
-something happened to) or is refused EFBIG (docs/protocol.md §7).
+something happened to) or is refused EFBIG (docs/protocol.md §7). The held view goes in pages
+too, of at most PAGE_BYTES each: status.get asks for one (`start`), and a held watcher is sent
+the pages of each update one after another, each once it acknowledged the one before.
 
 Every answer (the table, a page's header, each view) also says which rank is the root now and
 which ranks stand by for it (`root`, `standbys`: state/standbys.py), from `roles`, which whoever
@@ -47,6 +49,7 @@ class Watcher:
     unread: bool = True  # that table is in flight: the next waits for its acknowledgement
     view: str = "table"  # VIEWS
     rank: int = 0  # the subtree of a summary
+    cursor: int | None = None  # held: where the next page of the update being sent starts
 
     @property
     def route(self) -> list[str]:
@@ -66,7 +69,7 @@ class StatusService:
         if watcher is not None and watcher.view == "summary":
             return self._said(statusviews.summary(self.table, now, watcher.rank))
         if watcher is not None and watcher.view == "held":
-            return self._said(statusviews.held(self.table, now))
+            return self._said(statusviews.held(self.table, now, watcher.cursor or 0))
         return self._said(snapshot(self.table, now))
 
     def _said(self, answer: dict[str, Any]) -> dict[str, Any]:
@@ -86,13 +89,15 @@ class StatusService:
     def get(self, request: Message, now: float) -> list[Action]:
         """The whole table; with `start` a page of it: the entries from that rank on, as JSON
         text in the data frame, with `next`, the rank the next page starts at (null at the
-        end); with `view` `held`, the entries of the ranks something happened to."""
-        if request.payload.get("view") == "held":
-            try:
-                return [Respond(request.respond(self._said(statusviews.held(self.table, now))))]
-            except statusviews.TooBig as error:
-                return [Respond(request.fail(errno.EFBIG, f"{error}: read the table in pages"))]
+        end); with `view` `held`, a page of the entries of the ranks something happened to,
+        from `start` (default 0) on."""
         start = request.payload.get("start")
+        if request.payload.get("view") == "held":
+            start = 0 if start is None else start
+            if type(start) is not int or not 0 <= start < self.table.size:
+                why = f"status.get: start must be a rank from 0 to {self.table.size - 1}"
+                return [Respond(request.fail(errno.EINVAL, why))]
+            return [Respond(request.respond(self._said(statusviews.held(self.table, now, start))))]
         if start is None:
             refusal = self._too_big(request)
             return [Respond(refusal or request.respond(self.snapshot(now)))]
@@ -162,22 +167,22 @@ class StatusService:
         if view == "table" and (refusal := self._too_big(request)) is not None:
             return [Respond(refusal)]
         watcher = Watcher(request, self.table.generation, view=view, rank=rank)
-        try:
-            first = self.snapshot(now, watcher)
-        except statusviews.TooBig as error:
-            return [Respond(request.fail(errno.EFBIG, str(error)))]
+        first = self.snapshot(now, watcher)
+        if view == "held":
+            watcher.cursor = first["next"]
         self.watchers.append(watcher)
         return [Respond(request.respond(first, streaming=True))]
 
     def ack(self, request: Message, now: float) -> list[Action]:
         """status.ack: the watcher whose status.watch had tag `watch` (from the same client: the
-        same route) read its table. If the table changed meanwhile, the latest goes now.
+        same route) read its table. If the table changed meanwhile, the latest goes now; the
+        next page of a held update goes whether it did or not.
         One-way: nothing is answered, and an ack that matches no watcher is dropped."""
         tag = request.payload.get("watch")
         for watcher in self.watchers:
             if watcher.request.tag == tag and watcher.route == request.route:
                 watcher.unread = False
-                if watcher.sent != self.table.generation:
+                if watcher.cursor is not None or watcher.sent != self.table.generation:
                     return [Respond(self._update(watcher, now, {}))]
                 return []
         return []
@@ -197,28 +202,32 @@ class StatusService:
         if generation == self._pushed_generation or not self.watchers:
             return []
         self._pushed_generation = generation
-        due = [w for w in self.watchers if not w.unread and w.sent != generation]
+        due = [
+            w
+            for w in self.watchers
+            if not w.unread and w.cursor is None and w.sent != generation
+        ]
         if not due:
             return []
-        made: dict[tuple[str, int], dict[str, Any] | str] = {}  # each view built once a push
+        made: dict[tuple[str, int], dict[str, Any]] = {}  # each view built once a push
         return [(watcher, self._update(watcher, now, made)) for watcher in due]
 
     def _update(
-        self, watcher: Watcher, now: float, made: dict[tuple[str, int], dict[str, Any] | str]
+        self, watcher: Watcher, now: float, made: dict[tuple[str, int], dict[str, Any]]
     ) -> Message:
-        """The watcher's next update; or, if its view no longer fits one message (the held
-        ranks grew past WHOLE_TABLE_MAX), the end of its stream (EFBIG), and it is dropped."""
-        key = (watcher.view, watcher.rank if watcher.view == "summary" else 0)
-        if key not in made:
-            try:
+        """The watcher's next update: the newest view, or the next page of a held update
+        under way (made for it alone: the others read their pages at their own pace)."""
+        if watcher.cursor is not None:
+            status = self.snapshot(now, watcher)
+        else:
+            key = (watcher.view, watcher.rank if watcher.view == "summary" else 0)
+            if key not in made:
                 made[key] = self.snapshot(now, watcher)
-            except statusviews.TooBig as error:
-                made[key] = str(error)
-        status = made[key]
-        if isinstance(status, str):
-            self.forget_watcher(watcher)
-            return watcher.request.fail(errno.EFBIG, status)
-        watcher.sent, watcher.unread = self.table.generation, True
+            status = made[key]
+            watcher.sent = self.table.generation
+        if watcher.view == "held":
+            watcher.cursor = status["next"]
+        watcher.unread = True
         return watcher.request.respond(status, streaming=True)
 
     def end(self) -> list[Action]:

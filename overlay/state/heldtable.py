@@ -3,9 +3,11 @@
 `tbon expand`, `retire`, `dmesg`, `exec` and a joining broker read the status table by rank
 (`status["ranks"][rank]`). At 262,144 ranks rank 0 does not send the table whole: it sends the
 entries of the ranks something happened to, and says which ranks are untouched spares
-(statusviews.held). `whole` gives the object back with `ranks` a sequence of every rank's entry,
-a spare's made up from the topology when it is read, so that such a command reads a table of any
-size as it read a small one, and holds only the entries that say something.
+(statusviews.held), a page of at most 1 MiB at a time. `HeldPages` puts the pages of one view
+together (a watch sends them one after another), and `whole` gives the object back with `ranks`
+a sequence of every rank's entry, a spare's made up from the topology when it is read, so that
+such a command reads a table of any size as it read a small one, and holds only the entries
+that say something.
 """
 
 from __future__ import annotations
@@ -71,7 +73,25 @@ def said(status: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def whole(view: dict[str, Any]) -> dict[str, Any]:
-    """The status object of a `held` view (or a whole table, returned as it is)."""
-    if "spares" not in view:
+    """The status object of a `held` view, all its pages (or a whole table, returned as it is)."""
+    if "launched" not in view:
         return view
     return {**view, "ranks": Ranks(view)}
+
+
+class HeldPages:
+    """A `held` view put together from its pages (`start`, `next`), in the order they come:
+    a page from rank 0 begins a view, the one whose `next` is None ends it."""
+
+    def __init__(self) -> None:
+        self.ranks: list[dict[str, Any]] = []
+
+    def take(self, page: dict[str, Any]) -> dict[str, Any] | None:
+        """The status object (as `whole` makes it) once `page` ends a view; else None."""
+        if not page.get("start"):
+            self.ranks = []
+        self.ranks += page["ranks"]
+        if page.get("next") is not None:
+            return None
+        view, self.ranks = {**page, "ranks": self.ranks, "start": 0}, []
+        return whole(view)

@@ -10,8 +10,8 @@ At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answe
 - its *tree* (`tree`): the tree as drawn, where sibling subtrees that no broker ever held, and
   sibling leaves that read the same, are one item each (`├─ 16-262143 extra: vacant`), cut at a
   depth if asked;
-- the *held* ranks (`held`): every entry but the spares nothing happened to, as long as at most
-  WHOLE_TABLE_MAX ranks are held (else TooBig: such a table is read in pages).
+- the *held* ranks (`held`): every entry but the spares nothing happened to, in pages of at
+  most PAGE_BYTES (one page, for all but the largest tables).
 
 The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
 another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
@@ -21,11 +21,12 @@ drawn tree has no loops. Pure functions of the table; no I/O.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tbon.limits import PAGE_BYTES, WHOLE_TABLE_MAX
+from tbon.limits import PAGE_BYTES
 from tbon.overlay.parse.hostlist import encode_hostlist
 from tbon.overlay.parse.idset import format_idset
 from tbon.overlay.state.rankstates import CONNECTED, RankState
@@ -393,21 +394,33 @@ def _kary_levels(table: RankTable, first: int, last: int) -> tuple[str, int]:
     return _idset(spans), count
 
 
-class TooBig(ValueError):
-    """A view that would not fit one message: the table is to be read in pages instead."""
-
-
-def held(table: RankTable, now: float) -> dict[str, Any]:
-    """Every entry but those of spares nothing happened to (`ranks`, in rank order), and those
-    as an idset (`spares`): what a command that follows ranks by their number reads."""
+def held(
+    table: RankTable, now: float, start: int = 0, budget: int = PAGE_BYTES
+) -> dict[str, Any]:
+    """A page of the entries of the ranks something happened to (`ranks`, in rank order, from
+    `start` on), as many as fit `budget` bytes of JSON (at least one), and `next`, the rank the
+    next page starts at (None after the last): what a command that follows ranks by their
+    number reads, a page at a time however many ranks are held. A view that fits one page
+    (`start` 0, `next` None) says the others too, as an idset (`spares`)."""
     said = [e.rank for e in table.entries.held() if not table.entries.pristine(e.rank)]
-    if len(said) > WHOLE_TABLE_MAX:
-        raise TooBig(f"{len(said)} ranks are held: more than {WHOLE_TABLE_MAX} to send at once")
-    return {
+    index = bisect_left(said, start)
+    ranks: list[dict[str, Any]] = []
+    taken = 0
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    while index < len(said) and (taken < budget or not ranks):
+        entry = shown(table, said[index], now)
+        taken += len(dumps(entry)) + 1
+        ranks.append(entry)
+        index += 1
+    answer: dict[str, Any] = {
         "size": table.size,
         "topo": table.topology.spec,
-        "ranks": [shown(table, r, now) for r in said],
-        "spares": _idset(_complement(said, table.size)),
+        "ranks": ranks,
         "launched": table.entries.launched,  # a spare's host is extra{rank - launched}
         "spare_since": round(max(0.0, now - table.entries.created), 3),
+        "start": start,
+        "next": said[index] if index < len(said) else None,
     }
+    if start == 0 and answer["next"] is None:
+        answer["spares"] = _idset(_complement(said, table.size))
+    return answer
