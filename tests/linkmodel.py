@@ -57,7 +57,7 @@ from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.rankpath import Applied, RankPath
 from tbon.overlay.state.ranktable import Event, Online, RankTable, Reserve
-from tbon.overlay.state.reports import encode_event
+from tbon.overlay.state.reports import encode_events
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, decode
 
@@ -425,7 +425,7 @@ class Node:
                 self.perform([Apply(event)])
                 continue
             assert self.uplink is not None
-            self.uplink.send(Message(Kind.CONTROL, "report", encode_event(event)))
+            self.uplink.send(Message(Kind.CONTROL, "report", encode_events([event])))
 
     def wake(self) -> None:
         pass
