@@ -529,7 +529,7 @@ class Broker:
             return
         self.reports.add(events)
         deadline = self.reports.deadline()
-        if deadline is not None and deadline < self._due:
+        if deadline is not None and now < deadline < self._due:  # else this turn's _tick sends
             self._due = deadline
 
     def _send_reports(self, now: float, force: bool = False) -> None:
