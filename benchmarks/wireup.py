@@ -183,8 +183,8 @@ def bench_scale(
                 f"{median(cpus):.2f}",
                 f"{median(roots):.3f}",
                 f"{per_rank_us:.0f}",
-                f"{pss:.0f}",
-                f"{pss / size:.1f}",
+                f"{pss:.0f}" if pss_run else "n/a",
+                f"{pss / size:.1f}" if pss_run else "n/a",
                 f"≤ {target:g} s {verdict(walls[size] <= target)}" if target else "",
                 f"≤ {TARGET_ROOT_CPU_US:g} µs {verdict(per_rank_us <= TARGET_ROOT_CPU_US)}",
             ]
@@ -200,7 +200,7 @@ def bench_scale(
             "peak Σ PSS MB",
             "per broker MB",
             "wall target",
-            "rank 0 target",
+            "root target",
         ],
         rows,
     )
