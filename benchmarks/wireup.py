@@ -13,8 +13,11 @@ to stdout (`--markdown` for GitHub tables, e.g. for the README).
 Sections (select with --sections):
   wall  median/min/max wall time of `tbon start --test-size=N true` (start, run, shut down)
   scale the same for large N (up to 2048): median wall time, CPU (user+sys of the whole process
-        tree, from getrusage(RUSAGE_CHILDREN) around each run) and peak Σ PSS of the tree (sampled
-        in one more, untimed run), with the log-log slope of wall time between sizes
+        tree, from getrusage(RUSAGE_CHILDREN) around each run), rank 0's own CPU from its start to
+        all online (utime+stime of all its threads, from /proc/PID/stat, read by the initial
+        program: `sh -c` with builtins only, in place of `true`) and peak Σ PSS of the tree
+        (sampled in one more, untimed run; --no-pss skips it), with the log-log slope of wall time
+        between sizes
   rss   peak (VmHWM) and current (VmRSS) resident memory per broker, plus PSS (fork-shared pages
         counted fairly), for an idle instance of each size
   lost  SIGKILL a leaf broker (rank 3 of size 4, fanout 2) and time until rank 0 pushes a status
@@ -67,6 +70,10 @@ TARGET_PING_MS = 1.0  # round trip to a rank two hops down
 
 LOST_DEADLINE_S = 10.0  # for the lost snapshot to arrive
 TARGET_SCALE_S = {1024: 5.0, 2048: 10.0}  # up and down
+TARGET_ROOT_CPU_US = 30.0  # rank 0's CPU per rank, from its start to all online (issue 26)
+# The initial program of a scale run: rank 0's utime+stime (its parent's), when it starts it,
+# which it does once every rank is online; builtins only, so it costs about what `true` does.
+ROOT_CPU_PROGRAM = 'read -r line < /proc/$PPID/stat; echo "$line" > "$1"'
 TARGET_SLOPE = 1.0  # log-log, wall time against N, from 256 to 2048
 PSS_EVERY_S = 0.25  # between samples of the tree's PSS
 SECTIONS = ("wall", "scale", "rss", "lost", "ping")
@@ -139,42 +146,62 @@ def _run_start(size: int) -> float:
 # --- 1b. scale: wall, CPU and peak Σ PSS up to 2048 brokers ------------------------------------
 
 
-def bench_scale(report: Report, sizes: Sequence[int], runs: int, force: bool) -> None:
+def bench_scale(
+    report: Report, sizes: Sequence[int], runs: int, force: bool, pss_run: bool
+) -> None:
     import math
     import resource
+    import tempfile
 
     extra = ["--force"] if force else []
     rows = []
     walls: dict[int, float] = {}
     for size in sizes:
         argv = [str(TBON), "start", f"--test-size={size}", *extra, "true"]
-        times, cpus = [], []
+        times, cpus, roots = [], [], []
         for run in range(runs):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            times.append(time_command(argv))
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            with tempfile.NamedTemporaryFile(prefix="wireup-root-") as stat:
+                program = ["sh", "-c", ROOT_CPU_PROGRAM, "sh", stat.name]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                times.append(time_command(argv[:-1] + program))
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                roots.append(_root_cpu(Path(stat.name).read_text()))
             cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
             progress(
                 f"scale: size {size} run {run + 1}/{runs}: {seconds(times[-1])} s wall, "
-                f"{cpus[-1]:.2f} s CPU"
+                f"{cpus[-1]:.2f} s CPU, rank 0 {roots[-1]:.2f} s CPU to all online"
             )
-        pss = _peak_tree_pss_mb(argv)
+        pss = _peak_tree_pss_mb(argv) if pss_run else float("nan")
         progress(f"scale: size {size}: peak Σ PSS {pss:.0f} MB")
         walls[size] = median(times)
         target = TARGET_SCALE_S.get(size)
+        per_rank_us = median(roots) / size * 1e6
         rows.append(
             [
                 str(size),
                 seconds(median(times)),
                 f"{median(cpus):.2f}",
-                f"{pss:.0f}",
-                f"{pss / size:.1f}",
+                f"{median(roots):.3f}",
+                f"{per_rank_us:.0f}",
+                f"{pss:.0f}" if pss_run else "n/a",
+                f"{pss / size:.1f}" if pss_run else "n/a",
                 f"≤ {target:g} s {verdict(walls[size] <= target)}" if target else "",
+                f"≤ {TARGET_ROOT_CPU_US:g} µs {verdict(per_rank_us <= TARGET_ROOT_CPU_US)}",
             ]
         )
     report.heading(f"Scale: `tbon start --test-size=N true` ({runs} runs each)")
     report.table(
-        ["N", "wall median s", "CPU median s", "peak Σ PSS MB", "per broker MB", "target"],
+        [
+            "N",
+            "wall median s",
+            "CPU median s",
+            "rank 0 CPU s",
+            "rank 0 µs/rank",
+            "peak Σ PSS MB",
+            "per broker MB",
+            "wall target",
+            "root target",
+        ],
         rows,
     )
     ordered = sorted(walls)
@@ -192,6 +219,14 @@ def bench_scale(report: Report, sizes: Sequence[int], runs: int, force: bool) ->
         "(`tbon start`, launcher, brokers), sampled every "
         f"{PSS_EVERY_S:g} s in one more run. Log-log slope of wall time: " + ", ".join(slopes)
     )
+
+
+def _root_cpu(stat: str) -> float:
+    """utime + stime, in seconds, from a /proc/PID/stat line (clock ticks: 10 ms steps)."""
+    if not stat.strip():
+        raise RuntimeError("rank 0's initial program wrote no /proc/PID/stat line")
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree(pid: int) -> list[int]:
@@ -417,11 +452,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="pass --force to `tbon start` in the scale section (more brokers than its capacity "
         "check admits: mind the machine's memory)",
     )
+    parser.add_argument(
+        "--no-pss", action="store_true", help="scale: skip the untimed run that samples Σ PSS"
+    )
     args = parse_args(parser, argv, SECTIONS)
     report = begin("wireup", args.markdown)
     steps: dict[str, Callable[[], None]] = {
         "wall": lambda: bench_wall(report, args.sizes, args.runs),
-        "scale": lambda: bench_scale(report, args.sizes, args.runs, args.force),
+        "scale": lambda: bench_scale(report, args.sizes, args.runs, args.force, not args.no_pss),
         "rss": lambda: bench_rss(report, args.sizes),
         "lost": lambda: bench_lost(report, args.runs),
         "ping": lambda: bench_ping(report),

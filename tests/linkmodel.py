@@ -9,7 +9,7 @@ from a child's DEALER to a parent's ROUTER, with an in-order queue each way. The
 the real encoded messages; what a socket monitor would report (an accept, a close, a key refused
 at the CURVE handshake) travels in the same queues, in order. The glue that the real broker has
 around these pieces (broker/broker.py: `_read_children`, `_read_parent`, `_uplink_news`,
-`_timers`, `report`) is mirrored in `Node`, line for line where it matters.
+`_timers`, `report`, `_send_reports`) is mirrored in `Node`, line for line where it matters.
 
 What is abstracted away, plainly:
 - The CURVE handshake is one step: the parent's KeyRing admits the child's key (the connection is
@@ -22,6 +22,8 @@ What is abstracted away, plainly:
   loses nothing it had sent. A connection's close reaches the peer after what was sent before it.
 - Time moves only when the test says: deliveries take no time, and before each step of the clock
   every deliverable message is delivered (a broker reads its queue before judging silence).
+  So reports are batched per turn (what one read brought goes up as one report, rank 0 applies
+  it in one pass), without broker.py's interval between two reports, which is time.
 - No jobs, no local clients but the FLUB joiners' answers, no shutdown, no retire, no config
   bootstrap (shared keys, rejoins).
 """
@@ -51,13 +53,13 @@ from tbon.overlay.links.liveness import Liveness
 from tbon.overlay.links.parent import ParentLink
 from tbon.overlay.links.uplink import Uplink, UplinkNews, seeking_seconds
 from tbon.overlay.links.upward import Card
-from tbon.overlay.services.actions import Action, Apply, Send
+from tbon.overlay.services.actions import Action, Apply, ApplyAll, Send
 from tbon.overlay.services.flub import FlubService
 from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.rankpath import Applied, RankPath
 from tbon.overlay.state.ranktable import Event, Online, RankTable, Reserve
-from tbon.overlay.state.reports import encode_event
+from tbon.overlay.state.reports import Batcher, encode_events
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, decode
 
@@ -394,6 +396,7 @@ class Node:
             self.children.lineage = [self.card()] if self.rank == 0 else []
             if self.uplink is not None:
                 self.children.seeking_for = self.uplink.seeking_for
+        self.reports = Batcher(interval=0.0)  # a report per turn: see the module's docstring
         if self.rank == 0:
             self.perform([Apply(Online(0, 1, self.host, self.bid))])
 
@@ -418,14 +421,21 @@ class Node:
         self.performer.perform(actions)
 
     def report(self, events: Sequence[Event], now: float) -> None:
-        for event in events:
-            if not self.alive:
-                return
-            if self.path is not None:
-                self.perform([Apply(event)])
-                continue
-            assert self.uplink is not None
-            self.uplink.send(Message(Kind.CONTROL, "report", encode_event(event)))
+        """As broker.py: rank 0 applies a report in one pass; the others hold it (Batcher) for
+        the end of this turn."""
+        if not self.alive or not events:
+            return
+        if self.path is not None:
+            self.perform([ApplyAll(events)])
+            return
+        self.reports.add(events)
+
+    def send_reports(self, now: float) -> None:
+        """broker.py's _send_reports, after each turn: what is due goes up."""
+        if not self.alive or self.uplink is None:
+            return
+        for batch in self.reports.take(now):
+            self.uplink.send(Message(Kind.CONTROL, "report", encode_events(batch)))
 
     def wake(self) -> None:
         pass
@@ -476,10 +486,12 @@ class Node:
         assert uplink is not None
         while self.alive and uplink.holds(link) and link.socket.poll(0):
             self.uplink_news(uplink.read(link, now), now)
+        self.send_reports(now)
 
     def read_parent_monitor(self, link: SimParentLink, now: float) -> None:
         assert self.uplink is not None
         self.uplink_news(self.uplink.monitor(link, now), now)
+        self.send_reports(now)
 
     def read_children(self, now: float) -> None:
         children = self.children
@@ -494,6 +506,7 @@ class Node:
                     self.router.route(message, f"c{child}", now)
         if self.alive:
             self.report(children.settle(), now)
+        self.send_reports(now)
 
     def timers(self, now: float) -> None:
         """broker.py's _timers: the children's clock, the links up, calls, leases, adrift."""
@@ -507,6 +520,7 @@ class Node:
         if self.table is not None and self.flub is not None:
             self.perform(self.flub.expire(now))
             self.report(self.table.adrift(now), now)
+        self.send_reports(now)
 
 
 def _ignore(link: ParentLink) -> None:

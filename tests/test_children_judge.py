@@ -47,7 +47,7 @@ from tbon.overlay.state.ranktable import (
     Reserve,
     Torpid,
 )
-from tbon.overlay.state.reports import decode_event, encode_event
+from tbon.overlay.state.reports import decode_event, encode_event, encode_events
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, MessageError
 
@@ -859,7 +859,7 @@ def forwarded(event: Event, sender: int, rank: int = 0) -> list[Event]:
     """What a parent of rank `rank` (kary:2 of 9) passes up of a report from child `sender`."""
     children, _sent = bare_children(Topology("kary:2", 9), rank)
     inbound = Inbound()
-    report = Message(Kind.CONTROL, "report", encode_event(event))
+    report = Message(Kind.CONTROL, "report", encode_events([event]))
     children._report(Identity(sender, 1), report, inbound)
     return inbound.reports
 

@@ -31,13 +31,13 @@ from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
 from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.descriptors import raise_limit
-from tbon.overlay.services.actions import Action, Apply
+from tbon.overlay.services.actions import Action, Apply, ApplyAll
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.healing import adrift
 from tbon.overlay.state.ranktable import Event, Online, RankTable
-from tbon.overlay.state.reports import encode_event
+from tbon.overlay.state.reports import Batcher, encode_events
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
 
@@ -102,6 +102,7 @@ class Broker:
         self.stop_deadline: float | None = None
         self._cut = False
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
+        self.reports = Batcher()  # what goes up to the parent, a report per short interval
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
         self.jobs = JobRunner(
             self.rank, self.uri, self._watch, self._unwatch, self._respond, self.local.reserve
@@ -272,6 +273,7 @@ class Broker:
                 self.table.next_expiry() if self.table else None,
                 self.services.heal.next_deadline(),
                 self.draining.next_deadline() if self.draining else None,
+                self.reports.deadline(),
                 self.router.next_deadline(),
                 self.stop_deadline,
             )
@@ -317,6 +319,7 @@ class Broker:
             self._uplink_news(self.parent.overflowed(now), now)
             if self.exit_code is not None:
                 return
+        self._send_reports(now)
         if self.services.heal.waiting:
             self.perform(self.services.heal.settle(now, self._whole()))
         status = self.services.status
@@ -504,6 +507,7 @@ class Broker:
     def leave(self, exit_code: int) -> None:
         """A retired broker: goodbye to the parent, and out."""
         assert self.parent is not None
+        self._send_reports(time.monotonic(), force=True)  # what it saw goes before it
         self.parent.goodbye()
         self.exit_code = exit_code
 
@@ -515,14 +519,25 @@ class Broker:
         return self.router.respond(reply)
 
     def report(self, events: Sequence[Event], now: float) -> None:
-        """Rank-table events seen here: rank 0 applies them on its one path (rankpath.py), any
-        other broker sends them up."""
-        for event in events:
-            if self.path is not None:
-                self.perform([Apply(event)])
-                continue
-            assert self.parent is not None
-            self.parent.send(Message(Kind.CONTROL, "report", encode_event(event)))
+        """Rank-table events seen here: rank 0 applies them on its one path (rankpath.py) in one
+        pass; any other broker holds them for its next report up (reports.py), which goes after
+        this turn of the loop, or an interval after the last one (docs/protocol.md §5.4)."""
+        if not events:
+            return
+        if self.path is not None:
+            self.perform([ApplyAll(events)])
+            return
+        self.reports.add(events)
+        deadline = self.reports.deadline()
+        if deadline is not None and now < deadline < self._due:  # else this turn's _tick sends
+            self._due = deadline
+
+    def _send_reports(self, now: float, force: bool = False) -> None:
+        """Send the reports due now (all that are held, if `force`: before a goodbye)."""
+        if self.parent is None:
+            return
+        for batch in self.reports.take(now, force):
+            self.parent.send(Message(Kind.CONTROL, "report", encode_events(batch)))
 
     # --- the end ----------------------------------------------------------------------------
 
@@ -563,6 +578,7 @@ class Broker:
         self.program.kill()
         self._reap_program()  # its status is the instance's exit status
         if self.parent is not None:
+            self._send_reports(now, force=True)  # its children's departures go before it
             self.parent.goodbye()
         if self.services.status is not None:
             self.perform(self.services.status.end())

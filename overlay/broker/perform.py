@@ -20,6 +20,7 @@ from tbon.overlay.broker.router import Router
 from tbon.overlay.services.actions import (
     Action,
     Apply,
+    ApplyAll,
     Authorize,
     Call,
     ForgetWatches,
@@ -150,6 +151,10 @@ class Performer:
                 self.perform(applied.actions)  # every follow-up, then the asker's own
                 if then is not None:
                     self.perform(then(applied.outcome, now))
+            case ApplyAll(events):
+                if self.path is None:
+                    raise self._cannot(action, "no rank table (rank 0 alone has one)")
+                self.perform(self.path.handle_all(events, now).actions)
             case Wake():
                 self.loop.wake()
             case Authorize(rank, incarnation, key):

@@ -36,7 +36,7 @@ from tbon.overlay.links.strangers import FloodLog, Strangers, caps_for
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.healing import may_report
 from tbon.overlay.state.ranktable import Dropped, Event
-from tbon.overlay.state.reports import decode_event
+from tbon.overlay.state.reports import decode_events
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
@@ -358,21 +358,23 @@ class Children:
         self._feed(downward.Stale(routing_id, sender, what), time.monotonic(), Inbound())
 
     def _report(self, sender: Identity, message: Message, inbound: Inbound) -> None:
+        """A child's report: each of its events about its own subtree, in its order."""
         try:
-            event = decode_event(message.payload)
+            events = decode_events(message.payload)
         except MessageError as error:
             log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
             return
-        own = isinstance(event, Dropped)  # its word on its own link
-        if not may_report(self.topology, sender.rank, event.rank, event.parent, own):
+        for event in events:
+            own = isinstance(event, Dropped)  # its word on its own link
+            if may_report(self.topology, sender.rank, event.rank, event.parent, own):
+                inbound.reports.append(event)
+                continue
             log.warning(
                 "rank %d reported on rank %d seen by rank %s, outside its subtree",
                 sender.rank,
                 event.rank,
                 event.parent,
             )
-            return
-        inbound.reports.append(event)
 
     # --- the machine's instructions carried out --------------------------------------------------
 

@@ -26,7 +26,7 @@ from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
 from tbon.overlay.state.ranktable import Dropped
-from tbon.overlay.state.reports import encode_event
+from tbon.overlay.state.reports import encode_events
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message
 from tbon.overlay.wire.route import parent_hop
@@ -306,7 +306,7 @@ class Uplink:
                 news.declined = reason
             case upward.ReportDropped(parent, reason):
                 said = Dropped(self.machine.rank, self.machine.incarnation, parent, reason)
-                self.send(Message(Kind.CONTROL, "report", encode_event(said)))
+                self.send(Message(Kind.CONTROL, "report", encode_events([said])))
             case upward.Exit(code, reason):
                 news.ended = LinkEnded(code, reason)
             case _:

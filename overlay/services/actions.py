@@ -10,7 +10,7 @@ by building it with a table, a topology and a fixed time, and reading the list i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.state.ranktable import Event
@@ -77,6 +77,16 @@ class Report(Record):
 
     def __init__(self, event: Event) -> None:
         self.event = event
+
+
+class ApplyAll(Record):
+    """Rank 0: apply a report's events to the rank table in one pass of its one path
+    (`RankPath.handle_all`), each with its follow-ups, in the order they came."""
+
+    __slots__ = __match_args__ = ("events",)
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.events = events
 
 
 class Apply(Record):
@@ -275,6 +285,7 @@ Action = (
     | Log
     | Report
     | Apply
+    | ApplyAll
     | Wake
     | Authorize
     | Foster

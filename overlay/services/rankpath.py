@@ -27,13 +27,16 @@ here, in this order:
 6. If the table changed, the loop's deadlines are recomputed (`Wake`): a new lease, a rank adrift.
    Status streams and retire waiters follow the table's `generation`, which the table counts.
 
-Then the performer runs the asking service's continuation with the table's Outcome. Rank 0 alone
+A report's events come in one `ApplyAll` and go through `handle_all`: one pass over them, each
+event through the steps above before the next, one Wake for the lot. Then the performer runs
+the asking service's continuation with the table's Outcome. Rank 0 alone
 has a path; any other broker sends its events up (`Report`), and an Apply there is a bug
 (CannotPerform). Pure: events in, actions out; the orders travel through the router.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tbon.overlay.services.actions import Action, Call, Send, Wake, info, warning
@@ -80,6 +83,14 @@ class Applied:
     actions: list[Action]
 
 
+@dataclass(frozen=True)
+class AppliedAll:
+    """What a report's events did, one outcome each, and every follow-up, in order."""
+
+    outcomes: list[Outcome]
+    actions: list[Action]
+
+
 class RankPath:
     """Rank 0's one way into its table (rules at the top of this module)."""
 
@@ -96,6 +107,23 @@ class RankPath:
         if self.table.generation != generation:
             actions.append(Wake())
         return Applied(outcome, actions)
+
+    def handle_all(self, events: Sequence[Event], now: float) -> AppliedAll:
+        """A report's events in one pass, in their order: each is decided, and its follow-ups
+        taken, before the next (so the outcomes and actions are those of `handle` one by one);
+        the loop is woken once for the lot, and status streams push once for it (they follow
+        the table's generation after each turn of the loop)."""
+        generation = self.table.generation
+        outcomes: list[Outcome] = []
+        actions: list[Action] = []
+        for event in events:
+            chains = self._chains_before(event)
+            outcome = self.table.apply(event, now)
+            actions += self._follow_ups(event, outcome, now, chains)
+            outcomes.append(outcome)
+        if self.table.generation != generation:
+            actions.append(Wake())
+        return AppliedAll(outcomes, actions)
 
     def _follow_ups(
         self, event: Event | Reserve, outcome: Outcome, now: float, chains: Chains

@@ -1,12 +1,20 @@
-"""Rank-table events as they travel up the tree, from a parent to rank 0.
+"""Rank-table events as they travel up the tree, from a parent to rank 0, in batches.
 
-Only the parent of a rank sees its broker come and go; it reports each change as a `report`
-control message that every broker on the way up forwards unchanged. One event is a broker's
-word on itself: Dropped, its connection to its old parent dropped (sent once welcomed again).
+Only the parent of a rank sees its broker come and go; it reports each change in a `report`
+control message, a list of events, and every broker on the way up puts what it reads into its
+own next report, in the order it read them. One event is a broker's word on itself: Dropped,
+its connection to its old parent dropped (sent once welcomed again).
+
+Batching is the tree's own job (docs/protocol.md §5.4): a `Batcher` holds a broker's events for
+at most REPORT_INTERVAL after its last report, so rank 0 reads one message per child per
+interval, not one per rank that changed, and applies each in one pass (services/rankpath.py).
+The order of the events about one rank is kept on the way (each broker's queue is first in,
+first out, and a link delivers in order); incarnations make a late one harmless all the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
@@ -41,8 +49,24 @@ def encode_event(event: Event) -> dict[str, Any]:
     return shown
 
 
+def encode_events(events: list[Event]) -> dict[str, Any]:
+    """A report's payload: the events in the order they happened."""
+    return {"events": [encode_event(event) for event in events]}
+
+
+def decode_events(payload: dict[str, Any]) -> list[Reported]:
+    """The events of a report, or MessageError if it is not a list of at most MAX_EVENTS
+    events or any of them is bad (the whole report is dropped: it came from one child)."""
+    events = payload.get("events")
+    if not isinstance(events, list) or not 1 <= len(events) <= MAX_EVENTS:
+        raise MessageError(f"report without a list of 1 to {MAX_EVENTS} events")
+    return [decode_event(event) for event in events]
+
+
 def decode_event(payload: dict[str, Any]) -> Reported:
     """The event in a report payload, or MessageError if any field is missing or mistyped."""
+    if not isinstance(payload, dict):
+        raise MessageError("report with an event that is not an object")
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]
         _require(is_int(rank) and is_int(incarnation), "rank and incarnation")
@@ -80,3 +104,88 @@ def decode_event(payload: dict[str, Any]) -> Reported:
 def _require(condition: bool, what: str) -> None:
     if not condition:
         raise MessageError(f"report with bad {what}")
+
+
+# --- batching: one report per short interval ------------------------------------------------------
+
+REPORT_INTERVAL = 0.005
+"""Seconds a broker's reports wait for company (docs/protocol.md §5.4): what one turn of the loop
+read goes up at once after a quiet spell; what comes within REPORT_INTERVAL of the last report
+sent waits for it, so that a busy subtree sends its parent at most one report per interval,
+whatever its size, and a join or a loss is held a few milliseconds at most on each level."""
+MAX_EVENTS = 1024
+"""Events in one report at most: a flood of changes goes up in several, and a broker refuses a
+report that lists more (a child that does is not an honest broker)."""
+MAX_BYTES = 1 << 20
+"""What a report's events may weigh at most (`weight`), a quarter of the 4 MiB frame limit: a
+host name or a reason is a string of any length."""
+
+
+def weight(event: Event) -> int:
+    """A bound on the bytes `event` takes in a report: its fields' JSON with room for the names
+    (a string may grow sixfold as JSON escapes, "\\u0001")."""
+    strings = 0
+    match event:
+        case Online(host=host, key=key):
+            strings = len(host) + len(key)
+        case Lost(reason=reason) | Dropped(reason=reason):
+            strings = len(reason)
+    return 160 + 6 * strings
+
+
+class Batcher:
+    """The reports a broker holds for its parent: events in, in the order they came, out as
+    batches when one is due. Pure: the loop says the time, and sends what `take` returns.
+
+    Bounded: a batch is taken as soon as it holds MAX_EVENTS events or MAX_BYTES, so the queue
+    never holds more than one batch's worth, and never waits past `deadline`."""
+
+    def __init__(
+        self,
+        interval: float = REPORT_INTERVAL,
+        max_events: int = MAX_EVENTS,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
+        self.interval = interval
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self._queue: list[Event] = []
+        self._bytes = 0
+        self._full: list[list[Event]] = []  # batches that filled up, to go at the next take
+        self._last_sent = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self._queue) + sum(len(batch) for batch in self._full)
+
+    def add(self, events: Sequence[Event]) -> None:
+        for event in events:
+            size = weight(event)
+            if self._queue and (
+                len(self._queue) >= self.max_events or self._bytes + size > self.max_bytes
+            ):
+                self._full.append(self._queue)
+                self._queue, self._bytes = [], 0
+            self._queue.append(event)
+            self._bytes += size
+
+    def deadline(self) -> float | None:
+        """When what is held must go: now if a batch is full, else an interval after the last
+        report sent; None when nothing is held."""
+        if self._full:
+            return float("-inf")
+        if not self._queue:
+            return None
+        return self._last_sent + self.interval
+
+    def take(self, now: float, force: bool = False) -> list[list[Event]]:
+        """The batches to send now (oldest first): every full one, and what else is held once
+        an interval has passed since the last report sent, or if `force` (the broker is about
+        to say goodbye)."""
+        due = self._full
+        self._full = []
+        if self._queue and (force or now >= self._last_sent + self.interval):
+            due.append(self._queue)
+            self._queue, self._bytes = [], 0
+        if due:
+            self._last_sent = now
+        return due
