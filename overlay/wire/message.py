@@ -19,7 +19,9 @@ from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
+"""Raised when brokers of two versions can no longer work together: 3 since reports went up
+in batches (a `report` carries a list of events, docs/protocol.md section 5.4)."""
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ANY_RANK = -1
 
