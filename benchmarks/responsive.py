@@ -195,11 +195,11 @@ def measure_expand(
             while expand.poll() is None:
                 one_round(instance.uri, loaded)
             took = time.monotonic() - started
-            if expand.returncode != 0:
-                raise RuntimeError(f"tbon expand exited {expand.returncode}")
         finally:
             stop(expand)
-        progress(f"{size} joined after {took:.1f} s; settling {settle:g} s")
+        if expand.returncode != 0:  # joiners rank 0 did not answer in time: a finding, kept
+            progress(f"tbon expand exited {expand.returncode}: not every broker joined")
+        progress(f"expand ended after {took:.1f} s; settling {settle:g} s")
         time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
         for _ in range(idle_rounds):
             one_round(instance.uri, idle)
