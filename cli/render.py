@@ -34,74 +34,20 @@ from typing import Any
 
 from rich.text import Text
 
+from tbon.cli.lines import (
+    STYLE,
+    never_held,
+    parts,
+    roles,
+    roles_note,
+    shown_since,
+    summary_parts,
+    why,
+)
 from tbon.overlay.parse.duration import format_duration
 from tbon.overlay.parse.idset import format_idset
 
-STYLE = {
-    "full": "green",
-    "partial": "yellow",
-    "degraded": "dark_orange",
-    "lost": "bold red",
-    "offline": "red",
-    "vacant": "bright_black",
-    "reserved": "cyan",
-    "retiring": "magenta",
-}
-
 VIEWS = ("tree", "summary", "errors", "down")
-
-
-def shown_state(entry: dict[str, Any]) -> str:
-    """An online broker shows how its subtree is; any other rank shows its own state."""
-    return entry["subtree"] if entry["state"] == "online" else entry["state"]
-
-
-def shown_since(entry: dict[str, Any], age: float = 0.0) -> float:
-    """Seconds in the state shown: for an online rank, its subtree status's own clock, which
-    restarts when a rank below changes it (`since` restarts only when the rank's own does)."""
-    if entry["state"] == "online":
-        return entry.get("subtree_since", entry["since"]) + age
-    return entry["since"] + age
-
-
-def never_held(entry: dict[str, Any]) -> bool:
-    """A spare that no broker has held yet: vacant by design, nothing went wrong."""
-    return entry["state"] == "vacant" and entry["incarnation"] == 0
-
-
-def why(entry: dict[str, Any], age: float = 0.0) -> str:
-    """Why a rank is not online, in words; "" for an online rank."""
-    state = entry["state"]
-    if "reason" in entry:
-        return str(entry["reason"])
-    if state == "offline":
-        return "not online yet"
-    if state == "reserved" and "joiner" in entry:
-        left = format_duration(max(0.0, entry["expires"] - age))
-        return f"awaiting joiner {entry['joiner']}, {left} left"
-    if state == "retiring":
-        return "being drained by tbon retire"
-    if never_held(entry):
-        return "spare, never held"
-    return ""
-
-
-def roles(answer: dict[str, Any]) -> dict[int, str]:
-    """The marks of the root and its standbys, by rank (`root`, `standby`); none for an
-    instance without standbys whose root is rank 0, or from a rank 0 that does not say."""
-    root, standbys = answer.get("root", 0), answer.get("standbys") or []
-    if root == 0 and not standbys:
-        return {}
-    return {**{rank: "standby" for rank in standbys}, root: "root"}
-
-
-def roles_note(answer: dict[str, Any]) -> str:
-    """`root 0, standbys 1-2` for a summary; "" when roles() marks nothing."""
-    if not roles(answer):
-        return ""
-    standbys = answer.get("standbys") or []
-    listed = f"standbys {format_idset(standbys)}" if standbys else "no standbys"
-    return f"root {answer['root']}, {listed}"
 
 
 def line(
@@ -113,57 +59,11 @@ def line(
     behind: int | None = None,
     role: str = "",
 ) -> Text:
-    """`RANK HOST: STATE`, its marks (root or standby, a joiner's lease, retired, fostered,
-    reattaching, torpid),
-    what `verbose` adds (time in state, incarnation, rtt and, for a rank not online, why and its
-    last pid) and, for `--down`, its path to the root."""
-    state = shown_state(entry)
-    text = Text(f"{entry['rank']} {entry['host']}: ")
-    text.append(state, style=STYLE.get(state, ""))
-    if role:
-        text.append(f" ({role})", style="bold")
-    if entry["state"] == "reserved" and "joiner" in entry:
-        left = format_duration(max(0.0, entry["expires"] - age))
-        text.append(f" (joiner {entry['joiner']}, {left} left)", style="bright_black")
-    if entry.get("retired"):
-        text.append(" (retired)", style="bright_black")
-    if (home := fostered_from(entry)) is not None:
-        text.append(f" (fostered, home is rank {home})", style="yellow")
-    if entry.get("reattaching"):
-        text.append(" (reattaching)", style="dark_orange")
-    if behind is not None:
-        text.append(f" (behind rank {behind}, reattaching: last known)", style="dark_orange")
-    if entry["torpid"]:
-        text.append(" (torpid)", style="bold red")
-    if verbose:
-        text.append(
-            f" for {format_duration(shown_since(entry, age))} incarnation {entry['incarnation']}",
-            style="bright_black",
-        )
-        if rtt is not None:
-            text.append(f" rtt {rtt * 1000:.3f}ms", style="bright_black")
-    if path is not None:
-        text.append(f" (via {', '.join(map(str, path))})" if path else " (the root)")
-    if path is not None or (verbose and entry["state"] != "online"):
-        _append_why(text, entry, verbose, age)
+    """`RANK HOST: STATE` and its marks (cli/lines.py's words), in their colours."""
+    text = Text()
+    for words, style in parts(entry, verbose, rtt, age, path, behind, role):
+        text.append(words, style=style)
     return text
-
-
-def _append_why(text: Text, entry: dict[str, Any], last_pid: bool, age: float) -> None:
-    if entry["state"] == "reserved":
-        return  # its joiner and lease are on the line already
-    if reason := why(entry, age):
-        text.append(f": {reason}")
-    if last_pid and entry.get("last_pid") is not None:
-        text.append(f" (last pid {entry['last_pid']})", style="bright_black")
-
-
-def fostered_from(entry: dict[str, Any]) -> int | None:
-    """The topology parent of a rank attached elsewhere for now (its home), else None."""
-    attached, parent = entry.get("attached_to"), entry["parent"]
-    if attached is None or parent is None or attached == parent:
-        return None
-    return int(parent)
 
 
 def attachments(status: dict[str, Any]) -> list[int | None]:
@@ -401,10 +301,9 @@ def view(
 
 def summary_of(answer: dict[str, Any]) -> Text:
     """`--summary` from rank 0's status.summary: the root line, and its ranks by state."""
-    text = line(answer["entry"], False, None, role=roles(answer).get(answer["entry"]["rank"], ""))
-    parts = ", ".join(f"{count} {state}" for state, count in answer["counts"].items())
-    note = f"; {roles_note(answer)}" if roles_note(answer) else ""
-    text.append(f" ({answer['ranks']} ranks: {parts}{note})")
+    text = Text()
+    for words, style in summary_parts(answer):
+        text.append(words, style=style)
     return text
 
 

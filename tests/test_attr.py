@@ -70,6 +70,11 @@ def test_a_listening_broker_shows_its_endpoint_and_a_launched_one_its_launcher()
     assert found["broker.rundir"].source == "launcher"
 
 
+def test_an_unset_heartbeat_shows_the_period_worked_out_from_the_limits() -> None:
+    found = table("tbon.timeout=2s", "tbon.torpid=0")
+    assert (found["tbon.heartbeat"].value, found["tbon.heartbeat"].source) == ("667ms", "default")
+
+
 def test_a_joiner_takes_its_size_tree_and_liveness_from_the_boot_server() -> None:
     found = table("broker.boot-server=local:///x/local", "tbon.heartbeat=5s", heartbeat=0.25)
     for name in ("size", "tbon.topo", "tbon.heartbeat", "tbon.torpid", "broker.join-timeout"):
@@ -95,7 +100,7 @@ def test_the_service_answers_one_or_every_attribute_and_refuses_other_names() ->
     assert got.message.payload == {
         "rank": 2,
         "name": "tbon.torpid",
-        "value": "10s",
+        "value": "30s",
         "source": "default",
     }
     for bad in ({"name": "frob"}, {"name": 3}, {}):
@@ -138,7 +143,7 @@ def test_get_prints_the_value_alone_and_json_says_where_it_came_from(instance) -
     assert json.loads(attr(inst, "get", "tbon.heartbeat", "--json", "-r", "1").stdout) == {
         "rank": 1,
         "name": "tbon.heartbeat",
-        "value": "2s",
+        "value": "2.33s",  # a third of tbon.torpid, as it is set
         "source": "default",
     }
 

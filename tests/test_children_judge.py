@@ -1009,7 +1009,7 @@ def test_broker_config_defaults() -> None:
     config = broker_config({})
     assert config.size is None
     assert config.topo == "kary:32"
-    assert (config.heartbeat, config.torpid, config.timeout) == (2.0, 10.0, 60.0)
+    assert (config.heartbeat, config.torpid, config.timeout) == (10.0, 30.0, 60.0)
     assert config.endpoint == "tcp://%h:*"
     assert config.shutdown_timeout == 10.0
     assert config.rundir is None
@@ -1017,6 +1017,22 @@ def test_broker_config_defaults() -> None:
     assert config.log_level == "warning"
     assert config.attributes == {}
     assert set(DEFAULTS) <= KNOWN
+
+
+@pytest.mark.parametrize(
+    ("given", "heartbeat"),
+    [
+        ({"tbon.timeout": "2s"}, 2 / 3),  # a third of the shorter limit
+        ({"tbon.torpid": "400ms", "tbon.timeout": "5s"}, 0.4 / 3),
+        ({"tbon.torpid": "0", "tbon.timeout": "0"}, 10.0),  # both off: the default
+        ({"tbon.torpid": "0", "tbon.timeout": "5m"}, 10.0),
+        ({"tbon.torpid": "1s", "tbon.heartbeat": "5s"}, 5.0),  # a given one is kept
+    ],
+)
+def test_an_unset_heartbeat_follows_the_limits(given: dict[str, str], heartbeat: float) -> None:
+    """An unset tbon.heartbeat is at most a third of tbon.torpid and tbon.timeout, so that
+    shortening those alone cannot have a quiet child judged before it beat."""
+    assert broker_config(given).heartbeat == pytest.approx(heartbeat)
 
 
 def test_broker_config_values() -> None:

@@ -42,8 +42,8 @@ ATTRIBUTES = [
     ("size", "Ranks in the instance (default: the PMI size); more than launched: spares."),
     ("tbon.topo", "kary:K or binomial (default kary:32)."),
     ("tbon.fanout", "K: the same as tbon.topo=kary:K."),
-    ("tbon.heartbeat", "Heartbeat period on each link (default 2s)."),
-    ("tbon.torpid", "Silence that flags a broker torpid (default 10s; 0 disables)."),
+    ("tbon.heartbeat", "Heartbeat period on each link (default 10s, or less: tbon-broker(1))."),
+    ("tbon.torpid", "Silence that flags a broker torpid (default 30s; 0 disables)."),
     ("tbon.timeout", "Silence that makes a broker lost (default 60s; 0 disables)."),
     (
         "tbon.standbys",

@@ -14,8 +14,8 @@ from tbon.overlay.state.topology import DEFAULT_SPEC, parse_spec, spec_from_fano
 
 DEFAULTS: dict[str, str] = {
     "tbon.topo": DEFAULT_SPEC,
-    "tbon.heartbeat": "2s",
-    "tbon.torpid": "10s",
+    "tbon.heartbeat": "10s",  # or shorter: default_heartbeat()
+    "tbon.torpid": "30s",
     "tbon.timeout": "60s",
     "tbon.endpoint": "tcp://%h:*",
     "tbon.standbys": str(DEFAULT_STANDBYS),
@@ -42,6 +42,21 @@ KNOWN = frozenset(
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_BACKLOG = 32 << 20  # broker.client-backlog: twice OUTPUT_BUDGET (wire/flow.py)
 MIN_HANDSHAKE, MAX_HANDSHAKE = 0.1, 60.0  # broker.handshake-timeout, seconds
+
+
+HEARTBEAT_SHARE = 3
+"""An unset tbon.heartbeat is at most this fraction of tbon.torpid and of tbon.timeout: a child
+that sent nothing beats unasked after 1.5 heartbeats (docs/protocol.md section 5.2), and a peer
+must not be judged before it beat twice at that pace."""
+
+
+def default_heartbeat(torpid: float, timeout: float) -> float:
+    """tbon.heartbeat when it is not set: 10 s, the period at which an idle 2048-broker instance
+    costs at most 0.1 CPU-s a second (docs/design.md section 14), or a third of the shorter of
+    tbon.torpid and tbon.timeout (0 is off) if that is less, so that shortening those alone
+    still gives a consistent set (tbon.timeout=2s beats every 667 ms)."""
+    limits = [limit / HEARTBEAT_SHARE for limit in (torpid, timeout) if limit > 0]
+    return min([parse_duration(DEFAULTS["tbon.heartbeat"]), *limits])
 
 
 def default_total(each: int) -> int:
@@ -131,15 +146,18 @@ def broker_config(attributes: dict[str, str], config_file: str | None = None) ->
             f"from {MIN_HANDSHAKE * 1000:g}ms to {MAX_HANDSHAKE:g}s"
         )
     total = _client_backlog_total(values.get("broker.client-backlog-total"), backlog)
+    torpid, timeout = _duration(values, "tbon.torpid"), _duration(values, "tbon.timeout")
     heartbeat = _duration(values, "tbon.heartbeat")
     if heartbeat <= 0:
         raise UsageError("tbon.heartbeat must be greater than zero")
+    if "tbon.heartbeat" not in attributes:
+        heartbeat = default_heartbeat(torpid, timeout)
     return BrokerConfig(
         size=size,
         topo=topo,
         heartbeat=heartbeat,
-        torpid=_duration(values, "tbon.torpid"),
-        timeout=_duration(values, "tbon.timeout"),
+        torpid=torpid,
+        timeout=timeout,
         endpoint=endpoint,
         shutdown_timeout=_duration(values, "broker.shutdown-timeout"),
         rundir=values.get("broker.rundir"),

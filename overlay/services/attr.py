@@ -93,6 +93,8 @@ def describe(me: Whoami, config: BrokerConfig, topology: Topology) -> dict[str, 
     for name, field in LIVENESS.items():
         if joined:
             put(name, format_duration(getattr(config, field)), BOOT_SERVER)
+        elif name == "tbon.heartbeat":  # its default follows tbon.torpid and tbon.timeout
+            plain(name, format_duration(config.heartbeat))
         else:
             plain(name)
 
