@@ -60,6 +60,7 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.rankpath import Applied, RankPath
 from tbon.overlay.state.ranktable import Event, Online, RankTable, Reserve
 from tbon.overlay.state.reports import Batcher, encode_events
+from tbon.overlay.state.terms import Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message, decode
 
@@ -351,9 +352,12 @@ class Node:
     def start(self, parent_card: Card | None, table: RankTable | None = None) -> None:
         """Open the first link (bootstrap's, or a joiner's) and build the router and performer."""
         net = self.net
+        self.terms = Terms(self.rank, leading=self.rank == 0)  # one per broker, as broker.py
         if parent_card is not None:
             first = net.open_link(self, parent_card, self.incarnation)
-            self.uplink = Uplink(first, net.open_link_for(self), REATTACH, _ignore, _ignore)
+            self.uplink = Uplink(
+                first, net.open_link_for(self), REATTACH, _ignore, _ignore, self.terms
+            )
         if table is not None:
             self.table = table
             self.path = WatchedPath(table, net)
@@ -382,6 +386,7 @@ class Node:
             self.perform,
             lambda hop, message: None,
             call_timeout=JOIN_TIMEOUT,
+            terms=self.terms,
         )
         self.performer = Performer(
             self.rank,
@@ -393,6 +398,7 @@ class Node:
             self.path,
         )
         if self.children is not None:
+            self.children.terms = self.terms
             self.children.lineage = [self.card()] if self.rank == 0 else []
             if self.uplink is not None:
                 self.children.seeking_for = self.uplink.seeking_for
@@ -403,6 +409,7 @@ class Node:
     def _served(self, handler: Any) -> Any:
         def served(request: Message, now: float) -> list[Action]:
             self.served.append((request.topic, dict(request.payload)))
+            assert request.term == 1, f"{request.topic} without the root's term"  # §13.3
             return handler(request, now)
 
         return served

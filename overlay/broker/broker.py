@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from tbon import exitcodes
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.broker.dispatch import ROOT_TOPICS, Services
 from tbon.overlay.broker.jobs import JobRunner
@@ -38,6 +39,7 @@ from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.healing import adrift
 from tbon.overlay.state.ranktable import Event, Online, RankTable
 from tbon.overlay.state.reports import Batcher, encode_events
+from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
 
@@ -69,6 +71,9 @@ class Broker:
         self._poller = zmq.Poller()
         self._handlers: dict[Any, Callable[[float], None]] = {}
         self.reattach_timeout = config.reattach_timeout or config.timeout or 60.0
+        # the term fence (docs/protocol.md §13.3), shared by the router and the links: rank 0
+        # leads term 1 from the start; a takeover raises it (Terms.lead), and only there
+        self.terms = Terms(self.rank, leading=self.rank == 0)
         self.parent: Uplink | None = None
         if links.parent is not None:
             from tbon.overlay.links.parent import ParentLink
@@ -81,6 +86,7 @@ class Broker:
                 self.reattach_timeout,
                 self._watch_link,
                 self._unwatch_link,
+                self.terms,
             )
         now = time.monotonic()
         self.table: RankTable | None = None
@@ -94,6 +100,7 @@ class Broker:
             )
             self.path = RankPath(self.table)
         if self.children is not None:
+            self.children.terms = self.terms
             self.children.lineage = [self._card()] if self.rank == 0 else []
             if self.parent is not None:  # a child welcomed while this broker seeks is told so
                 self.children.seeking_for = self.parent.seeking_for
@@ -140,7 +147,9 @@ class Broker:
             self.perform,
             self._local_request,
             call_timeout=self.config.join_timeout,
+            terms=self.terms,
         )
+        self.router.on_terms = self._term_news
         self.services.exec.toward = self.router.hop_down
         self.router.on_local_response = lambda hop, reply: self.perform(
             self.services.exec.answered(hop, reply)
@@ -438,6 +447,8 @@ class Broker:
             log.warning("%s", news.declined)
         if news.detached or news.declined:
             self._due = 0.0
+        if news.terms:
+            self._term_news(news.terms)
         if news.ended is not None:
             self._cut_off(news.ended)
             return
@@ -584,6 +595,23 @@ class Broker:
             self.perform(self.services.status.end())
             self.perform(self.services.retire.end())
         self.exit_code = self.final_code
+
+    def _term_news(self, news: list[News]) -> None:
+        """What the term fence learned. A later term, to a broker that led one: the stimulus
+        its member machine is to get (`Superseded.stale`); with no machine yet, said once, and
+        if that term's root is known, this broker is no root any more and exits 77 (§13.5)."""
+        for item in news:
+            if isinstance(item, Ignored):
+                log.warning("a term from the parent was ignored: %s", item.why)
+                continue
+            assert isinstance(item, Superseded)
+            if item.root is None or item.root == self.rank:
+                log.warning("%s", item.reason)
+                continue
+            log.error("%s", item.reason)
+            self.program.terminate()
+            self.exit_code = exitcodes.REFUSED
+            self._cut = True
 
     def _cut_off(self, ended: LinkEnded) -> None:
         """The parent link is over: leave at once, with the exit code that says why."""

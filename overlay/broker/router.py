@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import unreachable
+from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
+from tbon.overlay.state.terms import News, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
 from tbon.overlay.wire.route import child_hop, parent_hop
@@ -70,11 +72,14 @@ class Router:
         perform: Callable[[list[Action]], None],
         on_local_request: Callable[[str, Message], None],
         call_timeout: float,
+        terms: Terms | None = None,
     ) -> None:
         """`handlers` maps each topic this broker serves to its service; `root_topics` are the
         topics a request without a rank (ANY_RANK) sends to rank 0; `perform` carries out what a
         handler or a continuation returns; `on_local_request` sees each request of a local
-        client first, with the client's hop; a call unanswered for `call_timeout` fails."""
+        client first, with the client's hop; a call unanswered for `call_timeout` fails.
+        `terms`: the broker's term fence (docs/protocol.md §13.3), which stamps the root's orders
+        as they leave and judges those served here."""
         self.rank = rank
         self.topology = topology
         self.table = table
@@ -86,11 +91,16 @@ class Router:
         # sees each response delivered to a local client, with the client's hop
         self.on_local_response: Callable[[str, Message], None] = lambda hop, reply: None
         self.call_timeout = call_timeout
+        self.terms = terms if terms is not None else Terms(rank, leading=rank == 0)
+        # sees what the fence learned: a later term, a term that is not one (broker.py)
+        self.on_terms: Callable[[list[News]], None] = lambda news: None
         self._pending: dict[int, Pending] = {}
         self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
 
     def route(self, message: Message, came_from: str, now: float) -> None:
         if message.kind is Kind.REQUEST:
+            if came_from == "s" and message.topic in ORDERS:
+                message.term = self.terms.term  # the one place an order gets its term
             if came_from.startswith("l"):
                 self.on_local_request(came_from, message)
             message.route.append(came_from)
@@ -160,6 +170,11 @@ class Router:
         return hop
 
     def _serve(self, request: Message, now: float) -> list[Action]:
+        refused, news = unless_current(self.terms, request, self.rank)
+        if news:
+            self.on_terms(news)
+        if refused is not None:
+            return refused
         handler = self.handlers.get(request.topic)
         if handler is None:
             return _answer(request.fail(errno.ENOSYS, f"unknown request {request.topic!r}"))
@@ -234,6 +249,8 @@ class Router:
                 )
                 return False
             del self._pending[reply.tag]
+            if news := learned_from(self.terms, reply):
+                self.on_terms(news)
             self.perform(pending.then(reply, time.monotonic()))
             return True
         if (parent := parent_hop(hop)) is not None:

@@ -37,6 +37,7 @@ from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.healing import may_report
 from tbon.overlay.state.ranktable import Dropped, Event
 from tbon.overlay.state.reports import decode_events
+from tbon.overlay.state.terms import TERMED_CONTROLS, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
@@ -109,6 +110,9 @@ class Children:
         # the seconds left of this broker's search for a parent (or its parent's), said to a
         # child right after its welcome; None: nobody above seeks (the broker sets it: uplink.py)
         self.seeking_for: Callable[[float], float | None] = lambda now: None
+        # the broker's term fence (state/terms.py): its term goes on each welcome, lineage,
+        # retire and shutdown sent down (the broker shares its own)
+        self.terms = Terms(rank, leading=rank == 0)
 
     @property
     def config(self) -> BrokerConfig:
@@ -444,6 +448,8 @@ class Children:
             self.send(rank, _control("lineage", lineage=self.lineage))
 
     def _send_raw(self, routing_id: bytes, message: Message) -> bool:
+        if message.kind is Kind.CONTROL and message.topic in TERMED_CONTROLS:
+            message.term = self.terms.term  # the one place these get their term
         try:
             self.socket.send_multipart(
                 [routing_id, *encode(message)], flags=zmq.DONTWAIT, copy=False

@@ -64,6 +64,7 @@ class ParentInbound:
     seeking: float | None = None  # the parent seeks a parent of its own for so many seconds
     ended: LinkEnded | None = None
     messages: list[Message] = field(default_factory=list)
+    term: object = None  # the header term of the control message read (state/terms.py)
 
 
 class ParentLink:
@@ -162,7 +163,9 @@ class ParentLink:
             self._liveness.heard(now)
         if message.kind is not Kind.CONTROL:
             inbound.messages.append(message)
-        elif message.topic == "welcome":
+            return inbound
+        inbound.term = message.term
+        if message.topic == "welcome":
             if self.welcomed:
                 return inbound  # a repeat changes nothing
             self.welcomed = inbound.welcomed = True

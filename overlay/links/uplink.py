@@ -27,6 +27,7 @@ from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
 from tbon.overlay.state.ranktable import Dropped
 from tbon.overlay.state.reports import encode_events
+from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message
 from tbon.overlay.wire.route import parent_hop
@@ -58,6 +59,7 @@ class UplinkNews:
     declined: str = ""  # an order it could not follow (going home)
     messages: list[Message] = field(default_factory=list)
     peer: int | None = None  # the parent the messages came from
+    terms: list[News] = field(default_factory=list)  # what the term fence learned
 
 
 Opener = Callable[[Card, int], ParentLink]
@@ -72,9 +74,11 @@ class Uplink:
         reattach_timeout: float,
         watch: Callable[[ParentLink], None],
         unwatch: Callable[[ParentLink], None],
+        terms: Terms | None = None,
     ) -> None:
         """`first` is the link bootstrap opened; `opener` opens more; `watch`/`unwatch` have the
-        broker's loop poll a link's sockets, or stop."""
+        broker's loop poll a link's sockets, or stop; `terms`, the broker's term fence, is raised
+        by welcomes and lineages and judges a parent's `retire` and `shutdown` (§13.3)."""
         home = first.peer if first.peer is not None else -1
         self.machine = Upward(
             first.rank, home, first.incarnation, reattach_timeout, shared_key=first.shared_key
@@ -86,6 +90,7 @@ class Uplink:
         self.held: deque[tuple[Message, int | None]] = deque()
         self._held_bytes = 0
         self._dropped = False
+        self.terms = terms if terms is not None else Terms(first.rank, leading=False)
         watch(first)
 
     # --- state, as the broker and the router ask it -------------------------------------------
@@ -189,6 +194,9 @@ class Uplink:
         lid = self._ids.get(link)
         if lid is None:
             return news
+        if inbound.welcomed or inbound.lineage is not None:
+            cards = inbound.lineage
+            news.terms += self.terms.heard(inbound.term, cards[0][0] if cards else None)
         if inbound.welcomed:
             assert link.peer is not None or lid == 0
             peer = link.peer if link.peer is not None else self.machine.home
@@ -202,11 +210,23 @@ class Uplink:
             self._feed(upward.ParentSeeking(lid, inbound.seeking), now, news)
         if lid == self.machine.parent_link:
             news.messages, news.peer = inbound.messages, link.peer
-            news.shutdown, news.retire = inbound.shutdown, inbound.retire
+            if inbound.shutdown or inbound.retire is not None:
+                self._order(inbound, news)
         if inbound.ended is not None:
             ended = inbound.ended
             self._feed(upward.Refused(lid, ended.exit_code, ended.reason), now, news)
         return news
+
+    def _order(self, inbound: ParentInbound, news: UplinkNews) -> None:
+        """A parent's `shutdown` or `retire`, passed on the root's order: obeyed unless of a
+        stale term (or of no term at all); a control has no answer, so the refusal is logged."""
+        verdict, learned = self.terms.order(inbound.term, None)
+        news.terms += learned
+        if isinstance(verdict, Refuse):
+            topic = "shutdown" if inbound.shutdown else "retire"
+            log.warning("did not obey the parent's %s: %s", topic, verdict.errstr)
+            return
+        news.shutdown, news.retire = inbound.shutdown, inbound.retire
 
     def monitor(self, link: ParentLink, now: float) -> UplinkNews:
         """Connection events of `link`: a drop, or its key refused at the handshake."""

@@ -8,11 +8,26 @@ from __future__ import annotations
 
 import errno
 
-from tbon.overlay.parse.numbers import is_decimal
-from tbon.overlay.services.actions import Action, fail, warning
+from tbon.overlay.parse.numbers import is_decimal, is_int
+from tbon.overlay.services.actions import Action, Respond, fail, warning
+from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
-from tbon.overlay.wire.route import from_rank0
+from tbon.overlay.wire.route import from_rank0, parent_hop
+
+ORDERS = frozenset(
+    {
+        "flub.authorize",
+        "flub.revoke",
+        "heal.foster",
+        "heal.adopt",
+        "heal.home",
+        "heal.withdraw",
+        "retire.order",
+    }
+)
+"""The requests only the root sends into the tree: each carries its term, and is fenced
+(docs/protocol.md §13.3). The other orders are controls on a link (state/terms.py)."""
 
 
 def unless_from_rank0(request: Message) -> list[Action] | None:
@@ -26,6 +41,28 @@ def unless_from_rank0(request: Message) -> list[Action] | None:
     ]
 
 
+def unless_current(
+    terms: Terms, request: Message, rank: int
+) -> tuple[list[Action] | None, list[News]]:
+    """The term fence on a request served here: None if it is obeyed (not an order, or an order
+    of the current term or a later one, which raises the fence), else its refusal. An order not
+    from the root is left to its service, which refuses it (EPERM): its term never moves the
+    fence. Also what the fence learned, for the broker (state/terms.py)."""
+    if request.topic not in ORDERS or not from_rank0(request):
+        return None, []
+    route = request.route
+    sender = rank if len(route) == 1 else parent_hop(route[1])
+    verdict, news = terms.order(request.term, sender)
+    if not isinstance(verdict, Refuse):
+        return None, news
+    reply = request.fail(verdict.errnum, verdict.errstr)
+    if verdict.term is not None:  # ESTALE: what its sender is to learn
+        reply.term, reply.payload = verdict.term, {"root": verdict.root}
+    rank_named = request.payload.get("rank")
+    said = warning(f"refused {request.topic} for rank {rank_named}: {reply.errstr}")
+    return [said, Respond(reply)], news
+
+
 def from_parent_of(request: Message, topology: Topology, rank: int) -> bool:
     """Whether the parent broker of `rank` itself sent `request` up to rank 0: its own "s", then
     "c<parent>" pushed by the broker it is attached to, then only "c" hops on the way up (however
@@ -37,3 +74,12 @@ def from_parent_of(request: Message, topology: Topology, rank: int) -> bool:
     if parent is None or len(route) < 2 or route[:2] != ["s", f"c{parent}"]:
         return False
     return all(hop.startswith("c") and is_decimal(hop[1:]) for hop in route[2:])
+
+
+def learned_from(terms: Terms, reply: Message) -> list[News]:
+    """An answer to one of this broker's own orders (matched to its call): an ESTALE one names a
+    later term, and its root, which this broker is to learn (§13.3)."""
+    if reply.errnum != errno.ESTALE or reply.term is None or reply.topic not in ORDERS:
+        return []
+    root = reply.payload.get("root")
+    return terms.heard(reply.term, root if is_int(root) and root >= 0 else None)

@@ -48,6 +48,8 @@ class Message:
     `nodeid` is the destination rank of a request (ANY_RANK: the first broker that receives it).
     `route` is the way back: each broker that forwards a request appends one hop, and each hop is
     popped as the response travels back. A response with `streaming` set is one of several.
+    `term` is the root's term on its orders, welcomes and lineages, kept as the header had it:
+    it is not checked here (a bad one is refused by the order's receiver, state/terms.py).
     """
 
     kind: Kind
@@ -61,6 +63,7 @@ class Message:
     streaming: bool = False
     version: int = PROTOCOL_VERSION
     data: Buffer = b""
+    term: object = None  # header `term` as it came (state/terms.py judges it); None: absent
 
     def respond(self, payload: dict[str, Any] | None = None, *, streaming: bool = False) -> Message:
         return Message(
@@ -92,6 +95,8 @@ def encode(message: Message) -> list[Buffer]:
         header["es"] = message.errstr
     if message.streaming:
         header["s"] = True
+    if message.term is not None:
+        header["term"] = message.term
     body = json.dumps(message.payload, separators=(",", ":")).encode() if message.payload else b""
     head = json.dumps(header, separators=(",", ":")).encode()
     return [head, body, message.data] if message.data else [head, body]
@@ -186,4 +191,5 @@ def decode(frames: Sequence[Buffer]) -> Message:
         streaming=bool(header.get("s", False)),
         version=version,
         data=data,
+        term=header.get("term"),
     )
