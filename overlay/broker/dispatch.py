@@ -121,7 +121,7 @@ class Services:
             attr=AttrService(rank, describe(me, config, topology)),
             whole=whole,
             status=status,
-            group=group,
+            group=group or GroupService(rank, topology, (), lambda: 1, 0.0, config.join_timeout),
         )
 
     def disconnect(self, request: Message, now: float) -> list[Action]:

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import Action, Apply, Respond, Send, Wake, fail, warning
-from tbon.overlay.services.trust import unless_from_rank0
 from tbon.overlay.state import groupwire
 from tbon.overlay.state.groupwire import Proposal
 from tbon.overlay.state.leadership import (
@@ -54,7 +54,7 @@ from tbon.overlay.state.leadership import Send as SendTo
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError
-from tbon.overlay.wire.route import from_member
+from tbon.overlay.wire.route import from_member, from_rank0
 
 log = logging.getLogger("tbon.broker")
 
@@ -178,33 +178,41 @@ class GroupService:
             message = groupwire.decode(request.topic, request.payload)
         except MessageError as error:
             return [warning(f"ignored a {request.topic}: {error}")]
-        if isinstance(message, AppendEntries):
-            if (refused := unless_from_rank0(request)) is not None:
-                return refused[:1]  # one-way: said in the log only
-            return self._appended(request, message, now)
-        if self.member is None or not from_member(request, message.sender):
+        down = message.sender == 0 and from_rank0(request)  # until the takeover: rank 0 leads
+        if not (down or from_member(request, message.sender)):
             return [warning(f"ignored a {request.topic} not from a member of the root group")]
+        if self.member is None and (not down or not self._stand_by(request, now)):
+            return [warning(f"ignored a {request.topic}: this rank is not in the root group")]
+        assert self.member is not None
+        self.member.incarnation = self.incarnation()
+        if isinstance(message, AppendEntries):
+            return self._appended(request, message, now)
         return self._carry_out(self.member.handle(message, now), now)
+
+    def _stand_by(self, request: Message, now: float) -> bool:
+        """The root's first message here: this rank is a member (`members`). A member is no
+        voter until the root has seen it hold what was committed if it is a refilled rank
+        (incarnation above 1), which may have forgotten what its rank held; the first
+        incarnation never held anything, and votes as a member at the start does."""
+        members = request.payload.get("members")
+        if not (isinstance(members, list) and self.rank in members and 0 in members):
+            return False
+        self.members = tuple(int(m) for m in members if is_int(m))
+        fresh = self.incarnation() > 1
+        self.member = Member(self.rank, self.members, now, self.timing, self.incarnation(), fresh)
+        log.info("standing by for the root (group %s)", ",".join(map(str, self.members)))
+        return True
 
     def _appended(
         self, request: Message, message: AppendEntries[Proposal], now: float
     ) -> list[Action]:
-        members = request.payload.get("members")
-        if self.member is None:
-            if not (isinstance(members, list) and self.rank in members and 0 in members):
-                return [warning("ignored a group.append: this rank is not in the root group")]
-            self.members = tuple(int(m) for m in members)
-            self.member = Member(
-                self.rank, self.members, now, self.timing, self.incarnation(), fresh=True
-            )
-            log.info("standing by for the root (group %s)", ",".join(map(str, self.members)))
+        assert self.member is not None
         if self.path is None and message.prev == 0:
             self.path = _replica(self.topology, request.payload.get("origin"))
             if self.path is None:
                 return [warning("ignored a group.append without the table's origin")]
         if self.path is None and message.entries:
             return []  # entries but not the start of the log: the root steps back to it
-        self.member.incarnation = self.incarnation()
         return self._carry_out(self.member.handle(message, now), now)
 
     # --- instructions -------------------------------------------------------------------------
@@ -215,10 +223,10 @@ class GroupService:
             match instruction:
                 case SendTo(to, message):
                     payload = groupwire.encode(message)
-                    if isinstance(message, AppendEntries):
-                        payload["members"] = list(self.members)
-                        if message.prev == 0 and self.origin is not None:
-                            payload["origin"] = self.origin
+                    payload["members"] = list(self.members)
+                    first = isinstance(message, AppendEntries) and message.prev == 0
+                    if first and self.origin is not None:
+                        payload["origin"] = self.origin
                     topic = groupwire.topic_of(message)
                     actions.append(Send(Message(Kind.REQUEST, topic, payload, nodeid=to)))
                 case Committed(index, proposal):
