@@ -9,7 +9,7 @@ Once the root may acknowledge it (its lease runs), the member says `Acknowledge`
 are carried out, then the asking service's continuation. So nobody hears of a transition that a
 takeover could forget. While no majority answers, nothing commits: a request that waits for its
 event (`Apply.request`: a joiner's allocate, a release, a retire) is refused after `wait`
-seconds with EAGAIN, and said so in status (`view`). Events that no request waits for (reports)
+seconds with ETIMEDOUT, and said so in status (`view`). Events that no request waits for (reports)
 wait, queued, for a majority.
 
 At a standby, the member answers the root's appends and applies what is committed to a replica
@@ -211,8 +211,8 @@ class GroupService:
             self.path = _replica(self.topology, request.payload.get("origin"))
             if self.path is None:
                 return [warning("ignored a group.append without the table's origin")]
-        if self.path is None and message.entries:
-            return []  # entries but not the start of the log: the root steps back to it
+        # with no copy yet, an append after entry 0 finds no match: the answer (no, hint 0)
+        # makes the root step back to the log's start, sent with the origin
         return self._carry_out(self.member.handle(message, now), now)
 
     # --- instructions -------------------------------------------------------------------------
@@ -343,7 +343,8 @@ def _replica(topology: Topology, origin: Any) -> Any:
 
 
 def _refuse(request: Message, why: str) -> list[Action]:
-    return fail(request, errno.EAGAIN, why)
+    """ETIMEDOUT: the group did not commit it in time; a joiner exits 75 (try again later)."""
+    return fail(request, errno.ETIMEDOUT, why)
 
 
 def _repeat(action: Apply, asked: Any, queued: list[Asked]) -> bool:
