@@ -126,12 +126,17 @@ class Joinable:
                 )
 
 
+STANDBYS = [0]
+"""tbon.standbys of every instance (--standbys): a grant waits for the root group's commit."""
+
+
 @contextlib.contextmanager
 def instance(test_size: int, attributes: Sequence[str] = ()) -> Iterator[Joinable]:
     """common.tbon_start, plus: on the way out, always, once the launcher is stopped (and with it
     the instance, which the joined brokers leave by themselves), every joiner started through the
     Joinable is waited for, SIGKILLed if still there, and reaped."""
     joiners: list[Joiner] = []
+    attributes = [*attributes, f"tbon.standbys={STANDBYS[0]}"]
     try:
         with tbon_start(test_size, attributes) as launcher:
             yield Joinable(launcher, joiners)
@@ -412,7 +417,11 @@ def bench_startup(report: Report, runs: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per measurement (default 7)")
+    parser.add_argument(
+        "--standbys", type=int, default=0, help="tbon.standbys of each instance (default 0)"
+    )
     args = parse_args(parser, argv, SECTIONS)
+    STANDBYS[0] = args.standbys
     report = begin("join", args.markdown)
     progress("warm-up: one leaf join (page cache, .pyc)")
     join_one(3, 4, 2, 3)

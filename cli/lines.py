@@ -131,7 +131,9 @@ def roles_note(answer: dict[str, Any]) -> str:
         return ""
     standbys = answer.get("standbys") or []
     listed = f"standbys {format_idset(standbys)}" if standbys else "no standbys"
-    return f"root {answer['root']}, {listed}"
+    group = answer.get("group") or {}
+    paused = "; grants paused: no majority of the root group answers" if group.get("paused") else ""
+    return f"root {answer['root']}, {listed}{paused}"
 
 
 def fostered_from(entry: dict[str, Any]) -> int | None:

@@ -256,7 +256,9 @@ def _allocate(
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
             raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
-        if error.errnum == errno.ESTALE:  # granted, but lapsed before rank 0 could answer
+        if error.errnum in (errno.ESTALE, errno.ETIMEDOUT):
+            # granted, but lapsed before rank 0 could answer; or grants paused (no majority
+            # of the root group answers: docs/protocol.md §13.5): a new try may succeed
             raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
         if error.errnum == errno.EPERM:
             raise TbonError(f"FLUB: {error}", exitcodes.REFUSED) from None

@@ -46,6 +46,7 @@ from tbon.proctitle import name_broker
 if TYPE_CHECKING:  # the links up: loaded by a broker that has a parent only, not at rank 0
     from tbon.overlay.links.parent import LinkEnded, ParentLink
     from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
+    from tbon.overlay.services.group import GroupService
     from tbon.overlay.services.rankpath import RankPath  # rank 0's only
 
 log = logging.getLogger("tbon.broker")
@@ -99,6 +100,11 @@ class Broker:
                 self.topology, wireup.hosts, now, fixed=booted.by_config, reattach_grace=grace
             )
             self.path = RankPath(self.table)
+            origin = {"hosts": list(wireup.hosts), "fixed": booted.by_config, "grace": grace}
+            self._origin: dict[str, Any] | None = {**origin, "now": now}
+        else:
+            self._origin = None
+        self.group = self._root_group(now)
         if self.children is not None:
             self.children.terms = self.terms
             self.children.lineage = [self._card()] if self.rank == 0 else []
@@ -122,6 +128,29 @@ class Broker:
             self._finalize_pmi()  # rank 0 is in the tree from the start
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
 
+    def _root_group(self, now: float) -> GroupService:
+        """This broker's part in the root group (docs/protocol.md §13.2): at rank 0 with
+        standbys, the root, whose table waits for the group; a standby learns it is one from
+        the root's first append."""
+        from tbon.overlay.services.group import GroupService
+        from tbon.overlay.state.standbys import kept_standbys
+
+        members: tuple[int, ...] = ()
+        if self.rank == 0:
+            standbys, _ = kept_standbys(self.topology, self.config.standbys)
+            members = (0, *standbys) if standbys else ()
+        wait = (self.config.join_timeout or 60.0) / 2  # a joiner hears why before it gives up
+        return GroupService(
+            self.rank,
+            self.topology,
+            members,
+            lambda: self.incarnation,
+            now,
+            wait,
+            path=self.path,
+            origin=self._origin,
+        )
+
     def _build_services(self) -> None:
         me = Whoami(
             self.rank,
@@ -133,7 +162,7 @@ class Broker:
             self.config.attributes,
         )
         self.services = Services.build(
-            me, self.config, self.topology, self.table, self.lifecycle, self._whole
+            me, self.config, self.topology, self.table, self.lifecycle, self._whole, self.group
         )
         links = (self.parent, self.children, self.local)
         handlers = self.services.handlers()
@@ -156,7 +185,7 @@ class Broker:
         )
         status = self.services.status
         self.performer = Performer(
-            self.rank, self, self.router, self.children, self.jobs, status, self.path
+            self.rank, self, self.router, self.children, self.jobs, status, self.path, self.group
         )
 
     def _card(self) -> list[Any]:
@@ -279,7 +308,10 @@ class Broker:
             for d in (
                 self.children.next_deadline() if self.children else None,
                 self.parent.next_deadline() if self.parent else None,
-                self.table.next_expiry() if self.table else None,
+                # while the root group has not committed what is asked, the table's own
+                # deadlines wait for it (the commit wakes the loop): asked again, they would spin
+                self.table.next_expiry() if self.table and not self.group.waiting else None,
+                self.group.next_deadline(),
                 self.services.heal.next_deadline(),
                 self.draining.next_deadline() if self.draining else None,
                 self.reports.deadline(),
@@ -315,6 +347,7 @@ class Broker:
             if self.exit_code is not None:
                 return
         self.router.expire(now)
+        self.perform(self.group.tick(now))
         if self.table is not None:
             self.perform(self.services.flub.expire(now))
             self.report(self.table.adrift(now), now)

@@ -20,10 +20,12 @@ from tbon.overlay.services.attr import AttrService, describe
 from tbon.overlay.services.dmesg import DmesgService
 from tbon.overlay.services.exec import EXEC_TOPICS, ExecService
 from tbon.overlay.services.flub import FlubService, flub_attributes
+from tbon.overlay.services.group import GroupService
 from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
+from tbon.overlay.state.groupwire import TOPICS as GROUP_TOPICS
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
@@ -56,6 +58,7 @@ ONE_WAY_TOPICS = frozenset(
         "status.ack",
         "dmesg.ack",
         "retire.progress",
+        *GROUP_TOPICS,
     }
 )
 """Topics that are never answered (docs/protocol.md §7 says "none"): notices and credit that
@@ -76,6 +79,7 @@ class Services:
     attr: AttrService
     status: StatusService | None  # rank 0 only
     whole: Callable[[], bool] = lambda: True  # what heal.wait waits for (the broker knows)
+    group: GroupService | None = None  # the root group's member here (services/group.py)
 
     @staticmethod
     def build(
@@ -85,6 +89,7 @@ class Services:
         table: RankTable | None,
         lifecycle: Lifecycle,
         whole: Callable[[], bool] = lambda: True,
+        group: GroupService | None = None,
     ) -> Services:
         """Each service gets what it needs and no more: `table` is rank 0's (None elsewhere);
         `whole` says whether the tree is whole, as heal.wait sees it from this broker."""
@@ -104,6 +109,8 @@ class Services:
                 logging.getLogger("tbon.broker").warning("%s", fewer)
             roles = Roles(rank, standbys)
             status = StatusService(table, lifecycle, roles)
+            if group is not None:
+                status.group = group.view
         return Services(
             ping=PingService(me, topology),
             exec=ExecService(rank, topology, lifecycle),
@@ -114,6 +121,7 @@ class Services:
             attr=AttrService(rank, describe(me, config, topology)),
             whole=whole,
             status=status,
+            group=group or GroupService(rank, topology, (), lambda: 1, 0.0, config.join_timeout),
         )
 
     def disconnect(self, request: Message, now: float) -> list[Action]:
@@ -153,6 +161,9 @@ class Services:
             "heal.home": self.heal.home,
             "heal.wait": lambda request, now: self.heal.wait(request, now, self.whole()),
         }
+        if self.group is not None:
+            table |= {topic: self.group.receive for topic in GROUP_TOPICS}
+            table["group.state"] = self.group.state
         if self.status is not None:  # rank 0: these need the rank table
             table |= {
                 "status.get": self.status.get,

@@ -50,6 +50,7 @@ from tbon.overlay.wire.message import Buffer, Message
 
 if TYPE_CHECKING:  # loaded by a broker that has children only; the path, by rank 0 only
     from tbon.overlay.links.children import Inbound, Rejoin
+    from tbon.overlay.services.group import GroupService
     from tbon.overlay.services.rankpath import RankPath
 
 log = logging.getLogger("tbon.broker")
@@ -113,6 +114,7 @@ class Performer:
         jobs: Jobs,
         status: Watches | None,
         path: RankPath | None = None,
+        group: GroupService | None = None,
     ) -> None:
         """`children`: None on a broker whose rank has no children; `status` and `path` (the
         one way into the rank table): None but at rank 0."""
@@ -123,6 +125,7 @@ class Performer:
         self.jobs = jobs
         self.status = status
         self.path = path
+        self.group = group  # the root group: with standbys, an Apply waits for its commit
 
     def perform(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -147,6 +150,9 @@ class Performer:
             case Apply(event, then):
                 if self.path is None:
                     raise self._cannot(action, "no rank table (rank 0 alone has one)")
+                if self.group is not None and self.group.active:
+                    self.perform(self.group.propose(action, now))  # applied once committed
+                    return
                 applied = self.path.handle(event, now)
                 self.perform(applied.actions)  # every follow-up, then the asker's own
                 if then is not None:
@@ -154,6 +160,10 @@ class Performer:
             case ApplyAll(events):
                 if self.path is None:
                     raise self._cannot(action, "no rank table (rank 0 alone has one)")
+                if self.group is not None and self.group.active:
+                    for event in events:  # each committed in turn, in the order reported
+                        self.perform(self.group.propose(Apply(event), now))
+                    return
                 self.perform(self.path.handle_all(events, now).actions)
             case Wake():
                 self.loop.wake()

@@ -92,17 +92,20 @@ class ApplyAll(Record):
 class Apply(Record):
     """Rank 0: apply an event to the rank table through its one path (services/rankpath.py),
     which carries out every follow-up; then `then(outcome, now)`, if given, says what the asking
-    service does with the table's answer."""
+    service does with the table's answer. `request`: the client request that waits for it, which
+    the root refuses (EAGAIN) if its root group cannot commit the event in time (group.py)."""
 
-    __slots__ = __match_args__ = ("event", "then")
+    __slots__ = __match_args__ = ("event", "then", "request")
 
     def __init__(
         self,
         event: Event | Reserve,
         then: Callable[[Outcome, float], list[Action]] | None = None,
+        request: Message | None = None,
     ) -> None:
         self.event = event
         self.then = then
+        self.request = request
 
 
 class Wake(Record):

@@ -125,6 +125,7 @@ class FlubService:
             Apply(
                 Reserve(key, host, rank, lease),
                 then=lambda outcome, now: self._reserved(request, outcome, now),
+                request=request,
             )
         ]
 
@@ -249,7 +250,7 @@ class FlubService:
             said = f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"
             return [info(said), Respond(request.respond({}))]
 
-        return [Apply(Release(rank, incarnation, key), then=released)]
+        return [Apply(Release(rank, incarnation, key), then=released, request=request)]
 
     def challenge(self, request: Message, now: float) -> list[Action]:
         """A connection that was not granted a reservation asks how to prove it holds the
@@ -399,7 +400,8 @@ class FlubService:
             now_is = self.table.entry(rank).incarnation
             return [Respond(request.respond({"incarnation": now_is}))]
 
-        return [Apply(Reboot(rank, incarnation), then=answered)]  # the ended one, or 0
+        # Reboot names the ended incarnation, or 0
+        return [Apply(Reboot(rank, incarnation), then=answered, request=request)]
 
     # --- a parent -----------------------------------------------------------------------------
 

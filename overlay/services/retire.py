@@ -83,7 +83,7 @@ class RetireService:
         def recorded(outcome: Outcome, now: float) -> list[Action]:
             return self._recorded(request, rank, incarnation, was, outcome, now)
 
-        return [Apply(Retire(rank, incarnation), then=recorded)]
+        return [Apply(Retire(rank, incarnation), then=recorded, request=request)]
 
     def _recorded(
         self,

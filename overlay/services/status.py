@@ -25,6 +25,7 @@ one table, and gets the latest when it next reads.
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,21 +62,25 @@ class StatusService:
         self.table = table
         self.lifecycle = lifecycle
         self.roles = roles or Roles()
+        # the root group, when it has standbys (services/group.py): shown as `group`
+        self.group: Callable[[float], dict[str, Any] | None] = lambda now: None
         self.watchers: list[Watcher] = []
         self._pushed_generation = -1
 
     def snapshot(self, now: float, watcher: Watcher | None = None) -> dict[str, Any]:
         """The object a watcher follows (the whole table by default)."""
         if watcher is not None and watcher.view == "summary":
-            return self._said(statusviews.summary(self.table, now, watcher.rank))
+            return self._said(now, statusviews.summary(self.table, now, watcher.rank))
         if watcher is not None and watcher.view == "held":
-            return self._said(statusviews.held(self.table, now, watcher.cursor or 0))
-        return self._said(snapshot(self.table, now))
+            return self._said(now, statusviews.held(self.table, now, watcher.cursor or 0))
+        return self._said(now, snapshot(self.table, now))
 
-    def _said(self, answer: dict[str, Any]) -> dict[str, Any]:
+    def _said(self, now: float, answer: dict[str, Any]) -> dict[str, Any]:
         """`answer` with the roles, before its `ranks` (a page's header is written first)."""
         head = {k: v for k, v in answer.items() if k in ("size", "topo")}
-        return {**head, **self.roles.wire(), **answer}
+        group = self.group(now)
+        extra = {"group": group} if group is not None else {}
+        return {**head, **self.roles.wire(), **extra, **answer}
 
     def _too_big(self, request: Message) -> Message | None:
         if self.table.size <= WHOLE_TABLE_MAX:
@@ -97,7 +102,9 @@ class StatusService:
             if type(start) is not int or not 0 <= start < self.table.size:
                 why = f"status.get: start must be a rank from 0 to {self.table.size - 1}"
                 return [Respond(request.fail(errno.EINVAL, why))]
-            return [Respond(request.respond(self._said(statusviews.held(self.table, now, start))))]
+            return [
+                Respond(request.respond(self._said(now, statusviews.held(self.table, now, start))))
+            ]
         if start is None:
             refusal = self._too_big(request)
             return [Respond(refusal or request.respond(self.snapshot(now)))]
@@ -107,12 +114,13 @@ class StatusService:
         data, after = statusviews.page(self.table, now, start)
         reply = request.respond(
             self._said(
+                now,
                 {
                     "size": self.table.size,
                     "topo": self.table.topology.spec,
                     "start": start,
                     "next": after if after < self.table.size else None,
-                }
+                },
             )
         )
         reply.data = data
@@ -130,7 +138,9 @@ class StatusService:
         rank = self._rank(request)
         if isinstance(rank, Message):
             return [Respond(rank)]
-        return [Respond(request.respond(self._said(statusviews.summary(self.table, now, rank))))]
+        return [
+            Respond(request.respond(self._said(now, statusviews.summary(self.table, now, rank))))
+        ]
 
     def errors(self, request: Message, now: float) -> list[Action]:
         rank = self._rank(request)
@@ -138,7 +148,7 @@ class StatusService:
             return [Respond(rank)]
         each = request.payload.get("each", False) is True
         answer = statusviews.errors(self.table, now, rank, each)
-        return [Respond(request.respond(self._said(answer)))]
+        return [Respond(request.respond(self._said(now, answer)))]
 
     def tree(self, request: Message, now: float) -> list[Action]:
         rank = self._rank(request)
@@ -151,7 +161,7 @@ class StatusService:
         merge = request.payload.get("merge", True) is not False
         apart = frozenset((self.roles.root, *self.roles.standbys))  # each on a line of its own
         answer = statusviews.tree(self.table, now, rank, depth, merge, apart)
-        return [Respond(request.respond(self._said(answer)))]
+        return [Respond(request.respond(self._said(now, answer)))]
 
     def watch(self, request: Message, now: float) -> list[Action]:
         """Register a status stream; its first response is the current table (or view)."""
@@ -203,9 +213,7 @@ class StatusService:
             return []
         self._pushed_generation = generation
         due = [
-            w
-            for w in self.watchers
-            if not w.unread and w.cursor is None and w.sent != generation
+            w for w in self.watchers if not w.unread and w.cursor is None and w.sent != generation
         ]
         if not due:
             return []

@@ -69,3 +69,14 @@ def child_hop(hop: str) -> int | None:
 def _link(hop: str) -> bool:
     """A hop that a broker pushed for a request from another broker."""
     return parent_hop(hop) is not None or child_hop(hop) is not None
+
+
+def from_member(request: Message, sender: int) -> bool:
+    """Whether the broker of rank `sender` itself sent `request` up to this one (the root): its
+    own "s", then "c<sender>" pushed by the broker it is attached to, then only "c" hops on the
+    way up (however many: it may be fostered). The hop a parent pushes names the child whose
+    key it admitted, so a broker cannot speak for another member."""
+    route = request.route
+    if len(route) < 2 or route[:2] != ["s", f"c{sender}"]:
+        return False
+    return all(child_hop(hop) is not None for hop in route[2:])

@@ -1,0 +1,355 @@
+"""The root group on a broker (docs/protocol.md §13.2): the driver of its `Member`
+(state/leadership.py), and the commit wait at the root.
+
+At the root (rank 0, with tbon.standbys K > 0), every event the table is asked to apply (an
+`Apply` action: a service's, or a report's) is proposed to the group instead of applied. Once a
+majority holds it, the member says `Apply`: the event enters the table through its one path
+(RankPath.handle) with the clock the root read when it proposed it, and its follow-ups are held.
+Once the root may acknowledge it (its lease runs), the member says `Acknowledge`: the follow-ups
+are carried out, then the asking service's continuation. So nobody hears of a transition that a
+takeover could forget. While no majority answers, nothing commits: a request that waits for its
+event (`Apply.request`: a joiner's allocate, a release, a retire) is refused after `wait`
+seconds with ETIMEDOUT, and said so in status (`view`). Events that no request waits for (reports)
+wait, queued, for a majority.
+
+At a standby, the member answers the root's appends and applies what is committed to a replica
+table through its own RankPath, whose follow-ups are dropped: orders are the root's job. The
+replica is built as the root's was, from the `origin` the root sends with its first entries
+(the launched hosts, config bootstrap or not, the grace, the root's clock at the start).
+
+Until the takeover is wired (§13.4), a standby is sent no Tick: it follows, never campaigns,
+and rank 0 stays the root, which may lose its lease, step down and win again when a majority
+answers. With K = 0 this service is idle: `active` is false and the performer applies at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.services.actions import Action, Apply, Respond, Send, Wake, fail, warning
+from tbon.overlay.state import groupwire
+from tbon.overlay.state.groupwire import Proposal
+from tbon.overlay.state.leadership import (
+    Abandon,
+    Acknowledge,
+    AppendEntries,
+    BecameRoot,
+    Instruction,
+    Member,
+    NotRoot,
+    Propose,
+    Proposed,
+    SteppedDown,
+    Tick,
+    Timing,
+)
+from tbon.overlay.state.leadership import Apply as Committed
+from tbon.overlay.state.leadership import Send as SendTo
+from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.message import Kind, Message, MessageError
+from tbon.overlay.wire.route import from_member, from_rank0
+
+log = logging.getLogger("tbon.broker")
+
+TIMING = Timing()
+PAUSED = "grants are paused: no majority of the root group (ranks {}) answers"
+
+
+@dataclass
+class Asked:
+    """An Apply proposed (or queued) at the root: who waits for it, and until when."""
+
+    action: Apply
+    deadline: float
+    answered: bool = False  # its request was refused: the event may still commit, unanswered
+
+
+class GroupService:
+    def __init__(
+        self,
+        rank: int,
+        topology: Topology,
+        members: tuple[int, ...],
+        incarnation: Callable[[], int],
+        now: float,
+        wait: float,
+        path: Any = None,
+        origin: dict[str, Any] | None = None,
+        timing: Timing = TIMING,
+    ) -> None:
+        """`members`: the root group as the root knows it (rank 0 and its standbys; () at any
+        other broker, which learns it from the root's appends); `path` and `origin`: the
+        root's RankPath and how its table was built (rank 0 only)."""
+        self.rank, self.topology, self.timing = rank, topology, timing
+        self.incarnation = incarnation
+        self.wait = wait
+        self.members = members
+        self.path = path
+        self.origin = origin
+        self.member: Member[Proposal] | None = None
+        if rank == 0 and len(members) > 1:
+            self.member = Member(0, members, now, timing)
+        self.asked: dict[int, Asked] = {}
+        self.queued: list[Asked] = []
+        self.held: dict[int, Any] = {}  # index -> Applied, committed, not yet acknowledged
+
+    @property
+    def active(self) -> bool:
+        """Whether the root waits for the group before applying (rank 0, K > 0)."""
+        return self.rank == 0 and self.member is not None
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.asked or self.queued)
+
+    # --- the root: proposals ---------------------------------------------------------------
+
+    def propose(self, action: Apply, now: float) -> list[Action]:
+        """An event to apply once the group holds it (the performer's Apply, at the root)."""
+        member = self.member
+        assert member is not None and self.active
+        if _repeat(action, self.asked.values(), self.queued):
+            return []
+        return self._submit(Asked(action, now + self.wait), now)
+
+    def _submit(self, asked: Asked, now: float) -> list[Action]:
+        member = self.member
+        assert member is not None
+        if not member.is_root:
+            self.queued.append(asked)
+            return [Wake()]
+        out = member.handle(Propose(Proposal(asked.action.event, now)), now)
+        index = next(i.index for i in out if isinstance(i, Proposed))
+        self.asked[index] = asked
+        return [*self._carry_out(out, now), Wake()]
+
+    def tick(self, now: float) -> list[Action]:
+        """The member's timers (the root's only, until the takeover), and the waits that end."""
+        member = self.member
+        if member is None or not self.active:
+            return []
+        actions: list[Action] = []
+        due = member.next_deadline()
+        if due is not None and now >= due:
+            actions += self._carry_out(member.handle(Tick(), now), now)
+        if member.is_root and self.queued:
+            queued, self.queued = self.queued, []
+            for asked in queued:
+                actions += self._submit(asked, now)
+        return actions + self._give_up(now)
+
+    def _give_up(self, now: float) -> list[Action]:
+        """Refuse each request whose event has not been acknowledged within `wait`."""
+        actions: list[Action] = []
+        why = PAUSED.format(",".join(map(str, self.members)))
+        for asked in [*self.asked.values(), *self.queued]:
+            request = asked.action.request
+            if request is not None and not asked.answered and now >= asked.deadline:
+                actions += [warning(f"refused {request.topic}: {why}"), *_refuse(request, why)]
+                asked.answered = True
+        self.queued = [a for a in self.queued if not a.answered]  # never proposed: dropped
+        return actions
+
+    def next_deadline(self) -> float | None:
+        if not self.active or self.member is None:
+            return None
+        times = [
+            a.deadline
+            for a in (*self.asked.values(), *self.queued)
+            if a.action.request is not None and not a.answered
+        ]
+        due = self.member.next_deadline()
+        if due is not None:
+            times.append(due)
+        return min(times, default=None)
+
+    # --- messages -----------------------------------------------------------------------------
+
+    def receive(self, request: Message, now: float) -> list[Action]:
+        """group.append at a standby; group.append-reply (and the votes) at the root."""
+        try:
+            message = groupwire.decode(request.topic, request.payload)
+        except MessageError as error:
+            return [warning(f"ignored a {request.topic}: {error}")]
+        down = message.sender == 0 and from_rank0(request)  # until the takeover: rank 0 leads
+        if not (down or from_member(request, message.sender)):
+            return [warning(f"ignored a {request.topic} not from a member of the root group")]
+        if self.member is None and (not down or not self._stand_by(request, now)):
+            return [warning(f"ignored a {request.topic}: this rank is not in the root group")]
+        assert self.member is not None
+        self.member.incarnation = self.incarnation()
+        if isinstance(message, AppendEntries):
+            return self._appended(request, message, now)
+        return self._carry_out(self.member.handle(message, now), now)
+
+    def _stand_by(self, request: Message, now: float) -> bool:
+        """The root's first message here: this rank is a member (`members`). A member is no
+        voter until the root has seen it hold what was committed if it is a refilled rank
+        (incarnation above 1), which may have forgotten what its rank held; the first
+        incarnation never held anything, and votes as a member at the start does."""
+        members = request.payload.get("members")
+        if not (isinstance(members, list) and self.rank in members and 0 in members):
+            return False
+        self.members = tuple(int(m) for m in members if is_int(m))
+        fresh = self.incarnation() > 1
+        self.member = Member(self.rank, self.members, now, self.timing, self.incarnation(), fresh)
+        log.info("standing by for the root (group %s)", ",".join(map(str, self.members)))
+        return True
+
+    def _appended(
+        self, request: Message, message: AppendEntries[Proposal], now: float
+    ) -> list[Action]:
+        assert self.member is not None
+        if self.path is None and message.prev == 0:
+            self.path = _replica(self.topology, request.payload.get("origin"))
+            if self.path is None:
+                return [warning("ignored a group.append without the table's origin")]
+        # with no copy yet, an append after entry 0 finds no match: the answer (no, hint 0)
+        # makes the root step back to the log's start, sent with the origin
+        return self._carry_out(self.member.handle(message, now), now)
+
+    # --- instructions -------------------------------------------------------------------------
+
+    def _carry_out(self, instructions: list[Instruction], now: float) -> list[Action]:
+        actions: list[Action] = []
+        for instruction in instructions:
+            match instruction:
+                case SendTo(to, message):
+                    payload = groupwire.encode(message)
+                    payload["members"] = list(self.members)
+                    first = isinstance(message, AppendEntries) and message.prev == 0
+                    if first and self.origin is not None:
+                        payload["origin"] = self.origin
+                    topic = groupwire.topic_of(message)
+                    actions.append(Send(Message(Kind.REQUEST, topic, payload, nodeid=to)))
+                case Committed(index, proposal):
+                    actions += self._commit(index, proposal)
+                case Acknowledge(index, _):
+                    actions += self._acknowledge(index, now)
+                case Abandon(index):
+                    actions += self._abandon(index)
+                case BecameRoot(term):
+                    actions.append(warning(f"the root again, in term {term}"))
+                case SteppedDown(term, _, why):
+                    actions.append(warning(f"grants paused in term {term}: {why}"))
+                case Proposed() | NotRoot():
+                    pass
+        return actions
+
+    def _commit(self, index: int, proposal: Proposal) -> list[Action]:
+        """A committed entry enters this member's table through its one path."""
+        assert self.path is not None
+        applied = self.path.handle(proposal.event, proposal.now)
+        if self.rank != 0:
+            return []  # a standby's copy: the root gives the orders
+        if index in self.asked:
+            self.held[index] = applied
+            return []
+        return list(applied.actions)  # an earlier term's, committed with this one's mark
+
+    def _acknowledge(self, index: int, now: float) -> list[Action]:
+        asked = self.asked.pop(index, None)
+        applied = self.held.pop(index)
+        actions = list(applied.actions)
+        if asked is not None and not asked.answered and asked.action.then is not None:
+            actions += asked.action.then(applied.outcome, now)
+        return actions
+
+    def _abandon(self, index: int) -> list[Action]:
+        asked = self.asked.pop(index, None)
+        self.held.pop(index, None)
+        if asked is None or asked.answered or asked.action.request is None:
+            return []
+        request = asked.action.request
+        why = PAUSED.format(",".join(map(str, self.members)))
+        return _refuse(request, why)
+
+    # --- what status and group.state show -----------------------------------------------------
+
+    def view(self, now: float) -> dict[str, Any] | None:
+        """The root group, for status: each standby's acknowledged index and lag, and whether
+        grants are paused (the root cannot acknowledge now)."""
+        member = self.member
+        if member is None or not self.active:
+            return None
+        role = member.role
+        match = getattr(role, "match", {})
+        last = member.log.last
+        return {
+            "term": member.term,
+            "index": last,
+            "commit": member.log.commit,
+            "paused": not member.may_acknowledge(now),
+            "standbys": [
+                {"rank": p, "acked": match.get(p, 0), "lag": last - match.get(p, 0)}
+                for p in member.peers
+            ],
+        }
+
+    def state(self, request: Message, now: float) -> list[Action]:
+        """group.state: this member's term, log and applied index, and a digest of its table
+        (two members that applied the same entries show the same digest)."""
+        member, path = self.member, self.path
+        if member is None or path is None:
+            return fail(request, errno.ENOENT, f"rank {self.rank} holds no copy of the table")
+        answer = {
+            "rank": self.rank,
+            "term": member.term,
+            "root": member.is_root,
+            "last": member.log.last,
+            "commit": member.log.commit,
+            "applied": member.applied,
+            "digest": digest(path.table),
+        }
+        return [Respond(request.respond(answer))]
+
+
+def digest(table: RankTable) -> str:
+    """A digest of every rank's entry and the retired keys: equal tables, equal digests."""
+    hashed = hashlib.sha256()
+    for rank in range(table.size):
+        hashed.update(repr(table.entries.peek(rank)).encode())
+    hashed.update(repr(sorted(table.retired_keys.items())).encode())
+    return hashed.hexdigest()[:16]
+
+
+def _replica(topology: Topology, origin: Any) -> Any:
+    """A standby's copy of the table as the root built its own, and its one path."""
+    from tbon.overlay.services.rankpath import RankPath
+
+    if not isinstance(origin, dict):
+        return None
+    hosts, fixed, grace, start = (origin.get(k) for k in ("hosts", "fixed", "grace", "now"))
+    if not (
+        isinstance(hosts, list)
+        and all(isinstance(h, str) for h in hosts)
+        and isinstance(fixed, bool)
+        and isinstance(grace, int | float)
+        and isinstance(start, int | float)
+    ):
+        return None
+    try:
+        table = RankTable(topology, hosts, float(start), fixed=fixed, reattach_grace=grace)
+    except ValueError:
+        return None
+    return RankPath(table)
+
+
+def _refuse(request: Message, why: str) -> list[Action]:
+    """ETIMEDOUT: the group did not commit it in time; a joiner exits 75 (try again later)."""
+    return fail(request, errno.ETIMEDOUT, why)
+
+
+def _repeat(action: Apply, asked: Any, queued: list[Asked]) -> bool:
+    """An event no request waits for, asked again while the same one waits (the loop's timers
+    find a lapsed reservation or a rank adrift at each turn until it is applied)."""
+    if action.request is not None:
+        return False
+    return any(a.action.event == action.event for a in [*asked, *queued])
