@@ -11,6 +11,7 @@ one is MessageError (the service says it in the log and drops it).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
@@ -31,6 +32,7 @@ from tbon.overlay.state.rankevents import (
 )
 from tbon.overlay.state.ranktable import Event
 from tbon.overlay.state.replicalog import Entry
+from tbon.overlay.state.terms import MAX_TERM
 from tbon.overlay.wire.message import MessageError
 from tbon.record import Record
 
@@ -45,6 +47,9 @@ TOPICS = (APPEND, APPEND_REPLY, VOTE, VOTE_REPLY)
 
 MAX_ENTRIES = 4096
 """The most entries one group.append may carry (the root sends at most Timing.batch)."""
+MAX_COUNT = MAX_TERM
+"""The largest term, index, rank or incarnation a member message may carry: a term past it is
+refused on every order (§13.3), and no log grows near it."""
 
 
 class Proposal(Record):
@@ -90,15 +95,17 @@ def decode_proposal(payload: Any) -> Proposal:
     fields = dict(payload)
     kind, now = fields.pop("event", None), fields.pop("now", None)
     cls = _EVENTS.get(kind) if isinstance(kind, str) else None
-    if cls is None or not _number(now):
+    if cls is None:
         raise MessageError(f"an entry of an unknown event {kind!r}")
+    if not _number(now):
+        raise MessageError(f"a {kind} entry with a bad now")
     try:
         event = cls(**fields)
     except TypeError as error:
         raise MessageError(f"a bad {kind} entry: {error}") from None
-    rank = getattr(event, "rank", None)
-    if not (rank is None or is_int(rank)):
-        raise MessageError(f"a {kind} entry with a bad rank")
+    for name, value in fields.items():
+        if not _FIELDS[name](value) or (name == "rank" and value is None and cls is not Reserve):
+            raise MessageError(f"a {kind} entry with a bad {name}")
     return Proposal(event, float(now))  # type: ignore[arg-type]
 
 
@@ -205,7 +212,30 @@ def decode(
 
 
 def _count(value: Any) -> bool:
-    return is_int(value) and value >= 0
+    return is_int(value) and 0 <= value <= MAX_COUNT
+
+
+def _optional_int(value: Any) -> bool:
+    return value is None or is_int(value)
+
+
+_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "rank": _optional_int,  # None for a Reserve of any rank only (checked above)
+    "incarnation": is_int,
+    "pid": is_int,
+    "parent": _optional_int,
+    "to": is_int,
+    "gone": is_int,
+    "torpid": lambda value: isinstance(value, bool),
+    "host": lambda value: isinstance(value, str),
+    "key": lambda value: isinstance(value, str),
+    "public_key": lambda value: isinstance(value, str),
+    "reason": lambda value: isinstance(value, str),
+    "lease": lambda value: _number(value),
+}
+"""Each event field's type. Only the type: the numbers an event carries are whatever its source
+took (a report's or a request's integers, of any size), which the table refuses alike at every
+member; a standby that refused an entry the root holds could never hold the rest of the log."""
 
 
 def _number(value: Any) -> bool:
