@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tbon.overlay.state.ranktable import Online, RankTable, Reservation, Reserve
+from tbon.overlay.state.ranktable import UNKNOWN_HOST, Online, RankTable, Reservation, Reserve
 from tbon.overlay.state.topology import Topology, explicit_parents
 
 NAMED_SPECS = ["kary:0", "kary:1", "kary:2", "kary:3", "binomial"]
 
 
 def table(
-    spec: str, size: int, launched: int, now: float = 100.0, fixed: bool = False
+    spec: str,
+    size: int,
+    launched: int,
+    now: float = 100.0,
+    fixed: bool = False,
+    unknown: bool = False,
 ) -> RankTable:
     """A fresh table: ranks below `launched` offline (from bootstrap), the rest vacant spares.
-    `fixed`: booted from a config file, so the launched ranks belong to their hosts."""
+    `fixed`: booted from a config file, so the launched ranks belong to their hosts. `unknown`:
+    as PMI boots rank 0, the other launched ranks' hosts unknown until they come online."""
     hosts = [f"node{rank}" for rank in range(launched)]
+    if unknown:
+        hosts[1:] = [UNKNOWN_HOST] * (launched - 1)
     return RankTable(Topology(spec, size), hosts, now, fixed=fixed)
 
 

@@ -26,11 +26,13 @@ from tbon.overlay.state.ranktable import (
     REASON_LENGTH,
     REFUSALS,
     TRANSITIONS,
+    UNKNOWN_HOST,
     Departed,
     Dropped,
     Event,
     Expire,
     LinkEnded,
+    Located,
     Lost,
     Moved,
     Online,
@@ -47,6 +49,7 @@ from tbon.overlay.state.ranktable import (
     Void,
 )
 from tbon.overlay.state.snapshot import snapshot as status_json
+from tbon.overlay.state.topology import Topology
 
 SNAPSHOT_FIELDS = {
     "rank",
@@ -636,7 +639,8 @@ class RankTableMachine(RuleBasedStateMachine):
     def start(self, tree: tuple[str, int], fixed: bool, data: st.DataObject) -> None:
         spec, size = tree
         launched = data.draw(st.integers(1, size), label="launched")
-        self.table = table(spec, size, launched, self.now, fixed=fixed)
+        unknown = not fixed and data.draw(st.booleans(), label="unknown hosts")
+        self.table = table(spec, size, launched, self.now, fixed=fixed, unknown=unknown)
         assert self.table.apply(Online(0, 1, "node0", 1), self.now).applied
         self.config = set(range(launched)) if fixed else set()
         self.welcomed = {0: 1}
@@ -734,6 +738,10 @@ class RankTableMachine(RuleBasedStateMachine):
                 assert entry.state in CONNECTED
                 assert entry.torpid == event.torpid
                 assert changed <= {event.rank}
+            case Located():  # a host for a rank never online, and nothing else
+                assert entry.state in (RankState.OFFLINE, RankState.LOST)
+                assert entry.host == event.host and entry.pid is None
+                assert changed == ({event.rank} if event.host != UNKNOWN_HOST else set())
             case Reboot():
                 # a new incarnation only if the current one was ever welcomed online
                 renewed = self.welcomed.get(event.rank) == self.incarnations[event.rank]
@@ -753,6 +761,11 @@ class RankTableMachine(RuleBasedStateMachine):
             st.integers(0, self.table.size - 1) | st.sampled_from([-1, self.table.size]),
             label="rank",
         )
+
+    @rule(data=st.data(), host=st.sampled_from(["n1", UNKNOWN_HOST]))
+    def located(self, data: st.DataObject, host: str) -> None:
+        rank = self._rank(data)
+        self._apply(Located(rank, self._incarnation(data, rank), host))
 
     @rule(data=st.data())
     def online(self, data: st.DataObject) -> None:
@@ -1147,7 +1160,7 @@ def test_allocatable_is_what_the_reserve_rows_allow() -> None:
 def test_every_event_type_has_a_refusal_and_a_row() -> None:
     # what a rank's parent sees, and what a broker saw of its own old parent
     reported = {Online, Lost, Departed, Torpid, Moved, Dropped}
-    decided = {Retire, Expire, Release, Reboot, Void, Reserve}  # what rank 0 decides or grants
+    decided = {Retire, Expire, Release, Reboot, Void, Reserve, Located}  # rank 0 decides, grants
     events = reported | decided
     assert set(REFUSALS) == events
     internal = {Orphaned, LinkEnded}
@@ -1194,3 +1207,36 @@ def test_the_live_roll_up_is_the_roll_up(tree: tuple[str, int], seed: int) -> No
         assert result.subtree_statuses() == roll_up(
             result.topology, [e.state for e in result.entries]
         )
+
+
+# --- Located: bootstrap's word on where a broker never online was started ------------------------
+
+
+def test_a_launched_rank_is_located_while_its_host_is_unknown() -> None:
+    result = RankTable(Topology("kary:2", 3), ["root", UNKNOWN_HOST, UNKNOWN_HOST], 100.0)
+    assert result.apply(Online(0, 1, "root", 42), 100.0).applied
+    outcome = result.apply(Located(1, 1, "node1"), 101.0)
+    assert outcome.applied and outcome.changed == (1,)
+    assert result.entry(1).host == "node1" and result.entry(1).state is RankState.OFFLINE
+    assert result.entry(1).since == 100.0  # a host is not a move
+    again = result.apply(Located(1, 1, "elsewhere"), 102.0)
+    assert not again.applied and "host is known: node1" in again.reason
+    assert not result.apply(Located(2, 2, "node2"), 102.0).applied  # not its incarnation
+
+
+def test_an_online_brings_its_host_and_bootstrap_cannot_change_it() -> None:
+    result = RankTable(Topology("kary:2", 2), ["root", UNKNOWN_HOST], 100.0)
+    assert result.apply(Online(0, 1, "root", 42), 100.0).applied
+    assert result.apply(Online(1, 1, "node1", 7), 101.0).applied
+    assert result.entry(1).host == "node1"
+    refused = result.apply(Located(1, 1, "other"), 102.0)
+    assert not refused.applied and "its host is its broker's" in refused.reason
+
+
+def test_a_rank_lost_before_it_came_online_is_located() -> None:
+    result = RankTable(Topology("kary:1", 3), ["root", UNKNOWN_HOST, UNKNOWN_HOST], 100.0)
+    assert result.apply(Online(0, 1, "root", 42), 100.0).applied
+    assert result.apply(Lost(1, 1, "connection dropped"), 101.0).applied  # rank 2 orphaned
+    assert result.entry(2).state is RankState.LOST
+    assert result.apply(Located(2, 1, "node2"), 102.0).applied
+    assert result.entry(2).host == "node2" and result.entry(2).state is RankState.LOST

@@ -7,10 +7,11 @@ children connect. No child ever knocks on a door that is not yet expecting it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tbon.overlay.boot.pmi_client import PmiClient
 from tbon.overlay.boot.wireup import FIRST_INCARNATION, BusinessCard, Wireup, instance_size
+from tbon.overlay.state.rankevents import UNKNOWN_HOST
 from tbon.overlay.state.topology import Topology
 
 
@@ -29,9 +30,11 @@ def pmi_wireup(
 ) -> Wireup:
     """Run the two-barrier exchange; `bind` is called only by brokers that have children.
 
-    Rank 0 reads every rank's host, for its rank table, only after the second barrier: the
-    values stay in the key-value space until finalize, and the other brokers then connect and
-    are welcomed while it reads (N-1 reads in a row, about 0.5 s at 1,024 ranks)."""
+    Rank 0 reads no other rank's card: each broker's Online brings its host, and rank 0's table
+    shows UNKNOWN_HOST until then. Reading all N-1 cards here (one blocking round trip each,
+    which no known server lets a client pipeline: Slurm reads one request per read()) held
+    rank 0 for seconds at 1,024 ranks while its children knocked. The hosts of ranks that never
+    come online are read later, and only theirs (`started_on`)."""
     pmi.init()
     rank, launched = pmi.rank, pmi.size
     topology = Topology(topo, instance_size(requested_size, launched))
@@ -48,8 +51,13 @@ def pmi_wireup(
                 child, FIRST_INCARNATION, BusinessCard.decode(pmi.get(card_key(child))).public_key
             )
     pmi.barrier()
-    if rank == 0:  # after the barrier: the others connect meanwhile, not wait for these N-1
-        wireup.hosts = [hostname] + [
-            BusinessCard.decode(pmi.get(card_key(other))).host for other in range(1, launched)
-        ]
+    if rank == 0:
+        wireup.hosts = [hostname] + [UNKNOWN_HOST] * (launched - 1)
     return wireup
+
+
+def started_on(pmi: PmiClient, ranks: Iterable[int]) -> list[tuple[int, str]]:
+    """The host each of `ranks`' brokers was started on, from its business card: for rank 0,
+    of the ranks that never came online (the cards stay in the key-value space until rank 0
+    finalizes). One blocking round trip per rank."""
+    return [(rank, BusinessCard.decode(pmi.get(card_key(rank))).host) for rank in ranks]

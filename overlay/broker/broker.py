@@ -37,13 +37,14 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.healing import adrift
-from tbon.overlay.state.ranktable import Event, Online, RankTable
+from tbon.overlay.state.ranktable import UNKNOWN_HOST, Event, Located, Online, RankTable
 from tbon.overlay.state.reports import Batcher, encode_events
 from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
 
 if TYPE_CHECKING:  # the links up: loaded by a broker that has a parent only, not at rank 0
+    from tbon.overlay.boot.latehosts import LateHosts
     from tbon.overlay.links.parent import LinkEnded, ParentLink
     from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
     from tbon.overlay.services.group import GroupService
@@ -91,6 +92,7 @@ class Broker:
             )
         now = time.monotonic()
         self.table: RankTable | None = None
+        self.late_hosts: LateHosts | None = None  # rank 0: PMI open for hosts not yet known
         self.path: RankPath | None = None
         if self.rank == 0:
             from tbon.overlay.services.rankpath import RankPath
@@ -125,7 +127,13 @@ class Broker:
         self._build_services()
         if self.rank == 0:
             self.perform([Apply(Online(0, 1, config.hostname, os.getpid()))])
-            self._finalize_pmi()  # rank 0 is in the tree from the start
+            assert self.table is not None
+            if self.booted.pmi is not None and not self.table.up():
+                from tbon.overlay.boot.latehosts import LateHosts
+
+                self.late_hosts = LateHosts(now)  # see _locate_late
+            else:
+                self._finalize_pmi()  # rank 0 is in the tree from the start
         log.info("rank %d of %d up at %s", self.rank, self.topology.size, self.uri)
 
     def _root_group(self, now: float) -> GroupService:
@@ -312,6 +320,7 @@ class Broker:
                 # deadlines wait for it (the commit wakes the loop): asked again, they would spin
                 self.table.next_expiry() if self.table and not self.group.waiting else None,
                 self.group.next_deadline(),
+                self.late_hosts.next_deadline() if self.late_hosts else None,
                 self.services.heal.next_deadline(),
                 self.draining.next_deadline() if self.draining else None,
                 self.reports.deadline(),
@@ -372,6 +381,8 @@ class Broker:
             self.perform(self.services.retire.settle(now))
             if self.program.pending and not self.lifecycle.stopping and self.table.up():
                 self._start_program(now)
+            if self.late_hosts is not None:
+                self._locate_late(now)
         if self.draining is not None and self.exit_code is None:
             self.perform(self.draining.step(now, len(self.jobs.jobs)))
         if self.exit_code is None:  # what was logged meanwhile, to its followers
@@ -532,6 +543,30 @@ class Broker:
     def _local_request(self, hop: str, message: Message) -> None:
         if message.topic == "exec.start":
             self.services.exec.started_by(hop, message)
+
+    def _locate_late(self, now: float) -> None:
+        """Rank 0 keeps PMI open until every launched rank is online (then there is nothing to
+        read), or until the wire-up goes quiet: then it reads where each broker still offline
+        was started, for status to show, and finalizes (boot/latehosts.py)."""
+        late, table = self.late_hosts, self.table
+        assert late is not None and table is not None and self.booted.pmi is not None
+        if not table.up():
+            late.saw(table.generation, now)
+            if not late.is_due(now):
+                return
+            from tbon.overlay.boot.pmi import started_on
+
+            launched = self.booted.wireup.launched
+            missing = [r for r in range(launched) if table.entry(r).host == UNKNOWN_HOST]
+            try:
+                found = started_on(self.booted.pmi, missing)
+            except TbonError as error:
+                log.warning("the hosts of ranks never online are unknown: %s", error)
+                found = []
+            events = [Located(r, table.entry(r).incarnation, host) for r, host in found]
+            self.perform([ApplyAll(events)] if events else [])
+        self.late_hosts = None
+        self._finalize_pmi()
 
     def _finalize_pmi(self) -> None:
         if self.booted.pmi is not None:

@@ -285,6 +285,8 @@ class RankPath:
     def _withdraw_moot(self) -> list[Action]:
         """Close each open foster admission that its rank used, and withdraw each that is moot
         (state/healing.py); a parent that is not connected is not told."""
+        if not self.admissions.any_open():  # as at every Online of a wire-up
+            return []
         moot: dict[int, list[tuple[int, int]]] = {}
         for rank, incarnation, parent in self.admissions.open():
             fate = admission_fate(self.table, rank, incarnation, parent)

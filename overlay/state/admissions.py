@@ -44,6 +44,9 @@ class Admissions:
         """The foster admissions not yet used or withdrawn: (rank, incarnation, parent)."""
         return [(rank, inc, parent) for (rank, parent), inc in self._open.items()]
 
+    def any_open(self) -> bool:
+        return bool(self._open)
+
     def close(self, rank: int, parent: int) -> None:
         """That admission was used, withdrawn, or is moot."""
         self._open.pop((rank, parent), None)

@@ -160,11 +160,39 @@ class Reboot(Record):
         self.incarnation = incarnation
 
 
+UNKNOWN_HOST = "unknown"
+"""The host of a launched rank whose broker has not come online yet, until bootstrap says (Located):
+rank 0 learns each host from the rank's Online, not by asking PMI for them all at the start."""
+
+
+class Located(Record):
+    """Bootstrap says where a launched rank's broker was started: rank 0 asks PMI only for the
+    ranks whose broker never came online (an Online brings its own host)."""
+
+    __slots__ = __match_args__ = ("rank", "incarnation", "host")
+
+    def __init__(self, rank: int, incarnation: int, host: str) -> None:
+        self.rank = rank
+        self.incarnation = incarnation
+        self.host = host
+
+
 Event = (
-    Online | Lost | Departed | Torpid | Moved | Dropped | Expire | Release | Retire | Reboot | Void
+    Online
+    | Lost
+    | Departed
+    | Torpid
+    | Moved
+    | Dropped
+    | Expire
+    | Release
+    | Retire
+    | Reboot
+    | Void
+    | Located
 )
 """What brokers report about a rank (they travel up the tree to rank 0), and what rank 0 decides
-itself (Expire, Release, Retire, Reboot, Void)."""
+itself (Expire, Release, Retire, Reboot, Void, Located)."""
 
 
 class Reserve(Record):

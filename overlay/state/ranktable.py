@@ -74,6 +74,9 @@ they were: a repeat, or the torpid flag.
   to a new broker meanwhile, which is then the one holder. A `gone` attached to a live broker
   is left to that broker's word.
 - Torpid sets or clears a flag on a connected rank: it is not a state, and `since` stays.
+- Located: a launched rank starts with its host UNKNOWN_HOST (rank 0 learns a host from the
+  rank's Online, not from PMI at the start); bootstrap's word on where the broker was started
+  fills it in for a rank that never came online, launched or lost, while its host is unknown.
 - Retire: an online rank other than rank 0, whose children are none of them online, reserved or
   retiring, starts retiring. Asking again, while it retires or once it has retired, is a repeat.
 - Expire: a reserved rank whose lease has run out becomes vacant and shows its old host again.
@@ -122,10 +125,12 @@ from typing import Any
 
 from tbon.overlay.state.rankentries import CompactEntries, Entries
 from tbon.overlay.state.rankevents import (
+    UNKNOWN_HOST,
     Departed,
     Dropped,
     Event,
     Expire,
+    Located,
     Lost,
     Moved,
     Online,
@@ -157,11 +162,13 @@ __all__ = [
     "CONNECTED",
     "REFUSALS",
     "TRANSITIONS",
+    "UNKNOWN_HOST",
     "Departed",
     "Dropped",
     "Event",
     "Expire",
     "Lease",
+    "Located",
     "Lost",
     "Moved",
     "Online",
@@ -319,6 +326,14 @@ def parent_not_retiring(
     return None
 
 
+def never_located(table: RankTable, entry: RankEntry, event: Located, now: float) -> str | None:
+    """Bootstrap's word on a host counts only while the rank has none: an Online, or a joiner's
+    Reserve, brought the host of the broker that holds the rank now."""
+    if entry.host == UNKNOWN_HOST:
+        return None
+    return f"rank {entry.rank}'s host is known: {entry.host}"
+
+
 def held_that_link(table: RankTable, entry: RankEntry, event: Dropped, now: float) -> str | None:
     """A Dropped speaks of a link the table keeps beside the one the rank is attached by: its
     new parent's Online, sent up the same path before it, moved the old link there."""
@@ -391,6 +406,13 @@ def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[
     entry.other_links = tuple(p for p in entry.other_links if p != to)
     if left is not None and left != to and left not in entry.past_links:
         entry.past_links += (left,)  # its children may not have read the new lineage yet
+    return (entry.rank,)
+
+
+def locate(table: RankTable, entry: RankEntry, event: Located, now: float) -> tuple[int, ...]:
+    if entry.host == event.host:  # still unknown: a repeat
+        return ()
+    entry.host = event.host
     return (entry.rank,)
 
 
@@ -599,6 +621,9 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.CONFIG_DOWN, Reboot): Rule(
         Phase.CONFIG_BOOTING, effects=(renew,), why="its host restarted its broker"
     ),
+    # Located: bootstrap says where a broker that never came online was started
+    (Phase.LAUNCHED, Located): Rule(None, (never_located,), (locate,)),
+    (Phase.LOST, Located): Rule(None, (never_located,), (locate,)),
     # Reserve: FLUB gives the rank to a joiner's key
     (Phase.VACANT, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
     (Phase.LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
@@ -632,6 +657,7 @@ REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     Release: lambda e: f"rank {e.rank} is {e.state}, not reserved",
     Void: lambda e: f"rank {e.rank} is {e.state}: no broker of it is connected",
     Reboot: _reboot_refusal,
+    Located: lambda e: f"rank {e.rank} is {e.state}: its host is its broker's",
     Reserve: lambda e: f"rank {e.rank} is taken: {describe(e)}",
 }
 """Why the table refuses an event it has no row for, by event type."""
