@@ -21,6 +21,7 @@ running, some member serves as root within a bounded time.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tbon.overlay.state.leadership import (
     Acknowledge,
+    AppendReply,
     Apply,
     Member,
     Message,
@@ -38,6 +40,8 @@ from tbon.overlay.state.leadership import (
     StaleTerm,
     TermFence,
     Tick,
+    Timing,
+    VoteReply,
 )
 from tbon.overlay.state.replicalog import Entry
 
@@ -103,21 +107,27 @@ payloads = st.one_of(
 
 
 class RootGroup(RuleBasedStateMachine):
-    @initialize(k=st.integers(0, 4))
-    def start(self, k: int) -> None:
+    @initialize(k=st.integers(0, 4), batch=st.sampled_from([1, 2, 256]))
+    def start(self, k: int, batch: int = 256) -> None:
+        """`batch` small: a root catches a member up one entry at a time, so it can learn that a
+        majority holds an entry of an earlier term before any entry of its own (figure 8)."""
         self.now = 0.0
         self.ranks = tuple(range(k + 1))
+        self.timing = Timing(batch=batch)
         self.members: dict[int, Member[Payload]] = {
-            r: Member(r, self.ranks, self.now) for r in self.ranks
+            r: Member(r, self.ranks, self.now, self.timing) for r in self.ranks
         }
         self.status = dict.fromkeys(self.ranks, "up")  # up, stopped or dead
         self.incarnation = dict.fromkeys(self.ranks, 1)
         self.replicas = {r: Replica(Table({}, set()), 0, {}) for r in self.ranks}
         self.net: list[tuple[int, int, Message | Order | StaleTerm]] = []  # (from, to, what)
+        self.held: list[tuple[int, int, Message | Order | StaleTerm]] = []  # kept back for long
         self.cut: set[frozenset[int]] = set()
         self.acks: list[tuple[int, Entry[Payload], str]] = []  # (index, entry, outcome)
         self.fences = {o: TermFence() for o in OBSERVERS}
         self.obeyed: dict[int, list[Order]] = {o: [] for o in OBSERVERS}
+        self.heard = dict.fromkeys(OBSERVERS, 0)  # the highest term each broker was sent
+        self.late: list[tuple[int, Order]] = []  # (observer, order) obeyed below a term heard
         self.committed: list[Entry[Payload]] = []  # the longest committed prefix seen
 
     # --- carrying instructions out ------------------------------------------------------------
@@ -155,8 +165,11 @@ class RootGroup(RuleBasedStateMachine):
             assert isinstance(what, Order)
             if self.fences[to].admit(what.term):
                 self.obeyed[to].append(what)
+                if what.term < self.heard[to]:
+                    self.late.append((to, what))
             else:
                 self.net.append((to, sender, StaleTerm(self.fences[to].term)))
+            self.heard[to] = max(self.heard[to], what.term)
             return
         if self.status[to] == "stopped":
             return  # it waits in the socket until the broker wakes
@@ -198,6 +211,22 @@ class RootGroup(RuleBasedStateMachine):
     def repeat(self, data: st.DataObject) -> None:
         self.net.append(self.net[data.draw(st.integers(0, len(self.net) - 1))])
 
+    @precondition(lambda self: self.net)
+    @rule(data=st.data(), kind=st.sampled_from(["reply", "order", "any"]))
+    def hold(self, data: st.DataObject, kind: str) -> None:
+        """Keep one message back for many steps: an ack from an incarnation that dies meanwhile,
+        an order of a root that is superseded meanwhile."""
+        wanted = {"reply": AppendReply | VoteReply, "order": Order, "any": object}[kind]
+        found = [i for i, (_, _, what) in enumerate(self.net) if isinstance(what, wanted)]
+        if found:
+            self.held.append(self.net.pop(data.draw(st.sampled_from(found))))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.net.append(self.held.pop(data.draw(st.integers(0, len(self.held) - 1))))
+        self.deliver_one(len(self.net) - 1)
+
     @rule(data=st.data(), payload=payloads)
     def ask_root(self, data: st.DataObject, payload: Payload) -> None:
         roots = [r for r in self.ranks if self.status[r] == "up" and self.members[r].is_root]
@@ -231,7 +260,7 @@ class RootGroup(RuleBasedStateMachine):
         rank = data.draw(st.sampled_from(dead))
         self.incarnation[rank] += 1
         self.members[rank] = Member(
-            rank, self.ranks, self.now, incarnation=self.incarnation[rank], fresh=True
+            rank, self.ranks, self.now, self.timing, incarnation=self.incarnation[rank], fresh=True
         )
         self.replicas[rank] = Replica(Table({}, set()), 0, {})
         self.status[rank] = "up"
@@ -330,12 +359,19 @@ class RootGroup(RuleBasedStateMachine):
             for order in orders:
                 entry = self.committed[order.index - 1]
                 assert entry == Entry(order.term, order.payload), f"{order}: not the log's"
+        assert not self.late, f"obeyed an order of a term older than one heard: {self.late}"
+
+
+def model_settings(examples: int) -> settings:
+    """CI runs `examples` (a few seconds of CPU on a shared machine); a soak asks for more
+    without editing the file: TBON_MODEL_EXAMPLES=5000 TBON_MODEL_STEPS=120 pytest ..."""
+    return settings(
+        max_examples=int(os.environ.get("TBON_MODEL_EXAMPLES", examples)),
+        stateful_step_count=int(os.environ.get("TBON_MODEL_STEPS", 60)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
 
 
 TestRootGroup = RootGroup.TestCase
-TestRootGroup.settings = settings(
-    max_examples=200,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+TestRootGroup.settings = model_settings(200)
