@@ -36,6 +36,7 @@ from tbon.overlay.state.leadership import (
     Member,
     Message,
     Propose,
+    Restore,
     Send,
     StaleTerm,
     TermFence,
@@ -48,6 +49,7 @@ from tbon.overlay.state.replicalog import Entry
 Payload = tuple[Any, ...]  # ("grant", rank, joiner), ("release", rank, joiner), ("retire", rank)
 OBSERVERS = (100, 101)  # two tree brokers that obey the root's orders
 LIVENESS_BOUND = 4.0  # seconds of simulated time for a new root to serve
+HELD_BOUND = 2  # entries a member holds once all are up, connected and quiet (§13.2)
 
 
 @dataclass
@@ -73,6 +75,9 @@ class Table:
         self.retired.add(rank)
         self.holders.pop(rank, None)
         return "retired"
+
+    def copy(self) -> Table:
+        return Table(dict(self.holders), set(self.retired))
 
 
 def outcomes(payloads: list[tuple[int, Payload]]) -> dict[int, str]:
@@ -107,19 +112,20 @@ payloads = st.one_of(
 
 
 class RootGroup(RuleBasedStateMachine):
-    @initialize(k=st.integers(0, 4), batch=st.sampled_from([1, 2, 256]))
-    def start(self, k: int, batch: int = 256) -> None:
+    @initialize(
+        k=st.integers(0, 4), batch=st.sampled_from([1, 2, 256]), keep=st.sampled_from([0, 3, 1024])
+    )
+    def start(self, k: int, batch: int = 256, keep: int = 1024) -> None:
         """`batch` small: a root catches a member up one entry at a time, so it can learn that a
-        majority holds an entry of an earlier term before any entry of its own (figure 8)."""
+        majority holds an entry of an earlier term before any entry of its own (figure 8).
+        `keep` small: a member that lags or is refilled is sent a snapshot of the table."""
         self.now = 0.0
         self.ranks = tuple(range(k + 1))
-        self.timing = Timing(batch=batch)
-        self.members: dict[int, Member[Payload]] = {
-            r: Member(r, self.ranks, self.now, self.timing) for r in self.ranks
-        }
+        self.timing = Timing(batch=batch, keep=keep)
+        self.replicas = {r: Replica(Table({}, set()), 0, {}) for r in self.ranks}
+        self.members: dict[int, Member[Payload]] = {r: self.member(r) for r in self.ranks}
         self.status = dict.fromkeys(self.ranks, "up")  # up, stopped or dead
         self.incarnation = dict.fromkeys(self.ranks, 1)
-        self.replicas = {r: Replica(Table({}, set()), 0, {}) for r in self.ranks}
         self.net: list[tuple[int, int, Message | Order | StaleTerm]] = []  # (from, to, what)
         self.held: list[tuple[int, int, Message | Order | StaleTerm]] = []  # kept back for long
         self.cut: set[frozenset[int]] = set()
@@ -129,6 +135,18 @@ class RootGroup(RuleBasedStateMachine):
         self.heard = dict.fromkeys(OBSERVERS, 0)  # the highest term each broker was sent
         self.late: list[tuple[int, Order]] = []  # (observer, order) obeyed below a term heard
         self.committed: list[Entry[Payload]] = []  # the longest committed prefix seen
+
+    def member(self, rank: int, incarnation: int = 1) -> Member[Payload]:
+        """A member whose snapshots are its replica's table (copied: a snapshot is a value)."""
+        return Member(
+            rank,
+            self.ranks,
+            self.now,
+            self.timing,
+            incarnation=incarnation,
+            fresh=incarnation > 1,
+            snapshot=lambda: (self.replicas[rank].applied, self.replicas[rank].table.copy()),
+        )
 
     # --- carrying instructions out ------------------------------------------------------------
 
@@ -142,19 +160,30 @@ class RootGroup(RuleBasedStateMachine):
                 assert instruction.index > replica.applied, "applied twice or out of order"
                 replica.applied = instruction.index
                 replica.outcome[instruction.index] = replica.table.apply(instruction.payload)
+            elif isinstance(instruction, Restore):
+                applied, table = instruction.state  # its last payload, before any mark
+                assert applied <= instruction.index, "a snapshot of a later index"
+                self.replicas[rank] = Replica(table.copy(), instruction.index, {})
             elif isinstance(instruction, Acknowledge):
                 index = instruction.index
                 outcome = self.replicas[rank].outcome[index]
-                self.acks.append((index, member.log.at(index), outcome))
+                entry = Entry(member.term, instruction.payload)  # proposed in its term
+                self.acks.append((index, entry, outcome))
                 for o in OBSERVERS:
                     self.net.append((rank, o, Order(rank, member.term, index, instruction.payload)))
         self.note_committed(member)
 
     def note_committed(self, member: Member[Payload]) -> None:
-        prefix = member.log.entries[: member.log.commit]
-        shorter, longer = sorted((prefix, self.committed), key=len)
-        assert longer[: len(shorter)] == shorter, "two committed logs disagree"
-        self.committed = list(longer)
+        """The committed entries a member holds (it may have discarded the first ones) agree
+        with the longest committed log seen, and may extend it."""
+        log = member.log
+        held = list(log.between(log.base + 1, log.commit))
+        assert log.base <= len(self.committed), "entries discarded that were never committed"
+        seen = self.committed[log.base : log.commit]
+        n = min(len(seen), len(held))
+        assert seen[:n] == held[:n], "two committed logs disagree"
+        if log.commit > len(self.committed):
+            self.committed += held[n:]
 
     def deliver_one(self, position: int) -> None:
         sender, to, what = self.net[position]
@@ -259,10 +288,8 @@ class RootGroup(RuleBasedStateMachine):
             return
         rank = data.draw(st.sampled_from(dead))
         self.incarnation[rank] += 1
-        self.members[rank] = Member(
-            rank, self.ranks, self.now, self.timing, incarnation=self.incarnation[rank], fresh=True
-        )
         self.replicas[rank] = Replica(Table({}, set()), 0, {})
+        self.members[rank] = self.member(rank, self.incarnation[rank])
         self.status[rank] = "up"
 
     @rule(a=st.integers(0, 4), b=st.integers(0, 101))
@@ -295,11 +322,25 @@ class RootGroup(RuleBasedStateMachine):
             assert self.now < deadline, f"no root within {LIVENESS_BOUND}s: {self.describe()}"
             self.deliver_all()
             self.tick(0.05)
+        if all(self.status[r] == "up" for r in self.ranks) and not self.held:
+            self.memory_is_bounded()
+
+    def memory_is_bounded(self) -> None:
+        """All up and connected: after a few heartbeats every member holds what the others have
+        not all acknowledged, and no more (a refilled one by a snapshot: the root has discarded
+        what it lacks)."""
+        for _ in range(8):
+            self.deliver_all()
+            self.tick(0.1)
+        self.deliver_all()
+        for rank, m in self.members.items():
+            held = m.log.last - m.log.base
+            assert held <= HELD_BOUND, f"member {rank} holds {held} entries: {self.describe()}"
 
     def describe(self) -> str:
         return ", ".join(
             f"{r}:{self.status[r]} term {m.term} {type(m.role).__name__} voter={m.voter}"
-            f" log={m.log.last} commit={m.log.commit}"
+            f" log={m.log.base}..{m.log.last} commit={m.log.commit}"
             for r, m in self.members.items()
         )
 
@@ -323,8 +364,24 @@ class RootGroup(RuleBasedStateMachine):
             for rank in self.ranks:
                 m = self.members[rank]
                 if self.status[rank] != "dead" and m.is_root and m.term > entry.term:
-                    held = m.log.entries[index - 1] if index <= m.log.last else None
+                    if index <= m.log.base:
+                        assert index <= m.log.commit  # its table holds it (tables_agree)
+                        continue
+                    held = m.log.at(index) if index <= m.log.last else None
                     assert held == entry, f"root {rank} of term {m.term} lacks {index}"
+
+    @invariant()
+    def tables_agree(self) -> None:
+        """Every copy of the table, by applies or by a snapshot, is the committed log's."""
+        truth, at = Table({}, set()), 0
+        for rank in sorted(self.ranks, key=lambda r: self.replicas[r].applied):
+            replica = self.replicas[rank]
+            while at < replica.applied:
+                at += 1
+                payload = self.committed[at - 1].payload
+                if payload is not None:
+                    truth.apply(payload)
+            assert replica.table == truth, f"member {rank}'s table is not the log's at {at}"
 
     @invariant()
     def one_holder_per_rank(self) -> None:
