@@ -166,6 +166,7 @@ class RootGroup(RuleBasedStateMachine):
                 self.replicas[rank] = Replica(table.copy(), instruction.index, {})
             elif isinstance(instruction, Acknowledge):
                 index = instruction.index
+                assert index in self.replicas[rank].outcome, f"acknowledged {index} unapplied"
                 outcome = self.replicas[rank].outcome[index]
                 entry = Entry(member.term, instruction.payload)  # proposed in its term
                 self.acks.append((index, entry, outcome))

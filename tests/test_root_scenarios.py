@@ -10,6 +10,10 @@ without testing anything. Hypothesis draws the group's size and which ranks play
 - Figure 8 (Raft paper, fig. 8): a root of a later term learns that a majority holds an entry of
   an earlier term before it holds one of its own there; committing it by counting replicas lets
   a later root, whose log ends in a later term, overwrite it.
+- Refilled voter: a standby that held a committed entry dies and is refilled empty; were the new
+  incarnation a voter at once, it and a standby that never had the entry would elect a root
+  without it once the old root stops. It may vote only once a root has seen it hold everything
+  committed; until then there is no majority, and no takeover.
 - Stale order: a root's orders to the tree are held in flight through a takeover and arrive
   after its successor's; a broker must refuse them (`TermFence`).
 """
@@ -84,6 +88,10 @@ class Script(RootGroup):
                 if self.status[rank] == "up":
                     self.feed(rank, Tick())
             self.check()
+
+    def pump_for(self, among: set[int], seconds: float) -> None:
+        end = self.now + seconds
+        self.pump(among, lambda: self.now >= end)
 
     def halt(self, rank: int, how: str = "stopped") -> None:
         self.status[rank] = how
@@ -211,6 +219,26 @@ def test_figure_8(data: st.DataObject) -> None:
     g.wake_up(s5)
     g.pump({s2, s3, s4, s5}, g.root_of(s5), campaigns_only(s5))
     assert g.members[s3].log.at(1).term != 1
+
+
+@model_settings(12)
+@given(data=st.data())
+def test_a_refilled_member_votes_only_once_it_holds_what_was_committed(
+    data: st.DataObject,
+) -> None:
+    g = started(2)
+    holder, other = data.draw(st.permutations([1, 2]), label="holder, other")
+    g.feed(0, Propose(("grant", 1, 1)))
+    g.exchange({0, holder})  # committed by the root and `holder`; `other` never has it
+    assert g.members[0].log.commit == 1 and g.members[other].log.last == 0
+    g.halt(holder, "dead")
+    g.reincarnate(holder)
+    g.halt(0)
+    g.pump_for({holder, other}, 3.0)  # one voter of three: no takeover
+    assert not any(g.members[r].is_root for r in (holder, other))
+    g.wake_up(0)
+    g.pump(set(g.ranks), lambda: g.root_of(0)() and g.members[holder].voter)
+    assert g.replicas[holder].table.holders == {1: 1}  # by the log, or by a snapshot
 
 
 @model_settings(12)
