@@ -14,6 +14,10 @@ without testing anything. Hypothesis draws the group's size and which ranks play
   incarnation a voter at once, it and a standby that never had the entry would elect a root
   without it once the old root stops. It may vote only once a root has seen it hold everything
   committed; until then there is no majority, and no takeover.
+- Forgotten term: a standby votes for a new root (taking its term) and dies; its new incarnation
+  knows no term and answers the former root, cut off from the new one. Its answers must renew
+  no lease (two roots would acknowledge at once) and it must not be made a voter by a root
+  that holds no lease (the former root lacks what the new one commits).
 - Stale order: a root's orders to the tree are held in flight through a takeover and arrive
   after its successor's; a broker must refuse them (`TermFence`).
 """
@@ -239,6 +243,26 @@ def test_a_refilled_member_votes_only_once_it_holds_what_was_committed(
     g.wake_up(0)
     g.pump(set(g.ranks), lambda: g.root_of(0)() and g.members[holder].voter)
     assert g.replicas[holder].table.holders == {1: 1}  # by the log, or by a snapshot
+
+
+@model_settings(12)
+@given(data=st.data())
+def test_a_refilled_member_renews_no_lease_of_a_former_root(data: st.DataObject) -> None:
+    g = started(2)
+    old = 0
+    new, voter = data.draw(st.permutations([1, 2]), label="new root, its voter")
+    g.pump(
+        {new, voter},
+        lambda: g.members[new].is_root,
+        lambda s, t, m: campaigns_only(new)(s, t, m) and not isinstance(m, AppendEntries),
+    )
+    assert g.members[old].is_root and g.members[new].may_acknowledge(g.now)
+    g.halt(voter, "dead")
+    g.reincarnate(voter)
+    g.pump_for({old, voter}, 0.6)  # the former root, by its own account, meets the new one
+    assert not g.members[voter].voter
+    g.pump(set(g.ranks), lambda: g.root_of(new)() and g.members[voter].voter)
+    assert g.members[voter].voted_for == new and not g.members[old].is_root
 
 
 @model_settings(12)

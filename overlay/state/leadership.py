@@ -24,6 +24,9 @@ Rules.
   A new incarnation is not a voter (`voter` false): it neither votes nor campaigns until a root
   has seen it hold every entry that root had committed and says so on an append (`voter`).
   So a committed entry whose holder forgot it is never missing from an election's majority.
+  It forgot its term too, and the vote and quiet promised in it: until it is a voter, its
+  replies say so (`voter` false) and renew no lease, and a root tells it that it is a voter only
+  while its lease runs; told so, it counts as having voted for that root in its term.
 - Quiet. A member that is root, or is not a voter, or heard its root (an append of its term) or
   gave a vote less than `election` seconds ago, ignores a vote request altogether: it neither
   answers nor takes the term. So a member that a root counted in its lease cannot help elect
@@ -154,6 +157,7 @@ class AppendReply:
     ok: bool
     match: int  # ok: the index up to which it matches; not ok: where to try next, minus 1
     sent_at: float  # echoed from the append
+    voter: bool = True  # False: a new incarnation not yet a voter: its answer renews no lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,7 +508,7 @@ class Member(Generic[P]):
         assert term is not None
         entries = self.log.after(prev, self.timing.batch)
         role.next[peer] = prev + len(entries) + 1
-        promoted, floor = peer in role.promoted, self.log.base
+        promoted, floor = self._promotes(peer, now), self.log.base
         message = AppendEntries(
             self.rank, self.term, prev, term, entries, self.log.commit, now, promoted, floor
         )
@@ -526,10 +530,17 @@ class Member(Generic[P]):
             self.snapshot(),
             self.log.commit,
             now,
-            peer in role.promoted,
+            self._promotes(peer, now),
             self.log.base,
         )
         return Send(peer, message)
+
+    def _promotes(self, peer: int, now: float) -> bool:
+        """Whether to tell `peer` it is a voter: it held all this root had committed, and the
+        lease runs (so no later root exists, whose commits it would lack)."""
+        role = self.role
+        assert isinstance(role, Leading)
+        return peer in role.promoted and self.may_acknowledge(now)
 
     def _compact(self) -> None:
         """Discard what every member holds (a root: or what lags past `keep`), up to the table
@@ -612,7 +623,7 @@ class Member(Generic[P]):
 def refuse_stale(m: Member[Any], s: Any, now: float) -> list[Instruction]:
     """An order or a vote request of a lower term: answered no, with this member's term."""
     if isinstance(s, AppendEntries | InstallSnapshot):
-        reply = AppendReply(m.rank, m.incarnation, m.term, False, m.log.last, s.sent_at)
+        reply = AppendReply(m.rank, m.incarnation, m.term, False, m.log.last, s.sent_at, m.voter)
         return [Send(s.sender, reply)]
     if isinstance(s, VoteRequest):
         return [Send(s.sender, VoteReply(m.rank, m.incarnation, m.term, False, s.sent_at))]
@@ -629,14 +640,23 @@ def follow(m: Member[Any], s: AppendEntries[Any], now: float) -> list[Instructio
     matched = m.log.accept(s.prev, s.prev_term, s.entries)
     if matched is None:
         hint = min(m.log.last, s.prev - 1)
-        reply = AppendReply(m.rank, m.incarnation, m.term, False, hint, s.sent_at)
+        reply = AppendReply(m.rank, m.incarnation, m.term, False, hint, s.sent_at, m.voter)
         return [*out, Send(s.sender, reply)]
-    if s.voter:
-        m.voter = True
+    promote(m, s)
     m.floor = max(m.floor, s.floor)
     out += m._commit_to(min(s.commit, matched))
-    reply = AppendReply(m.rank, m.incarnation, m.term, True, matched, s.sent_at)
+    reply = AppendReply(m.rank, m.incarnation, m.term, True, matched, s.sent_at, m.voter)
     return [*out, Send(s.sender, reply)]
+
+
+def promote(m: Member[Any], s: AppendEntries[Any] | InstallSnapshot) -> None:
+    """Told it is a voter. A new incarnation counts as having voted for this root in its term:
+    its predecessor may have voted in it, for this root (the one a majority elected) or for
+    none, so it votes for no other."""
+    if s.voter and not m.voter:
+        m.voter = True
+        if m.voted_for is None:
+            m.voted_for = s.sender
 
 
 def install(m: Member[Any], s: InstallSnapshot, now: float) -> list[Instruction]:
@@ -651,11 +671,10 @@ def install(m: Member[Any], s: InstallSnapshot, now: float) -> list[Instruction]
         m.log.install(s.index, s.index_term)
         m.applied = s.index
         out.append(Restore(s.index, s.state))
-    if s.voter:
-        m.voter = True
+    promote(m, s)
     m.floor = max(m.floor, s.floor)
     out += m._commit_to(min(s.commit, m.log.last))
-    reply = AppendReply(m.rank, m.incarnation, m.term, True, s.index, s.sent_at)
+    reply = AppendReply(m.rank, m.incarnation, m.term, True, s.index, s.sent_at, m.voter)
     return [*out, Send(s.sender, reply)]
 
 
@@ -684,7 +703,8 @@ def replied(m: Member[Any], s: AppendReply, now: float) -> list[Instruction]:
     role = m.role
     assert isinstance(role, Leading)
     peer = s.sender
-    role.acked_at[peer] = max(role.acked_at.get(peer, -math.inf), s.sent_at)
+    if s.voter:  # a new incarnation may not know the term its predecessor promised quiet in
+        role.acked_at[peer] = max(role.acked_at.get(peer, -math.inf), s.sent_at)
     if s.sent_at > role.snapshot_sent.get(peer, math.inf) and (s.ok or s.match < m.log.base):
         del role.snapshot_sent[peer]  # answered after it: it has the snapshot, or lost it
     if s.ok:
