@@ -319,7 +319,8 @@ class RootGroup(RuleBasedStateMachine):
         if len(voters) < len(self.ranks) // 2 + 1:
             return
         deadline = self.now + LIVENESS_BOUND
-        while not any(self.members[r].serves(self.now) for r in voters):
+        up = [r for r in self.ranks if self.status[r] == "up"]  # a member made voter meanwhile too
+        while not any(self.members[r].serves(self.now) for r in up):
             assert self.now < deadline, f"no root within {LIVENESS_BOUND}s: {self.describe()}"
             self.deliver_all()
             self.tick(0.05)
