@@ -374,11 +374,13 @@ class RootGroup(RuleBasedStateMachine):
 
     @invariant()
     def tables_agree(self) -> None:
-        """Every copy of the table, by applies or by a snapshot, is the committed log's."""
+        """Every copy of the table, by applies or by a snapshot, is the committed log's as of
+        the index its member has applied."""
         truth, at = Table({}, set()), 0
-        for rank in sorted(self.ranks, key=lambda r: self.replicas[r].applied):
+        alive = [r for r in self.ranks if self.status[r] != "dead"]
+        for rank in sorted(alive, key=lambda r: self.members[r].applied):
             replica = self.replicas[rank]
-            while at < replica.applied:
+            while at < self.members[rank].applied:
                 at += 1
                 payload = self.committed[at - 1].payload
                 if payload is not None:
