@@ -86,8 +86,10 @@ messages = st.one_of(
         counts,
         times,
         st.booleans(),
+        counts,  # floor
     ),
-    st.builds(AppendReply, ranks, counts, counts, st.booleans(), counts, times),
+    # voter: a reply that drops it renews a lease it must not (leadership.py, AppendReply)
+    st.builds(AppendReply, ranks, counts, counts, st.booleans(), counts, times, st.booleans()),
     st.builds(VoteRequest, ranks, counts, counts, counts, times, st.booleans()),
     st.builds(VoteReply, ranks, counts, counts, st.booleans(), times, st.booleans()),
 )
@@ -302,12 +304,17 @@ GOOD = {
     VOTE_REPLY: payload_of(VoteReply(2, 1, 2, True, 1.0, True)),
 }
 NUMBERS = {
-    APPEND: ("sender", "term", "prev", "prev_term", "commit"),
+    APPEND: ("sender", "term", "prev", "prev_term", "commit", "floor"),
     APPEND_REPLY: ("sender", "incarnation", "term", "match"),
     VOTE: ("sender", "term", "last", "last_term"),
     VOTE_REPLY: ("sender", "incarnation", "term"),
 }
-FLAGS = {APPEND: ("voter",), APPEND_REPLY: ("ok",), VOTE: ("pre",), VOTE_REPLY: ("granted", "pre")}
+FLAGS = {
+    APPEND: ("voter",),
+    APPEND_REPLY: ("ok", "voter"),
+    VOTE: ("pre",),
+    VOTE_REPLY: ("granted", "pre"),
+}
 
 
 def bad_payloads() -> list[tuple[str, str, dict[str, Any]]]:
@@ -316,7 +323,7 @@ def bad_payloads() -> list[tuple[str, str, dict[str, Any]]]:
     cases: list[tuple[str, str, dict[str, Any]]] = []
     for topic, good in GOOD.items():
         for field in good:
-            if field not in ("voter", "pre"):  # optional flags default to False
+            if field not in ("voter", "pre", "floor"):  # optional: False, or floor 0
                 cases.append((topic, f"no {field}", {k: v for k, v in good.items() if k != field}))
         for field in NUMBERS[topic]:
             for bad in ("1", -1, 10**30, MAX_COUNT + 1, 1.5, True, None, [1]):

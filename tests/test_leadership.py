@@ -17,10 +17,12 @@ from tbon.overlay.state.leadership import (
     BecameRoot,
     Campaigning,
     Following,
+    InstallSnapshot,
     Member,
     NotRoot,
     Propose,
     Proposed,
+    Restore,
     Send,
     StaleTerm,
     SteppedDown,
@@ -34,6 +36,7 @@ from tbon.overlay.state.leadership import (
 from tbon.overlay.state.replicalog import CommittedLost, Entry, ReplicaLog
 
 GROUP = (0, 1, 2)
+DEFAULT = Timing()
 
 
 def sends(out: list[Any]) -> dict[int, Any]:
@@ -223,3 +226,109 @@ def test_the_log_keeps_what_it_holds_and_drops_only_a_conflict() -> None:
     with pytest.raises(CommittedLost):
         log.accept(1, 1, (Entry(3, "d"),))
     assert log.up_to_date(2, 2) and log.up_to_date(1, 3) and not log.up_to_date(5, 1)
+
+
+def test_the_log_discards_applied_entries_and_matches_below_them() -> None:
+    log: ReplicaLog[str] = ReplicaLog()
+    log.accept(0, 0, (Entry(1, "a"), Entry(1, "b"), Entry(2, "c")))
+    with pytest.raises(CommittedLost):
+        log.compact(2)  # not committed: a snapshot may stand only for committed entries
+    log.commit = 2
+    log.compact(2)
+    assert (log.base, log.base_term, log.last, log.last_term) == (2, 1, 3, 2)
+    assert log.term_at(1) is None and log.term_at(2) == 1 and log.at(3) == Entry(2, "c")
+    with pytest.raises(IndexError):
+        log.at(2)
+    assert log.between(1, 3) == (Entry(2, "c"),)
+    # an append from below the discarded part matches there: those entries are committed
+    assert log.accept(0, 0, (Entry(1, "a"),)) == 2
+    assert log.accept(1, 1, (Entry(1, "b"), Entry(2, "c"), Entry(2, "d"))) == 4
+    with pytest.raises(CommittedLost):
+        log.accept(1, 1, (Entry(3, "x"),))
+    assert log.up_to_date(4, 2) and not log.up_to_date(3, 2)
+
+
+def test_a_snapshot_replaces_the_log_up_to_its_index() -> None:
+    log: ReplicaLog[str] = ReplicaLog()
+    log.accept(0, 0, (Entry(1, "a"), Entry(1, "b"), Entry(1, "c")))
+    log.install(2, 1)  # it holds entry 2 of term 1: what follows stays
+    assert (log.base, log.last, log.commit) == (2, 3, 2)
+    log.install(1, 1)  # late: nothing changes
+    assert (log.base, log.last) == (2, 3)
+    other: ReplicaLog[str] = ReplicaLog()
+    other.accept(0, 0, (Entry(1, "a"), Entry(2, "x")))
+    other.install(3, 3)  # a conflicting tail goes
+    assert (other.base, other.base_term, other.last, other.entries) == (3, 3, 3, [])
+
+
+def snapshotting(
+    rank: int, table: list[str], timing: Timing = DEFAULT, fresh: bool = False
+) -> Member[str]:
+    """A member whose table is `table` (the payloads applied), for snapshots."""
+    return Member(rank, GROUP, 0.0, timing, 2 if fresh else 1, fresh, lambda: list(table))
+
+
+def carry(member: Member[str], table: list[str], out: list[Any]) -> dict[int, Any]:
+    """Carry out a member's instructions on its table; returns its sends."""
+    for i in out:
+        if isinstance(i, Apply):
+            table.append(i.payload)
+        elif isinstance(i, Restore):
+            table[:] = i.state
+    return sends(out)
+
+
+def test_the_root_discards_what_all_hold_and_followers_follow_its_floor() -> None:
+    tables: dict[int, list[str]] = {r: [] for r in GROUP}
+    group = {r: snapshotting(r, tables[r]) for r in GROUP}
+    root, now = group[0], 0.0
+    for payload in ("a", "b", "c"):
+        out = carry(root, tables[0], root.handle(Propose(payload), now))
+        for peer, append in out.items():
+            reply = carry(group[peer], tables[peer], group[peer].handle(append, now))[0]
+            carry(root, tables[0], root.handle(reply, now))
+    for _ in range(3):  # heartbeats carry the commit and the floor
+        now += 0.1
+        for peer, append in carry(root, tables[0], root.handle(Tick(), now)).items():
+            reply = carry(group[peer], tables[peer], group[peer].handle(append, now))[0]
+            carry(root, tables[0], root.handle(reply, now))
+    assert all(tables[r] == ["a", "b", "c"] for r in GROUP)
+    assert all(group[r].log.base == 3 and group[r].log.last == 3 for r in GROUP)
+
+
+def test_a_member_past_keep_gets_a_snapshot_then_the_log() -> None:
+    timing = Timing(keep=1)
+    table: list[str] = []
+    root = snapshotting(0, table, timing)
+    standby = snapshotting(1, [], timing)
+    now = 0.0
+    for payload in ("a", "b", "c", "d"):  # rank 2 is dead: a majority is the root and rank 1
+        out = carry(root, table, root.handle(Propose(payload), now))
+        reply = sends(standby.handle(out[1], now))[0]
+        carry(root, table, root.handle(reply, now))
+    now += 0.1
+    carry(root, table, root.handle(Tick(), now))
+    assert root.log.base == 3  # rank 2 acknowledged nothing; the root keeps 1 entry behind 4
+    refilled_table: list[str] = []
+    refilled = snapshotting(2, refilled_table, timing, fresh=True)
+    beat = carry(root, table, root.handle(Tick(), now + 0.1))[2]
+    refusal = sends(refilled.handle(beat, now + 0.1))[0]
+    snapshot = carry(root, table, root.handle(refusal, now + 0.1))[2]
+    assert isinstance(snapshot, InstallSnapshot) and snapshot.index == 4
+    assert snapshot.state == ["a", "b", "c", "d"]
+    out = refilled.handle(snapshot, now + 0.1)
+    assert of(out, Restore) == [Restore(4, ["a", "b", "c", "d"])]
+    carry(refilled, refilled_table, out)
+    assert refilled_table == table and refilled.log.base == 4 and refilled.applied == 4
+    carry(root, table, root.handle(sends(out)[0], now + 0.1))
+    assert root.role.match[2] == 4  # type: ignore[union-attr]
+    # a snapshot lost on the way is sent again only once an answer shows it missing
+    lost: Member[str] = snapshotting(2, [], timing, fresh=True)
+    lost.incarnation = 3
+    beat = carry(root, table, root.handle(Tick(), now + 0.2))[2]
+    again = carry(root, table, root.handle(sends(lost.handle(beat, now + 0.2))[0], now + 0.2))
+    assert isinstance(again[2], InstallSnapshot)
+    probe = carry(root, table, root.handle(Tick(), now + 0.3))[2]
+    assert isinstance(probe, AppendEntries) and probe.prev == root.log.base  # not the table
+    answer = sends(lost.handle(probe, now + 0.3))[0]
+    assert isinstance(carry(root, table, root.handle(answer, now + 0.3))[2], InstallSnapshot)

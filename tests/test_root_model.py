@@ -21,6 +21,7 @@ running, some member serves as root within a bounded time.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,20 +31,25 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tbon.overlay.state.leadership import (
     Acknowledge,
+    AppendReply,
     Apply,
     Member,
     Message,
     Propose,
+    Restore,
     Send,
     StaleTerm,
     TermFence,
     Tick,
+    Timing,
+    VoteReply,
 )
 from tbon.overlay.state.replicalog import Entry
 
 Payload = tuple[Any, ...]  # ("grant", rank, joiner), ("release", rank, joiner), ("retire", rank)
 OBSERVERS = (100, 101)  # two tree brokers that obey the root's orders
 LIVENESS_BOUND = 4.0  # seconds of simulated time for a new root to serve
+HELD_BOUND = 2  # entries a member holds once all are up, connected and quiet (§13.2)
 
 
 @dataclass
@@ -69,6 +75,9 @@ class Table:
         self.retired.add(rank)
         self.holders.pop(rank, None)
         return "retired"
+
+    def copy(self) -> Table:
+        return Table(dict(self.holders), set(self.retired))
 
 
 def outcomes(payloads: list[tuple[int, Payload]]) -> dict[int, str]:
@@ -103,22 +112,41 @@ payloads = st.one_of(
 
 
 class RootGroup(RuleBasedStateMachine):
-    @initialize(k=st.integers(0, 4))
-    def start(self, k: int) -> None:
+    @initialize(
+        k=st.integers(0, 4), batch=st.sampled_from([1, 2, 256]), keep=st.sampled_from([0, 3, 1024])
+    )
+    def start(self, k: int, batch: int = 256, keep: int = 1024) -> None:
+        """`batch` small: a root catches a member up one entry at a time, so it can learn that a
+        majority holds an entry of an earlier term before any entry of its own (figure 8).
+        `keep` small: a member that lags or is refilled is sent a snapshot of the table."""
         self.now = 0.0
         self.ranks = tuple(range(k + 1))
-        self.members: dict[int, Member[Payload]] = {
-            r: Member(r, self.ranks, self.now) for r in self.ranks
-        }
+        self.timing = Timing(batch=batch, keep=keep)
+        self.replicas = {r: Replica(Table({}, set()), 0, {}) for r in self.ranks}
+        self.members: dict[int, Member[Payload]] = {r: self.member(r) for r in self.ranks}
         self.status = dict.fromkeys(self.ranks, "up")  # up, stopped or dead
         self.incarnation = dict.fromkeys(self.ranks, 1)
-        self.replicas = {r: Replica(Table({}, set()), 0, {}) for r in self.ranks}
         self.net: list[tuple[int, int, Message | Order | StaleTerm]] = []  # (from, to, what)
+        self.held: list[tuple[int, int, Message | Order | StaleTerm]] = []  # kept back for long
         self.cut: set[frozenset[int]] = set()
         self.acks: list[tuple[int, Entry[Payload], str]] = []  # (index, entry, outcome)
         self.fences = {o: TermFence() for o in OBSERVERS}
         self.obeyed: dict[int, list[Order]] = {o: [] for o in OBSERVERS}
+        self.heard = dict.fromkeys(OBSERVERS, 0)  # the highest term each broker was sent
+        self.late: list[tuple[int, Order]] = []  # (observer, order) obeyed below a term heard
         self.committed: list[Entry[Payload]] = []  # the longest committed prefix seen
+
+    def member(self, rank: int, incarnation: int = 1) -> Member[Payload]:
+        """A member whose snapshots are its replica's table (copied: a snapshot is a value)."""
+        return Member(
+            rank,
+            self.ranks,
+            self.now,
+            self.timing,
+            incarnation=incarnation,
+            fresh=incarnation > 1,
+            snapshot=lambda: (self.replicas[rank].applied, self.replicas[rank].table.copy()),
+        )
 
     # --- carrying instructions out ------------------------------------------------------------
 
@@ -132,19 +160,31 @@ class RootGroup(RuleBasedStateMachine):
                 assert instruction.index > replica.applied, "applied twice or out of order"
                 replica.applied = instruction.index
                 replica.outcome[instruction.index] = replica.table.apply(instruction.payload)
+            elif isinstance(instruction, Restore):
+                applied, table = instruction.state  # its last payload, before any mark
+                assert applied <= instruction.index, "a snapshot of a later index"
+                self.replicas[rank] = Replica(table.copy(), instruction.index, {})
             elif isinstance(instruction, Acknowledge):
                 index = instruction.index
+                assert index in self.replicas[rank].outcome, f"acknowledged {index} unapplied"
                 outcome = self.replicas[rank].outcome[index]
-                self.acks.append((index, member.log.at(index), outcome))
+                entry = Entry(member.term, instruction.payload)  # proposed in its term
+                self.acks.append((index, entry, outcome))
                 for o in OBSERVERS:
                     self.net.append((rank, o, Order(rank, member.term, index, instruction.payload)))
         self.note_committed(member)
 
     def note_committed(self, member: Member[Payload]) -> None:
-        prefix = member.log.entries[: member.log.commit]
-        shorter, longer = sorted((prefix, self.committed), key=len)
-        assert longer[: len(shorter)] == shorter, "two committed logs disagree"
-        self.committed = list(longer)
+        """The committed entries a member holds (it may have discarded the first ones) agree
+        with the longest committed log seen, and may extend it."""
+        log = member.log
+        held = list(log.between(log.base + 1, log.commit))
+        assert log.base <= len(self.committed), "entries discarded that were never committed"
+        seen = self.committed[log.base : log.commit]
+        n = min(len(seen), len(held))
+        assert seen[:n] == held[:n], "two committed logs disagree"
+        if log.commit > len(self.committed):
+            self.committed += held[n:]
 
     def deliver_one(self, position: int) -> None:
         sender, to, what = self.net[position]
@@ -155,8 +195,11 @@ class RootGroup(RuleBasedStateMachine):
             assert isinstance(what, Order)
             if self.fences[to].admit(what.term):
                 self.obeyed[to].append(what)
+                if what.term < self.heard[to]:
+                    self.late.append((to, what))
             else:
                 self.net.append((to, sender, StaleTerm(self.fences[to].term)))
+            self.heard[to] = max(self.heard[to], what.term)
             return
         if self.status[to] == "stopped":
             return  # it waits in the socket until the broker wakes
@@ -198,6 +241,22 @@ class RootGroup(RuleBasedStateMachine):
     def repeat(self, data: st.DataObject) -> None:
         self.net.append(self.net[data.draw(st.integers(0, len(self.net) - 1))])
 
+    @precondition(lambda self: self.net)
+    @rule(data=st.data(), kind=st.sampled_from(["reply", "order", "any"]))
+    def hold(self, data: st.DataObject, kind: str) -> None:
+        """Keep one message back for many steps: an ack from an incarnation that dies meanwhile,
+        an order of a root that is superseded meanwhile."""
+        wanted = {"reply": AppendReply | VoteReply, "order": Order, "any": object}[kind]
+        found = [i for i, (_, _, what) in enumerate(self.net) if isinstance(what, wanted)]
+        if found:
+            self.held.append(self.net.pop(data.draw(st.sampled_from(found))))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.net.append(self.held.pop(data.draw(st.integers(0, len(self.held) - 1))))
+        self.deliver_one(len(self.net) - 1)
+
     @rule(data=st.data(), payload=payloads)
     def ask_root(self, data: st.DataObject, payload: Payload) -> None:
         roots = [r for r in self.ranks if self.status[r] == "up" and self.members[r].is_root]
@@ -230,10 +289,8 @@ class RootGroup(RuleBasedStateMachine):
             return
         rank = data.draw(st.sampled_from(dead))
         self.incarnation[rank] += 1
-        self.members[rank] = Member(
-            rank, self.ranks, self.now, incarnation=self.incarnation[rank], fresh=True
-        )
         self.replicas[rank] = Replica(Table({}, set()), 0, {})
+        self.members[rank] = self.member(rank, self.incarnation[rank])
         self.status[rank] = "up"
 
     @rule(a=st.integers(0, 4), b=st.integers(0, 101))
@@ -262,15 +319,30 @@ class RootGroup(RuleBasedStateMachine):
         if len(voters) < len(self.ranks) // 2 + 1:
             return
         deadline = self.now + LIVENESS_BOUND
-        while not any(self.members[r].serves(self.now) for r in voters):
+        up = [r for r in self.ranks if self.status[r] == "up"]  # a member made voter meanwhile too
+        while not any(self.members[r].serves(self.now) for r in up):
             assert self.now < deadline, f"no root within {LIVENESS_BOUND}s: {self.describe()}"
             self.deliver_all()
             self.tick(0.05)
+        if all(self.status[r] == "up" for r in self.ranks) and not self.held:
+            self.memory_is_bounded()
+
+    def memory_is_bounded(self) -> None:
+        """All up and connected: after a few heartbeats every member holds what the others have
+        not all acknowledged, and no more (a refilled one by a snapshot: the root has discarded
+        what it lacks)."""
+        for _ in range(8):
+            self.deliver_all()
+            self.tick(0.1)
+        self.deliver_all()
+        for rank, m in self.members.items():
+            held = m.log.last - m.log.base
+            assert held <= HELD_BOUND, f"member {rank} holds {held} entries: {self.describe()}"
 
     def describe(self) -> str:
         return ", ".join(
             f"{r}:{self.status[r]} term {m.term} {type(m.role).__name__} voter={m.voter}"
-            f" log={m.log.last} commit={m.log.commit}"
+            f" log={m.log.base}..{m.log.last} commit={m.log.commit}"
             for r, m in self.members.items()
         )
 
@@ -294,8 +366,26 @@ class RootGroup(RuleBasedStateMachine):
             for rank in self.ranks:
                 m = self.members[rank]
                 if self.status[rank] != "dead" and m.is_root and m.term > entry.term:
-                    held = m.log.entries[index - 1] if index <= m.log.last else None
+                    if index <= m.log.base:
+                        assert index <= m.log.commit  # its table holds it (tables_agree)
+                        continue
+                    held = m.log.at(index) if index <= m.log.last else None
                     assert held == entry, f"root {rank} of term {m.term} lacks {index}"
+
+    @invariant()
+    def tables_agree(self) -> None:
+        """Every copy of the table, by applies or by a snapshot, is the committed log's as of
+        the index its member has applied."""
+        truth, at = Table({}, set()), 0
+        alive = [r for r in self.ranks if self.status[r] != "dead"]
+        for rank in sorted(alive, key=lambda r: self.members[r].applied):
+            replica = self.replicas[rank]
+            while at < self.members[rank].applied:
+                at += 1
+                payload = self.committed[at - 1].payload
+                if payload is not None:
+                    truth.apply(payload)
+            assert replica.table == truth, f"member {rank}'s table is not the log's at {at}"
 
     @invariant()
     def one_holder_per_rank(self) -> None:
@@ -330,12 +420,19 @@ class RootGroup(RuleBasedStateMachine):
             for order in orders:
                 entry = self.committed[order.index - 1]
                 assert entry == Entry(order.term, order.payload), f"{order}: not the log's"
+        assert not self.late, f"obeyed an order of a term older than one heard: {self.late}"
+
+
+def model_settings(examples: int) -> settings:
+    """CI runs `examples` (a few seconds of CPU on a shared machine); a soak asks for more
+    without editing the file: TBON_MODEL_EXAMPLES=5000 TBON_MODEL_STEPS=120 pytest ..."""
+    return settings(
+        max_examples=int(os.environ.get("TBON_MODEL_EXAMPLES", examples)),
+        stateful_step_count=int(os.environ.get("TBON_MODEL_STEPS", 60)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
 
 
 TestRootGroup = RootGroup.TestCase
-TestRootGroup.settings = settings(
-    max_examples=200,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+TestRootGroup.settings = model_settings(200)

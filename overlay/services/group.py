@@ -40,6 +40,7 @@ from tbon.overlay.state.leadership import (
     Acknowledge,
     AppendEntries,
     BecameRoot,
+    InstallSnapshot,
     Instruction,
     Member,
     NotRoot,
@@ -222,6 +223,10 @@ class GroupService:
         for instruction in instructions:
             match instruction:
                 case SendTo(to, message):
+                    if isinstance(message, InstallSnapshot):
+                        # never made: this Member is given no `snapshot`, so it compacts nothing
+                        # (protocol §13.2: a refilled member replays the log from its start)
+                        continue
                     payload = groupwire.encode(message)
                     payload["members"] = list(self.members)
                     first = isinstance(message, AppendEntries) and message.prev == 0

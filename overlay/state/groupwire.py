@@ -137,6 +137,7 @@ def encode(
                 "commit": message.commit,
                 "sent_at": message.sent_at,
                 "voter": message.voter,
+                "floor": message.floor,
             }
         case AppendReply():
             return {
@@ -146,6 +147,7 @@ def encode(
                 "ok": message.ok,
                 "match": message.match,
                 "sent_at": message.sent_at,
+                "voter": message.voter,
             }
         case VoteRequest():
             return {
@@ -185,17 +187,24 @@ def decode(
         if topic == APPEND:
             prev, prev_term, commit = payload["prev"], payload["prev_term"], payload["commit"]
             entries, voter = payload["entries"], payload.get("voter", False)
+            floor = payload.get("floor", 0)
             _require(_count(prev) and _count(prev_term) and _count(commit), "indexes")
+            _require(_count(floor), "floor")
             _require(isinstance(entries, list) and len(entries) <= MAX_ENTRIES, "entries")
             _require(isinstance(voter, bool), "voter")
             decoded = tuple(decode_entry(e) for e in entries)
-            return AppendEntries(sender, term, prev, prev_term, decoded, commit, sent_at, voter)
+            return AppendEntries(
+                sender, term, prev, prev_term, decoded, commit, sent_at, voter, floor
+            )
         incarnation = payload["incarnation"] if topic in (APPEND_REPLY, VOTE_REPLY) else 0
         _require(_count(incarnation), "incarnation")
         if topic == APPEND_REPLY:
             ok, match = payload["ok"], payload["match"]
+            # a reply that does not say it votes renews no lease (leadership.py, AppendReply)
+            voter = payload.get("voter", False)
             _require(isinstance(ok, bool) and _count(match), "ok or match")
-            return AppendReply(sender, incarnation, term, ok, match, sent_at)
+            _require(isinstance(voter, bool), "voter")
+            return AppendReply(sender, incarnation, term, ok, match, sent_at, voter)
         pre = payload.get("pre", False)
         _require(isinstance(pre, bool), "pre")
         if topic == VOTE:

@@ -24,6 +24,9 @@ Rules.
   A new incarnation is not a voter (`voter` false): it neither votes nor campaigns until a root
   has seen it hold every entry that root had committed and says so on an append (`voter`).
   So a committed entry whose holder forgot it is never missing from an election's majority.
+  It forgot its term too, and the vote and quiet promised in it: until it is a voter, its
+  replies say so (`voter` false) and renew no lease, and a root tells it that it is a voter only
+  while its lease runs; told so, it counts as having voted for that root in its term.
 - Quiet. A member that is root, or is not a voter, or heard its root (an append of its term) or
   gave a vote less than `election` seconds ago, ignores a vote request altogether: it neither
   answers nor takes the term. So a member that a root counted in its lease cannot help elect
@@ -63,6 +66,16 @@ Rules.
   unknown here; the asker retries, and the table's events are repeats when they were applied).
 - Proposals. Only the root takes them (`Proposed` with the index); any other member answers
   `NotRoot` with the root it knows.
+- Compaction (only with a `snapshot`, the caller's table as it stands). Before each stimulus the
+  caller has carried out every instruction so far, so its table is as of `applied` then (the
+  member's *table index*). The root discards the entries up to the lowest index some member has
+  acknowledged, but keeps no more than `keep` entries behind its table index; it tells the
+  others that point on its appends (`floor`), and each discards up to it, never beyond its own
+  table index. A member that needs an entry the root has discarded (too far behind, or a new
+  incarnation) is sent the root's table as of its table index instead (`InstallSnapshot`), then
+  the log after it; it replaces its copy (`Restore`) and answers as to an append. The root sends
+  a member a snapshot again only once an answer to something sent after it shows it still lacks
+  it (lost on the way): a dead member is sent probes, empty appends, not tables.
 - Ignored: a reply that no longer matters (not the root any more, a vote after the election),
   a tick with nothing due.
 
@@ -92,8 +105,11 @@ class Timing:
     stagger: float = 0.1
     retry: float = 0.05
     batch: int = 256  # entries per append at most
+    keep: int = 1024  # entries a root keeps behind its table for a member that lags (§13.2)
 
     def __post_init__(self) -> None:
+        if self.keep < 0 or self.batch < 1:
+            raise ValueError(f"keep ({self.keep}) must be >= 0 and batch ({self.batch}) >= 1")
         if not 0 < self.lease < self.election:
             raise ValueError(
                 f"a lease ({self.lease}s) must be shorter than quiet ({self.election}s)"
@@ -113,6 +129,24 @@ class AppendEntries(Generic[P]):
     commit: int
     sent_at: float
     voter: bool = False  # the root saw this member hold all it had committed
+    floor: int = 0  # every member holds up to here (or lags past `keep`): discard up to it
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot:
+    """The root's table as of `index` (the entry of `index_term`), for a member that lacks what
+    the root discarded; `state` is the caller's (the member never reads it). Answered with an
+    `AppendReply` as an append of the entries up to `index` would be."""
+
+    sender: int
+    term: int
+    index: int
+    index_term: int
+    state: Any
+    commit: int
+    sent_at: float
+    voter: bool = False
+    floor: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +157,7 @@ class AppendReply:
     ok: bool
     match: int  # ok: the index up to which it matches; not ok: where to try next, minus 1
     sent_at: float  # echoed from the append
+    voter: bool = True  # False: a new incarnation not yet a voter: its answer renews no lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +180,7 @@ class VoteReply:
     pre: bool = False
 
 
-Message = AppendEntries[Any] | AppendReply | VoteRequest | VoteReply
+Message = AppendEntries[Any] | AppendReply | VoteRequest | VoteReply | InstallSnapshot
 
 
 # --- stimuli ------------------------------------------------------------------------------------
@@ -201,6 +236,15 @@ class Apply(Generic[P]):
 
 
 @dataclass(frozen=True, slots=True)
+class Restore:
+    """Replace this member's copy of the table with `state`, the root's as of `index` (later
+    `Apply` instructions follow from `index` + 1)."""
+
+    index: int
+    state: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Acknowledge(Generic[P]):
     """The root's own proposal is committed and its lease runs: tell the asker its outcome."""
 
@@ -228,7 +272,15 @@ class SteppedDown:
 
 
 Instruction = (
-    Send | Proposed | NotRoot | Apply[Any] | Acknowledge[Any] | Abandon | BecameRoot | SteppedDown
+    Send
+    | Proposed
+    | NotRoot
+    | Apply[Any]
+    | Restore
+    | Acknowledge[Any]
+    | Abandon
+    | BecameRoot
+    | SteppedDown
 )
 
 
@@ -262,6 +314,7 @@ class Leading(Generic[P]):
     acked_at: dict[int, float]  # member -> latest send time it answered in this term
     promoted: set[int] = field(default_factory=set)  # told it is a voter
     pending: dict[int, P] = field(default_factory=dict)  # own proposals not yet acknowledged
+    snapshot_sent: dict[int, float] = field(default_factory=dict)  # member -> when, unanswered
 
 
 Role = Following | Campaigning | Leading[Any]
@@ -281,10 +334,13 @@ class Member(Generic[P]):
         timing: Timing = Timing(),
         incarnation: int = 1,
         fresh: bool = False,
+        snapshot: Callable[[], Any] | None = None,
     ) -> None:
         """Member `rank` of the group `members` (the first is the root of term 1). At the
         instance's start every member is a voter and `members[0]` leads term 1 with an empty
-        log; a `fresh` member (a refilled rank) follows, with term 0, and is no voter yet."""
+        log; a `fresh` member (a refilled rank) follows, with term 0, and is no voter yet.
+        `snapshot` returns the caller's table as it stands (as of `applied` before a stimulus);
+        without it the log is never compacted."""
         assert rank in members
         self.rank, self.members, self.timing = rank, members, timing
         self.incarnation = incarnation
@@ -293,6 +349,9 @@ class Member(Generic[P]):
         self.position = members.index(rank)
         self.log: ReplicaLog[P] = ReplicaLog()
         self.applied = 0
+        self.snapshot = snapshot
+        self.table_index = 0  # `applied` when the stimulus being handled arrived
+        self.floor = 0  # the root's word: every member holds up to here
         self.voter = not fresh
         self.term = 0 if fresh else 1
         self.voted_for: int | None = None if fresh else members[0]
@@ -349,7 +408,14 @@ class Member(Generic[P]):
         return self.heard_at + self._timeout() if self.voter else None
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
-        """Apply one stimulus at `now` (this member's clock); returns what to do."""
+        """Apply one stimulus at `now` (this member's clock); returns what to do. The caller
+        carries out every instruction, in order, before the next stimulus."""
+        self.table_index = self.applied
+        out = self._handle(stimulus, now)
+        self._compact()
+        return out
+
+    def _handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
         out: list[Instruction] = []
         if isinstance(stimulus, AppendReply | VoteReply) and not self._current(stimulus):
             return []  # from an incarnation that has died since
@@ -359,7 +425,9 @@ class Member(Generic[P]):
             return canvass(self, stimulus, now)  # a canvass changes no term
         term = getattr(stimulus, "term", None)
         if term is not None and term > self.term:
-            leader = stimulus.sender if isinstance(stimulus, AppendEntries) else None
+            leader = None
+            if isinstance(stimulus, AppendEntries | InstallSnapshot):
+                leader = stimulus.sender
             out += self._adopt(term, leader, now)
         if isinstance(stimulus, StaleTerm):
             return out
@@ -398,6 +466,7 @@ class Member(Generic[P]):
                 role.next[reply.sender] = self.log.commit + 1
                 role.acked_at.pop(reply.sender, None)
                 role.promoted.discard(reply.sender)
+                role.snapshot_sent.pop(reply.sender, None)
             if isinstance(role, Campaigning):
                 role.votes.pop(reply.sender, None)
         return True
@@ -426,18 +495,65 @@ class Member(Generic[P]):
         )
 
     def _append_to(self, peer: int, now: float) -> Send:
-        """The entries `peer` lacks (from what it is next sent), up to a batch."""
+        """The entries `peer` lacks (from what it is next sent), up to a batch; a snapshot if
+        the root discarded some of them, or a probe if one is on its way."""
         role = self.role
         assert isinstance(role, Leading)
         prev = role.next[peer] - 1
+        if prev < self.log.base:
+            if peer not in role.snapshot_sent and self.snapshot is not None:
+                return self._snapshot_to(peer, now)
+            prev = self.log.base
         term = self.log.term_at(prev)
         assert term is not None
         entries = self.log.after(prev, self.timing.batch)
         role.next[peer] = prev + len(entries) + 1
+        promoted, floor = self._promotes(peer, now), self.log.base
         message = AppendEntries(
-            self.rank, self.term, prev, term, entries, self.log.commit, now, peer in role.promoted
+            self.rank, self.term, prev, term, entries, self.log.commit, now, promoted, floor
         )
         return Send(peer, message)
+
+    def _snapshot_to(self, peer: int, now: float) -> Send:
+        role = self.role
+        assert isinstance(role, Leading) and self.snapshot is not None
+        index = self.table_index
+        term = self.log.term_at(index)
+        assert term is not None, "the table index is never discarded past"
+        role.snapshot_sent[peer] = now
+        role.next[peer] = index + 1
+        message = InstallSnapshot(
+            self.rank,
+            self.term,
+            index,
+            term,
+            self.snapshot(),
+            self.log.commit,
+            now,
+            self._promotes(peer, now),
+            self.log.base,
+        )
+        return Send(peer, message)
+
+    def _promotes(self, peer: int, now: float) -> bool:
+        """Whether to tell `peer` it is a voter: it held all this root had committed, and the
+        lease runs (so no later root exists, whose commits it would lack)."""
+        role = self.role
+        assert isinstance(role, Leading)
+        return peer in role.promoted and self.may_acknowledge(now)
+
+    def _compact(self) -> None:
+        """Discard what every member holds (a root: or what lags past `keep`), up to the table
+        index at most: the caller's table stands for it."""
+        if self.snapshot is None:
+            return
+        role = self.role
+        if isinstance(role, Leading):
+            held = min([self.table_index, *(role.match[p] for p in self.peers)])
+            floor = max(held, self.table_index - self.timing.keep)
+        else:
+            floor = min(self.floor, self.table_index)
+        self.log.compact(floor)
 
     def _commit_to(self, index: int) -> list[Instruction]:
         """Commit up to `index` and apply what is newly committed."""
@@ -506,8 +622,8 @@ class Member(Generic[P]):
 
 def refuse_stale(m: Member[Any], s: Any, now: float) -> list[Instruction]:
     """An order or a vote request of a lower term: answered no, with this member's term."""
-    if isinstance(s, AppendEntries):
-        reply = AppendReply(m.rank, m.incarnation, m.term, False, m.log.last, s.sent_at)
+    if isinstance(s, AppendEntries | InstallSnapshot):
+        reply = AppendReply(m.rank, m.incarnation, m.term, False, m.log.last, s.sent_at, m.voter)
         return [Send(s.sender, reply)]
     if isinstance(s, VoteRequest):
         return [Send(s.sender, VoteReply(m.rank, m.incarnation, m.term, False, s.sent_at))]
@@ -524,12 +640,41 @@ def follow(m: Member[Any], s: AppendEntries[Any], now: float) -> list[Instructio
     matched = m.log.accept(s.prev, s.prev_term, s.entries)
     if matched is None:
         hint = min(m.log.last, s.prev - 1)
-        reply = AppendReply(m.rank, m.incarnation, m.term, False, hint, s.sent_at)
+        reply = AppendReply(m.rank, m.incarnation, m.term, False, hint, s.sent_at, m.voter)
         return [*out, Send(s.sender, reply)]
-    if s.voter:
-        m.voter = True
+    promote(m, s)
+    m.floor = max(m.floor, s.floor)
     out += m._commit_to(min(s.commit, matched))
-    reply = AppendReply(m.rank, m.incarnation, m.term, True, matched, s.sent_at)
+    reply = AppendReply(m.rank, m.incarnation, m.term, True, matched, s.sent_at, m.voter)
+    return [*out, Send(s.sender, reply)]
+
+
+def promote(m: Member[Any], s: AppendEntries[Any] | InstallSnapshot) -> None:
+    """Told it is a voter. A new incarnation counts as having voted for this root in its term:
+    its predecessor may have voted in it, for this root (the one a majority elected) or for
+    none, so it votes for no other."""
+    if s.voter and not m.voter:
+        m.voter = True
+        if m.voted_for is None:
+            m.voted_for = s.sender
+
+
+def install(m: Member[Any], s: InstallSnapshot, now: float) -> list[Instruction]:
+    """The root's table as of `s.index`: it replaces this member's copy and log up to there,
+    unless this member has applied as far already (a late or repeated snapshot)."""
+    out: list[Instruction] = []
+    if isinstance(m.role, Campaigning):
+        out.append(SteppedDown(m.term, s.sender, f"rank {s.sender} is the root"))
+    m.role = Following(s.sender)
+    m.heard_at = now
+    if s.index > m.applied:
+        m.log.install(s.index, s.index_term)
+        m.applied = s.index
+        out.append(Restore(s.index, s.state))
+    promote(m, s)
+    m.floor = max(m.floor, s.floor)
+    out += m._commit_to(min(s.commit, m.log.last))
+    reply = AppendReply(m.rank, m.incarnation, m.term, True, s.index, s.sent_at, m.voter)
     return [*out, Send(s.sender, reply)]
 
 
@@ -558,7 +703,10 @@ def replied(m: Member[Any], s: AppendReply, now: float) -> list[Instruction]:
     role = m.role
     assert isinstance(role, Leading)
     peer = s.sender
-    role.acked_at[peer] = max(role.acked_at.get(peer, -math.inf), s.sent_at)
+    if s.voter:  # a new incarnation may not know the term its predecessor promised quiet in
+        role.acked_at[peer] = max(role.acked_at.get(peer, -math.inf), s.sent_at)
+    if s.sent_at > role.snapshot_sent.get(peer, math.inf) and (s.ok or s.match < m.log.base):
+        del role.snapshot_sent[peer]  # answered after it: it has the snapshot, or lost it
     if s.ok:
         role.match[peer] = max(role.match[peer], s.match)
         role.next[peer] = max(role.next[peer], role.match[peer] + 1)
@@ -569,6 +717,8 @@ def replied(m: Member[Any], s: AppendReply, now: float) -> list[Instruction]:
             out.append(m._append_to(peer, now))
         return out
     role.next[peer] = max(role.match[peer] + 1, min(role.next[peer] - 1, s.match + 1))
+    if role.next[peer] <= m.log.base and peer in role.snapshot_sent:
+        return []  # a snapshot is on its way: the next heartbeat probes again
     return [m._append_to(peer, now)]
 
 
@@ -641,6 +791,8 @@ def nothing(m: Member[Any], s: Any, now: float) -> list[Instruction]:
 
 TRANSITIONS: dict[tuple[type, type], Handler] = {
     (Following, AppendEntries): follow,
+    (Following, InstallSnapshot): install,
+    (Campaigning, InstallSnapshot): install,
     (Following, VoteRequest): vote,
     (Following, AppendReply): nothing,  # a root's reply that came after it stepped down
     (Following, VoteReply): nothing,  # a vote that came after the election
