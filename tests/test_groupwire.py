@@ -146,6 +146,7 @@ def test_every_member_message_round_trips(message: Any) -> None:
             message.commit,
             message.sent_at,
             message.voter,
+            message.floor,
         )
         assert len(back.entries) == len(message.entries)  # type: ignore[union-attr]
         assert all(map(same_entry, back.entries, message.entries))  # type: ignore[union-attr]
