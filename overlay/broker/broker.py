@@ -377,7 +377,7 @@ class Broker:
         if children.socket not in self._handlers:
             return  # no hello is read before this broker's own welcome (_admit_children)
         for _ in range(BATCH):
-            if not children.socket.poll(0):
+            if not children.readable():
                 self.report(children.settle(), now)
                 break
             inbound = children.read(now)

@@ -42,6 +42,9 @@ OWN_BEAT = 1.5
 """Heartbeats after which a child that sent nothing up beats unasked: its parent's beats, which it
 answers, come every one; the half more keeps the two clocks from racing each other."""
 
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+"""As plain ints: ZeroMQ's own are enums, whose operators cost a Python call each."""
+
 MONITORED = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_DISCONNECTED
@@ -158,13 +161,13 @@ class ParentLink:
 
     def readable(self) -> bool:
         """Whether a message waits to be read (asked of ZeroMQ without a poll)."""
-        return bool(self.socket.get(zmq.EVENTS) & zmq.POLLIN)
+        return bool(self.socket.get(EVENTS) & POLLIN)
 
     def read(self, now: float) -> ParentInbound | None:
         """The next message from the parent; None if there was none, or if it was only a
         heartbeat (answered here: nothing in it for the broker)."""
         try:
-            frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            frames = self.socket.recv_multipart(flags=NOBLOCK, copy=False)
         except zmq.Again:
             return None
         self.handshaken = True
