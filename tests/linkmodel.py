@@ -112,6 +112,9 @@ class Frame:
     def get(self, name: Any) -> Any:
         return self._props[name]
 
+    def __len__(self) -> int:
+        return len(self.bytes)
+
 
 class FakeMonitor:
     def __init__(self) -> None:
@@ -206,11 +209,17 @@ class FakeDealer:
         if not (wire.child_closed or wire.parent_closed or wire.broken):
             wire.to_parent.append(("msg", [bytes(f) for f in frames]))
 
-    def recv_multipart(self, copy: bool = True) -> list[Frame]:
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Frame]:
+        if not self.inbox and flags & zmq.NOBLOCK:
+            raise zmq.Again()
         return self.inbox.popleft()
 
     def poll(self, timeout: int = 0) -> bool:
         return bool(self.inbox)
+
+    def get(self, option: int) -> int:
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.inbox else 0
 
     def disable_monitor(self) -> None:
         pass
@@ -265,11 +274,17 @@ class FakeRouter:
             self.node.net.welcomed(self.node, message.payload)
         wire.to_child.append(("msg", rest))
 
-    def recv_multipart(self, copy: bool = True) -> list[Frame]:
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Frame]:
+        if not self.inbox and flags & zmq.NOBLOCK:
+            raise zmq.Again()
         return self.inbox.popleft()
 
     def poll(self, timeout: int = 0) -> bool:
         return bool(self.inbox)
+
+    def get(self, option: int) -> int:
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.inbox else 0
 
 
 class SimChildren(Children):
@@ -492,7 +507,9 @@ class Node:
         uplink = self.uplink
         assert uplink is not None
         while self.alive and uplink.holds(link) and link.socket.poll(0):
-            self.uplink_news(uplink.read(link, now), now)
+            news = uplink.read(link, now)
+            if news is not None:
+                self.uplink_news(news, now)
         self.send_reports(now)
 
     def read_parent_monitor(self, link: SimParentLink, now: float) -> None:

@@ -24,6 +24,9 @@ class Frame:
         self.bytes = data
         self.buffer = memoryview(data)
 
+    def __len__(self) -> int:
+        return len(self.bytes)
+
 
 class Dealer:
     """What the link sends (topics), and what the parent sent it."""
@@ -35,7 +38,7 @@ class Dealer:
     def send_multipart(self, frames: Any, flags: int = 0, copy: bool = True) -> None:
         self.sent.append(decode([bytes(f) for f in frames]).topic)
 
-    def recv_multipart(self, copy: bool = True) -> list[Frame]:
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Frame]:
         return self.inbox.pop(0)
 
 

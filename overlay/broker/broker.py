@@ -430,7 +430,7 @@ class Broker:
         if children.socket not in self._handlers:
             return  # no hello is read before this broker's own welcome (_admit_children)
         for _ in range(BATCH):
-            if not children.socket.poll(0):
+            if not children.readable():
                 self.report(children.settle(), now)
                 break
             inbound = children.read(now)
@@ -451,12 +451,14 @@ class Broker:
     def _read_parent(self, link: ParentLink, now: float) -> None:
         parent = self.parent
         assert parent is not None
-        for _ in range(BATCH):
+        for _ in range(BATCH):  # called when the poller (or a poll) found the link readable
             if self.exit_code is not None or not parent.holds(link):
                 break
-            if not link.socket.poll(0):
+            news = parent.read(link, now)
+            if news is not None:
+                self._uplink_news(news, now)
+            if self.exit_code is not None or not parent.holds(link) or not link.readable():
                 break
-            self._uplink_news(parent.read(link, now), now)
         if link.answered and self.exit_code is None and self._due > now:
             # the answer put this broker's own beat off: no wake-up for it (idle is free)
             link.answered = False

@@ -17,7 +17,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,19 @@ from tbon.overlay.state.reports import decode_events
 from tbon.overlay.state.terms import TERMED_CONTROLS, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import LINK_HWM
-from tbon.overlay.wire.message import Kind, Message, MessageError, decode_frames, encode
+from tbon.overlay.wire.message import (
+    HEARTBEAT_FRAMES,
+    Buffer,
+    Kind,
+    Message,
+    MessageError,
+    decode_frames,
+    encode,
+    is_heartbeat,
+)
+
+EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+"""As plain ints: ZeroMQ's own are enums, whose operators cost a Python call each."""
 
 log = logging.getLogger("tbon.children")
 
@@ -291,12 +303,14 @@ class Children:
         The monitor is drained first so that a hello is tied to the connection (fd and
         generation) it came on, and a child that said hello and died at once is seen to be gone.
         """
-        self.drain_monitor()
         inbound = Inbound()
         frames = self.socket.recv_multipart(copy=False)
         if len(frames) < 2:
             return inbound
         routing_id = frames[0].bytes
+        if is_heartbeat(frames[1:]) and self._beat_answered(routing_id, frames[1], now, inbound):
+            return inbound
+        self.drain_monitor()
         try:
             user_id = frames[1].get("User-Id")
             fd = frames[1].get(zmq.SRCFD)
@@ -330,6 +344,24 @@ class Children:
         elif message.topic != "heartbeat":
             log.warning("rank %d sent an unknown control message %r", sender.rank, message.topic)
         return inbound
+
+    def readable(self) -> bool:
+        """Whether a message waits on the ROUTER (asked of ZeroMQ without a poll)."""
+        return bool(self.socket.get(EVENTS) & POLLIN)
+
+    def _beat_answered(self, routing_id: bytes, first: Any, now: float, inbound: Inbound) -> bool:
+        """A heartbeat (the answer to this parent's beat) from the live session on `routing_id`,
+        sent with the key bound to it: heard, and nothing more to do. Most of what an idle parent
+        reads, so it skips the decoding and the monitor (no hello to tie to a connection). False
+        for any other sender: read as any message (a stale incarnation is refused there)."""
+        session = self.machine.session_on(routing_id)
+        if session is None or not session.connected:
+            return False
+        user_id = first.get("User-Id")
+        if user_id != SHARED_USER_ID and user_id != session.identity.user_id:
+            return False
+        self._feed(downward.Heard(routing_id), now, inbound)
+        return True
 
     def _sender(self, user_id: str, routing_id: bytes, message: Message) -> Identity | None:
         """Who sent `message`: the identity its key is bound to, or, for the instance's shared
@@ -411,7 +443,8 @@ class Children:
             case downward.SendRefuse(routing_id, reason, exit_code):
                 self._send_raw(routing_id, _control("refuse", reason=reason, exit_code=exit_code))
             case downward.SendControl(routing_id, topic, payload):
-                if not self._send_raw(routing_id, _control(topic, **payload)):
+                message = HEARTBEAT_FRAMES if topic == "heartbeat" else _control(topic, **payload)
+                if not self._send_raw(routing_id, message):
                     session = self.machine.session_on(routing_id)
                     rank = session.identity.rank if session is not None else "?"
                     return f"rank {rank} is not connected"
@@ -447,13 +480,16 @@ class Children:
         for rank in self.connected():
             self.send(rank, _control("lineage", lineage=self.lineage))
 
-    def _send_raw(self, routing_id: bytes, message: Message) -> bool:
-        if message.kind is Kind.CONTROL and message.topic in TERMED_CONTROLS:
-            message.term = self.terms.term  # the one place these get their term
+    def _send_raw(self, routing_id: bytes, message: Message | Sequence[Buffer]) -> bool:
+        """Send `message` (or frames already encoded: a heartbeat's) to the child there."""
+        if isinstance(message, Message):
+            if message.kind is Kind.CONTROL and message.topic in TERMED_CONTROLS:
+                message.term = self.terms.term  # the one place these get their term
+            frames: Sequence[Buffer] = encode(message)
+        else:
+            frames = message
         try:
-            self.socket.send_multipart(
-                [routing_id, *encode(message)], flags=zmq.DONTWAIT, copy=False
-            )
+            self.socket.send_multipart([routing_id, *frames], flags=zmq.DONTWAIT, copy=False)
         except zmq.ZMQError as error:
             if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise

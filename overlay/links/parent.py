@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +25,15 @@ from tbon.overlay.links.monitor import read_event
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import (
+    HEARTBEAT_FRAMES,
     PROTOCOL_VERSION,
+    Buffer,
     Kind,
     Message,
     MessageError,
     decode_frames,
     encode,
+    is_heartbeat,
 )
 
 log = logging.getLogger("tbon.parent")
@@ -37,6 +41,9 @@ log = logging.getLogger("tbon.parent")
 OWN_BEAT = 1.5
 """Heartbeats after which a child that sent nothing up beats unasked: its parent's beats, which it
 answers, come every one; the half more keeps the two clocks from racing each other."""
+
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+"""As plain ints: ZeroMQ's own are enums, whose operators cost a Python call each."""
 
 MONITORED = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -123,11 +130,14 @@ class ParentLink:
     def send(self, message: Message) -> None:
         """Queue `message` for the parent, never blocking: a full link means a parent that has
         stopped reading, and ends the link (`overflow`), as silence would, only sooner."""
+        self._send_frames(encode(message), time.monotonic())
+
+    def _send_frames(self, frames: Sequence[Buffer], now: float) -> None:
         if self.overflow is not None:
             return
         try:
-            self.socket.send_multipart(encode(message), flags=zmq.DONTWAIT, copy=False)
-            self._last_sent = time.monotonic()
+            self.socket.send_multipart(frames, flags=zmq.DONTWAIT, copy=False)
+            self._last_sent = now
         except zmq.Again:
             self.overflow = LinkEnded(
                 exitcodes.LOST,
@@ -150,10 +160,23 @@ class ParentLink:
                 return LinkEnded(exitcodes.LOST, "lost the connection to the parent")
         return None
 
-    def read(self, now: float) -> ParentInbound:
-        inbound = ParentInbound()
-        frames = self.socket.recv_multipart(copy=False)
+    def readable(self) -> bool:
+        """Whether a message waits to be read (asked of ZeroMQ without a poll)."""
+        return bool(self.socket.get(EVENTS) & POLLIN)
+
+    def read(self, now: float) -> ParentInbound | None:
+        """The next message from the parent; None if there was none, or if it was only a
+        heartbeat (answered here: nothing in it for the broker)."""
+        try:
+            frames = self.socket.recv_multipart(flags=NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
         self.handshaken = True
+        if self.welcomed and is_heartbeat(frames):
+            self._liveness.heard(now)
+            self._answer(now)
+            return None
+        inbound = ParentInbound()
         try:
             message = decode_frames(frames)
         except MessageError as error:
@@ -188,11 +211,8 @@ class ParentLink:
         elif message.topic == "seeking":
             inbound.seeking = _seconds(message.payload.get("for"))
         elif message.topic == "heartbeat":
-            # answered at once, so that parent and child wake once a beat, not each on its own
-            # clock; unless the parent heard from this broker within the last half beat
-            if self.welcomed and now - self._last_sent >= self.config.heartbeat / 2:
-                self.send(_control("heartbeat"))
-                self.answered = True
+            if self.welcomed:
+                self._answer(now)
         else:
             log.warning("unknown control message %r from the parent", message.topic)
         return inbound
@@ -201,7 +221,7 @@ class ParentLink:
         if self.overflow is not None:
             return self.overflow
         if self.welcomed and now >= self._own_beat():
-            self.send(_control("heartbeat"))
+            self._send_frames(HEARTBEAT_FRAMES, now)
         if self._liveness.check(now) is Verdict.LOST:
             if self.welcomed:
                 return LinkEnded(
@@ -212,6 +232,14 @@ class ParentLink:
                 exitcodes.LOST, f"no answer to hello from the parent at {self.endpoint}"
             )
         return None
+
+    def _answer(self, now: float) -> None:
+        """A heartbeat from the parent, answered at once, so that parent and child wake once a
+        beat, not each on its own clock; unless the parent heard from this broker within the
+        last half beat. The answer is the frames made once (message.HEARTBEAT_FRAMES)."""
+        if now - self._last_sent >= self.config.heartbeat / 2:
+            self._send_frames(HEARTBEAT_FRAMES, now)
+            self.answered = True
 
     def verdict_due(self, now: float) -> bool:
         """Whether the parent's silence is about to be judged at `now`."""

@@ -187,9 +187,12 @@ class Uplink:
 
     # --- input --------------------------------------------------------------------------------
 
-    def read(self, link: ParentLink, now: float) -> UplinkNews:
-        """One message from `link`."""
-        inbound: ParentInbound = link.read(now)
+    def read(self, link: ParentLink, now: float) -> UplinkNews | None:
+        """One message from `link`; None if there was nothing in it for the broker (a heartbeat,
+        answered by the link: the one message of an idle link, kept cheap)."""
+        inbound: ParentInbound | None = link.read(now)
+        if inbound is None:
+            return None
         news = UplinkNews()
         lid = self._ids.get(link)
         if lid is None:

@@ -102,6 +102,25 @@ def encode(message: Message) -> list[Buffer]:
     return [head, body, message.data] if message.data else [head, body]
 
 
+HEARTBEAT_FRAMES: tuple[bytes, bytes] = (
+    json.dumps({"v": PROTOCOL_VERSION, "k": "control", "t": "heartbeat"}, separators=(",", ":"))
+    .encode(),
+    b"",
+)
+"""A heartbeat as encode() puts it on the wire, made once: the one message an idle link carries,
+sent and recognised without building or parsing a Message (issue 26, idle is free)."""
+
+
+def is_heartbeat(frames: Sequence[Any]) -> bool:
+    """Whether frames received without copying are exactly a heartbeat of this version (one of
+    another version, or spelt otherwise, is decoded as any message and judged as such)."""
+    return (
+        len(frames) == 2
+        and len(frames[1]) == 0
+        and frames[0].bytes == HEARTBEAT_FRAMES[0]
+    )
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
