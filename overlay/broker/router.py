@@ -111,8 +111,8 @@ class Router:
             log.warning("dropped a %s message %r from %s", message.kind, message.topic, came_from)
 
     def request(self, message: Message, now: float) -> None:
-        if message.topic in self.root_topics and message.nodeid == ANY_RANK:
-            message.nodeid = 0
+        if message.topic in self.root_topics and message.nodeid in (ANY_RANK, 0):
+            message.nodeid = self.root  # rank 0, or the root that took over from it
         target = message.nodeid
         if target in (ANY_RANK, self.rank):
             self.perform(self._serve(message, now))
@@ -145,9 +145,19 @@ class Router:
             return
         self.respond(message.fail(errno.EHOSTUNREACH, unreachable(target, hop)))
 
+    @property
+    def root(self) -> int:
+        """Where a request for the table goes: rank 0, or the root of a later term this broker
+        knows of (after a takeover, docs/protocol.md §13.4)."""
+        root = self.terms.root
+        return root if root is not None and self.terms.term > 1 else 0
+
     def _send_up(self, message: Message) -> None:
         parent = self.parent
-        assert parent is not None
+        if parent is None:  # the root that took over: its parent was the dead root
+            why = f"rank {self.rank} is the root: no rank {message.nodeid} above it"
+            self.respond(message.fail(errno.EHOSTUNREACH, why))
+            return
         if not parent.welcomed:
             why = f"rank {self.rank} is reattaching to the tree: its parent was lost"
             self.respond(message.fail(errno.EHOSTUNREACH, why))
@@ -194,7 +204,7 @@ class Router:
         tag = int.from_bytes(os.urandom(6), "big") or 1
         request.tag = tag
         if request.topic in self.root_topics and request.nodeid == ANY_RANK:
-            request.nodeid = 0
+            request.nodeid = self.root
         link = self._link_toward(request.nodeid)
         self._pending[tag] = Pending(then, link, now + self.call_timeout, request.topic)
         self.route(request, "s", now)

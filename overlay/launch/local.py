@@ -170,10 +170,17 @@ class Launch:
             if broker.status != 0 and not self.started and self.kill_at is None:
                 self.failed = True
                 self.kill_at = now  # nothing to wait for: the instance never came up
-            elif broker.rank == 0:
+            elif broker.rank == 0 and not (self.failover and os.WIFSIGNALED(wait_status)):
                 self.end(now)
         for how, brokers in news.items():
             say(f"{_ranks(brokers)} {how}")
+
+    @property
+    def failover(self) -> bool:
+        """Whether a standby takes over when rank 0 dies (docs/protocol.md §13.4): at least two
+        standbys kept (state/standbys.py). Rank 0 killed is then not the instance's end; the
+        instance ends when its brokers have."""
+        return self.config.standbys >= 2 and self.size >= 3
 
     def end(self, now: float, grace: float = 0.0) -> None:
         """The instance is over: give the brokers exit_timeout (plus `grace`) to finish."""
@@ -230,8 +237,9 @@ class Launch:
 
     def terminate(self, now: float) -> None:
         """Shut the instance down through rank 0, which takes its subtree down leaves first."""
-        root = next((b for b in self.brokers.values() if b.rank == 0), None)
-        if root is not None and root.running:
+        running = sorted((b for b in self.brokers.values() if b.running), key=lambda b: b.rank)
+        root = running[0] if running and (running[0].rank == 0 or self.failover) else None
+        if root is not None:
             os.kill(root.pid, signal.SIGTERM)
         # Rank 0 may take its shutdown timeout to bring the tree down, leaves first.
         self.end(now, grace=self.config.shutdown_timeout)

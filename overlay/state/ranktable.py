@@ -264,7 +264,7 @@ def on_its_link(table: RankTable, entry: RankEntry, event: Stimulus, now: float)
     """A link event is believed only from the broker the rank is attached to now; rank 0's own
     word (no `parent`) always is."""
     parent = getattr(event, "parent", None)
-    if parent is None or parent == entry.attached_to:
+    if parent is None or parent == entry.attached_to or taken_over(table, entry, event):
         return None
     if entry.attached_to is None:
         return f"rank {entry.rank} is reattaching: rank {parent}'s word on it is stale"
@@ -272,8 +272,18 @@ def on_its_link(table: RankTable, entry: RankEntry, event: Stimulus, now: float)
 
 
 def root_stays(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> str | None:
-    """Rank 0 keeps the table: it cannot be lost or leave it."""
-    return "rank 0 cannot leave its own table" if entry.rank == 0 else None
+    """Rank 0 keeps the table: it cannot be lost or leave it, but by a takeover."""
+    if entry.rank != 0 or taken_over(table, entry, event):
+        return None
+    return "rank 0 cannot leave its own table"
+
+
+def taken_over(table: RankTable, entry: RankEntry, event: Stimulus) -> bool:
+    """The dead root's rank marked lost by the standby that took over (docs/protocol.md §13.4):
+    a Lost of rank 0 naming a member of the root group as its `parent`. With no root group
+    (`members` empty, tbon.standbys=0) there is none, and rank 0 stays as before."""
+    parent = getattr(event, "parent", None)
+    return entry.rank == 0 and isinstance(event, Lost) and parent in table.members[1:]
 
 
 def root_not_retired(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:
@@ -662,6 +672,7 @@ class RankTable:
             raise ValueError("between 1 and size ranks are launched")
         self.topology = topology
         self.generation = 0
+        self.members: tuple[int, ...] = ()  # the root group (rank 0 first), with standbys
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]

@@ -1,0 +1,63 @@
+"""The takeover (docs/protocol.md §13.4), with real brokers: rank 0 killed, a standby is elected,
+takes the table over and answers `tbon status` through its own URI, with the dead root marked
+lost through the log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+from conftest import child_env, tbon, wait_for
+
+from tbon.overlay.connectors.client import Client
+
+# a chain: the standbys (ranks 1 and 2) reach each other by links that outlive rank 0
+CHAIN = ("tbon.standbys=2", "tbon.topo=kary:1", "tbon.timeout=30s")
+
+
+FAILED: list[Any] = []
+
+
+def status_through(uris: str) -> dict[str, Any] | None:
+    """`tbon status --json` with TBON_URI set to a list, or None while it fails."""
+    env = {**child_env(), "TBON_URI": uris}
+    done = tbon("status", "--json", env=env)
+    if done.returncode != 0:
+        FAILED[:] = [done.returncode, done.stderr]
+        return None
+    return json.loads(done.stdout)
+
+
+def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
+    inst = instance(5, *CHAIN)
+    listed = tbon("uri", "--all", inst.uri)
+    assert listed.returncode == 0, listed.stderr
+    uris = listed.stdout.strip()
+    assert len(uris.split(",")) == 3, uris  # the root and its two standbys
+    os.kill(inst.pid(0), signal.SIGKILL)
+    seen: dict[str, Any] = {}
+
+    def taken_over() -> bool:
+        status = status_through(uris)
+        if status is None:
+            return False
+        seen.update(status)
+        return status["root"] == 1 and status["ranks"][0]["state"] == "lost"
+
+    try:
+        wait_for(taken_over, "rank 1 to answer as the root, rank 0 lost")
+    except AssertionError as error:
+        tail = "\n".join(inst.stderr().splitlines()[-40:])
+        raise AssertionError(f"{error}; last status {seen} {FAILED}; stderr:\n{tail}") from None
+    assert "the root died; rank 1 took over in term" in seen["ranks"][0]["reason"], seen
+    assert seen["standbys"] == [0, 2]
+    new_root = uris.split(",")[1]
+
+    def replicas_agree() -> bool:  # rank 2 applied the same log, the dead root's Lost too
+        with Client(new_root) as client:
+            states = [client.rpc("group.state", nodeid=r) for r in (1, 2)]
+        return states[0]["digest"] == states[1]["digest"] and states[0]["root"]
+
+    wait_for(replicas_agree, "rank 2's replica to equal the new root's")
