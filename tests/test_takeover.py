@@ -9,7 +9,7 @@ import os
 import signal
 from typing import Any
 
-from conftest import child_env, tbon, wait_for
+from conftest import Instance, child_env, process_gone, tbon, wait_for
 
 from tbon.overlay.connectors.client import Client
 
@@ -30,13 +30,16 @@ def status_through(uris: str) -> dict[str, Any] | None:
     return json.loads(done.stdout)
 
 
-def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
-    inst = instance(5, *CHAIN)
+def all_uris(inst: Instance) -> str:
     listed = tbon("uri", "--all", inst.uri)
     assert listed.returncode == 0, listed.stderr
     uris = listed.stdout.strip()
     assert len(uris.split(",")) == 3, uris  # the root and its two standbys
-    os.kill(inst.pid(0), signal.SIGKILL)
+    return uris
+
+
+def wait_taken_over(inst: Instance, uris: str) -> dict[str, Any]:
+    """Wait until the URI list answers with rank 1 as the root and rank 0 lost."""
     seen: dict[str, Any] = {}
 
     def taken_over() -> bool:
@@ -51,6 +54,14 @@ def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
     except AssertionError as error:
         tail = "\n".join(inst.stderr().splitlines()[-40:])
         raise AssertionError(f"{error}; last status {seen} {FAILED}; stderr:\n{tail}") from None
+    return seen
+
+
+def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
+    inst = instance(5, *CHAIN)
+    uris = all_uris(inst)
+    os.kill(inst.pid(0), signal.SIGKILL)
+    seen = wait_taken_over(inst, uris)
     assert "the root died; rank 1 took over in term" in seen["ranks"][0]["reason"], seen
     assert seen["standbys"] == [0, 2]
     new_root = uris.split(",")[1]
@@ -61,3 +72,22 @@ def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
         return states[0]["digest"] == states[1]["digest"] and states[0]["root"]
 
     wait_for(replicas_agree, "rank 2's replica to equal the new root's")
+
+
+def test_a_stopped_root_grants_nothing_and_leaves_superseded(instance) -> None:
+    inst = instance(5, "size=6", *CHAIN, "broker.join-timeout=6s")
+    uris = all_uris(inst)
+    old = inst.pid(0)
+    os.kill(old, signal.SIGSTOP)
+    try:
+        wait_taken_over(inst, uris)
+        joiner = inst.join()  # asks the stopped root (its URI) for a rank
+    finally:
+        os.kill(old, signal.SIGCONT)
+    wait_for(lambda: process_gone(old), "the woken root to leave")
+    assert joiner.wait(timeout=60) != 0  # never granted: the woken root has no lease
+    assert "superseded: rank 1 is the root in term 2" in inst.stderr(), inst.stderr()
+    assert "rank 0 (pid" in inst.stderr() and "status 77" in inst.stderr(), inst.stderr()
+    status = status_through(uris)
+    assert status is not None and status["root"] == 1
+    assert status["ranks"][5]["state"] == "vacant", status["ranks"][5]

@@ -119,6 +119,7 @@ class Broker:
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None
         self._cut = False
+        self._drop_parent = False  # a standby that took over: its uplink closes after this turn
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.reports = Batcher()  # what goes up to the parent, a report per short interval
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
@@ -364,6 +365,8 @@ class Broker:
         finish."""
         if self.exit_code is not None:
             return
+        if self._drop_parent:
+            self._end_search()
         if self.parent is not None and self.parent.overflow is not None:
             self._uplink_news(self.parent.overflowed(now), now)
             if self.exit_code is not None:
@@ -681,10 +684,7 @@ class Broker:
         self.router.handlers = self.services.handlers()
         self.router.table = self.table
         self.performer.status, self.performer.path = status, path
-        parent, self.parent = self.parent, None
-        self.router.parent = None
-        if parent is not None:
-            parent.close(linger=False)
+        self._drop_parent = True  # once this turn's messages are out (_tick)
         if self.children is not None:
             self.children.lineage = [self._card()]
             self.children.seeking_for = lambda now: None
@@ -693,6 +693,16 @@ class Broker:
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)
         return [Apply(Lost(0, dead.incarnation, why, parent=self.rank))]
+
+    def _end_search(self) -> None:
+        """The root that took over has no parent: its link to the dead root (still open, if
+        that root was only stopped: the appends of the new term wait there for it, so that it
+        learns of its successor when it wakes) is closed, its messages sent first."""
+        self._drop_parent = False
+        parent, self.parent = self.parent, None
+        self.router.parent = None
+        if parent is not None:
+            parent.close(linger=True)
 
     def _superseded(self, root: int, term: int) -> None:
         """This root stepped down for another (§13.5): no root any more, it leaves with 77."""

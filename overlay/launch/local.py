@@ -170,7 +170,7 @@ class Launch:
             if broker.status != 0 and not self.started and self.kill_at is None:
                 self.failed = True
                 self.kill_at = now  # nothing to wait for: the instance never came up
-            elif broker.rank == 0 and not (self.failover and os.WIFSIGNALED(wait_status)):
+            elif broker.rank == 0 and not (self.failover and _taken_over(wait_status)):
                 self.end(now)
         for how, brokers in news.items():
             say(f"{_ranks(brokers)} {how}")
@@ -178,8 +178,8 @@ class Launch:
     @property
     def failover(self) -> bool:
         """Whether a standby takes over when rank 0 dies (docs/protocol.md §13.4): at least two
-        standbys kept (state/standbys.py). Rank 0 killed is then not the instance's end; the
-        instance ends when its brokers have."""
+        standbys kept (state/standbys.py). Rank 0 killed, or superseded, is then not the
+        instance's end; the instance ends when its brokers have."""
         return self.config.standbys >= 2 and self.size >= 3
 
     def end(self, now: float, grace: float = 0.0) -> None:
@@ -282,6 +282,12 @@ def _ranks(brokers: list[BrokerProcess]) -> str:
     ordered = sorted(brokers, key=lambda b: b.rank)
     pids = ",".join(str(b.pid) for b in ordered)
     return f"ranks {format_idset([b.rank for b in ordered])} (pids {pids})"
+
+
+def _taken_over(wait_status: int) -> bool:
+    """Whether rank 0's end leaves the instance to a standby (with failover): it was killed, or
+    it exited 77 superseded by the standby that took over (docs/protocol.md §13.5)."""
+    return os.WIFSIGNALED(wait_status) or os.WEXITSTATUS(wait_status) == exitcodes.REFUSED
 
 
 def _exit_status(wait_status: int) -> int:

@@ -256,17 +256,18 @@ class GroupService:
                     self.leads = True
                     actions.append(warning(f"rank {self.rank} is the root in term {term}"))
                     actions += self.on_root(term, now)
-                case SteppedDown(term, leader, why) if (
-                    self.leads and leader is not None and leader != self.rank
-                ):
-                    self.leads = False
-                    self.on_superseded(leader, term)
-                case SteppedDown(term, _, why) if self.leads:
+                case SteppedDown(term, leader, why) if self.leads and leader is None:
                     actions.append(warning(f"grants paused in term {term}: {why}"))
                 case SteppedDown():
                     pass
                 case Proposed() | NotRoot():
                     pass
+        member = self.member
+        if self.leads and member is not None and member.leader not in (None, self.rank):
+            # another member leads a later term (a root that stepped down, or one woken from a
+            # stop, follows it now): this broker is no root any more (§13.5)
+            self.leads = False
+            self.on_superseded(member.leader, member.term)
         return actions
 
     def _commit(self, index: int, proposal: Proposal) -> list[Action]:
