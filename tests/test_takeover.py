@@ -60,7 +60,8 @@ def wait_taken_over(inst: Instance, uris: str) -> dict[str, Any]:
 def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
     inst = instance(5, *CHAIN)
     uris = all_uris(inst)
-    os.kill(inst.pid(0), signal.SIGKILL)
+    before = {r["rank"]: r["pid"] for r in inst.status()["ranks"]}
+    os.kill(before[0], signal.SIGKILL)
     seen = wait_taken_over(inst, uris)
     assert "the root died; rank 1 took over in term" in seen["ranks"][0]["reason"], seen
     assert seen["standbys"] == [0, 2]
@@ -72,6 +73,13 @@ def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:
         return states[0]["digest"] == states[1]["digest"] and states[0]["root"]
 
     wait_for(replicas_agree, "rank 2's replica to equal the new root's")
+    # any broker's URI serves the table's requests: rank 3 heard the new root's lineage
+    elsewhere = status_through(new_root.replace("/1/local", "/3/local"))
+    assert elsewhere is not None and elsewhere["root"] == 1, FAILED
+    after = {r["rank"]: (r["state"], r["pid"]) for r in elsewhere["ranks"]}
+    assert all(after[r] == ("online", before[r]) for r in range(1, 5)), after
+    ran = tbon("exec", "-r", "1-4", "true", env={**child_env(), "TBON_URI": uris})
+    assert ran.returncode == 0, ran.stderr
 
 
 def test_a_stopped_root_grants_nothing_and_leaves_superseded(instance) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
-from tbon.overlay.services.exec import unreachable
+from tbon.overlay.services.exec import EXEC_TOPICS, unreachable
 from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
@@ -47,6 +47,29 @@ log = logging.getLogger("tbon.broker")
 Handler = Callable[[Message, float], list[Action]]
 Continuation = Callable[[Message, float], list[Action]]
 HERE = "here"  # the link of a request this broker serves itself, or answers without sending
+
+
+TO_THE_ROOT = frozenset(
+    {
+        *EXEC_TOPICS,
+        "status.get",
+        "status.watch",
+        "status.ack",
+        "status.summary",
+        "status.errors",
+        "status.tree",
+        "instance.shutdown",
+        "flub.allocate",
+        "flub.challenge",
+        "flub.kex",
+        "flub.release",
+        "config.rejoin",
+        "retire.rank",
+        "retire.progress",
+    }
+)
+"""Topics a client sends to rank 0 as the root (the table's, and exec's fan-out from the top):
+after a takeover (docs/protocol.md §13.4) a broker sends them to the root of the latest term."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +134,10 @@ class Router:
             log.warning("dropped a %s message %r from %s", message.kind, message.topic, came_from)
 
     def request(self, message: Message, now: float) -> None:
-        if message.topic in self.root_topics and message.nodeid in (ANY_RANK, 0):
-            message.nodeid = self.root  # rank 0, or the root that took over from it
+        if message.topic in self.root_topics and message.nodeid == ANY_RANK:
+            message.nodeid = self.root
+        elif message.nodeid == 0 and message.topic in TO_THE_ROOT and self.root != 0:
+            message.nodeid = self.root  # for rank 0 as the root: the root that took over
         target = message.nodeid
         if target in (ANY_RANK, self.rank):
             self.perform(self._serve(message, now))

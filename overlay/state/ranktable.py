@@ -448,6 +448,9 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
     than start a new grace, so a dead subtree reads lost one grace after its root, not one grace
     per level."""
     grace_ends = now + table.reattach_grace
+    if taken_over(table, entry, event):
+        assert isinstance(event, Lost) and event.parent is not None
+        table.root = event.parent  # the member that took over
     if entry.adrift_until is not None:
         grace_ends = min(grace_ends, entry.adrift_until)
     if isinstance(event, Lost):
@@ -469,6 +472,9 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
             below.other_links = tuple(p for p in below.other_links if p != entry.rank)
         if connected and below.attached_to == entry.rank and below.other_links:
             below.attached_to, below.other_links = below.other_links[-1], below.other_links[:-1]
+            changed.append(rank)
+        elif connected and below.attached_to == entry.rank and rank == table.root:
+            below.attached_to = None  # the root now: attached to nothing, seeking nothing
             changed.append(rank)
         elif connected and below.attached_to == entry.rank:
             below.attached_to, below.adrift_until = None, grace_ends
@@ -673,6 +679,7 @@ class RankTable:
         self.topology = topology
         self.generation = 0
         self.members: tuple[int, ...] = ()  # the root group (rank 0 first), with standbys
+        self.root = 0  # the rank whose broker holds the table: a member, after a takeover
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
@@ -855,9 +862,9 @@ class RankTable:
         return chain
 
     def reachable(self, rank: int) -> bool:
-        """Whether `rank`'s broker is connected and its chain of links reaches rank 0 now."""
+        """Whether `rank`'s broker is connected and its chain of links reaches the root now."""
         seen = 0
-        while rank != 0:
+        while rank != self.root:
             entry = self.entries.peek(rank)
             if entry.state not in CONNECTED or entry.attached_to is None or seen > self.size:
                 return False
