@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -37,8 +38,10 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.healing import adrift
+from tbon.overlay.state.rankevents import Lost
 from tbon.overlay.state.ranktable import UNKNOWN_HOST, Event, Located, Online, RankTable
 from tbon.overlay.state.reports import Batcher, encode_events
+from tbon.overlay.state.standbys import Roles
 from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
@@ -107,6 +110,8 @@ class Broker:
         else:
             self._origin = None
         self.group = self._root_group(now)
+        if self.table is not None:
+            self.table.members = self.group.members
         if self.children is not None:
             self.children.terms = self.terms
             self.children.lineage = [self._card()] if self.rank == 0 else []
@@ -116,6 +121,7 @@ class Broker:
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None
         self._cut = False
+        self._drop_parent = False  # a standby that took over: its uplink closes after this turn
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.reports = Batcher()  # what goes up to the parent, a report per short interval
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
@@ -125,6 +131,8 @@ class Broker:
         self.draining: Draining | None = None
         self.lifecycle = Lifecycle()
         self._build_services()
+        self.group.on_root = self._take_over
+        self.group.on_superseded = self._superseded
         if self.rank == 0:
             self.perform([Apply(Online(0, 1, config.hostname, os.getpid()))])
             assert self.table is not None
@@ -366,6 +374,8 @@ class Broker:
         finish."""
         if self.exit_code is not None:
             return
+        if self._drop_parent:
+            self._end_search()
         if self.parent is not None and self.parent.overflow is not None:
             self._uplink_news(self.parent.overflowed(now), now)
             if self.exit_code is not None:
@@ -682,6 +692,61 @@ class Broker:
             self.program.terminate()
             self.exit_code = exitcodes.REFUSED
             self._cut = True
+
+    def _take_over(self, term: int, now: float) -> list[Action]:
+        """This standby was elected root of `term` (docs/protocol.md §13.4): its replica of the
+        table becomes the table, its status and table services answer from it, its term goes
+        on every order, its search for the dead root ends, its children hear the new lineage,
+        and the dead root's rank is marked lost through the log."""
+        path = self.group.path
+        assert path is not None  # a member elected holds the log, so a copy of the table
+        self.terms.lead(term)
+        self.table, self.path = path.table, path
+        built = Services.build(
+            self.services.ping.me,
+            self.config,
+            self.topology,
+            self.table,
+            self.lifecycle,
+            self._whole,
+            self.group,
+        )
+        status = built.status
+        assert status is not None
+        others = tuple(m for m in self.group.members if m != self.rank)
+        status.roles = Roles(self.rank, others)
+        self.services = replace(
+            self.services, status=status, flub=built.flub, retire=built.retire
+        )
+        self.router.handlers = self.services.handlers()
+        self.router.table = self.table
+        self.performer.status, self.performer.path = status, path
+        self._drop_parent = True  # once this turn's messages are out (_tick)
+        if self.children is not None:
+            self.children.lineage = [self._card()]
+            self.children.seeking_for = lambda now: None
+            self.children.send_lineage()
+        dead = self.table.entry(0)
+        why = f"the root died; rank {self.rank} took over in term {term}"
+        log.warning("%s", why)
+        return [Apply(Lost(0, dead.incarnation, why, parent=self.rank))]
+
+    def _end_search(self) -> None:
+        """The root that took over has no parent: its link to the dead root (still open, if
+        that root was only stopped: the appends of the new term wait there for it, so that it
+        learns of its successor when it wakes) is closed, its messages sent first."""
+        self._drop_parent = False
+        parent, self.parent = self.parent, None
+        self.router.parent = None
+        if parent is not None:
+            parent.close(linger=True)
+
+    def _superseded(self, root: int, term: int) -> None:
+        """This root stepped down for another (§13.5): no root any more, it leaves with 77."""
+        log.error("superseded: rank %d is the root in term %d", root, term)
+        self.program.terminate()
+        self.exit_code = exitcodes.REFUSED
+        self._cut = True
 
     def _cut_off(self, ended: LinkEnded) -> None:
         """The parent link is over: leave at once, with the exit code that says why."""

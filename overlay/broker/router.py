@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
-from tbon.overlay.services.exec import unreachable
+from tbon.overlay.services.exec import EXEC_TOPICS, unreachable
 from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
@@ -47,6 +47,29 @@ log = logging.getLogger("tbon.broker")
 Handler = Callable[[Message, float], list[Action]]
 Continuation = Callable[[Message, float], list[Action]]
 HERE = "here"  # the link of a request this broker serves itself, or answers without sending
+
+
+TO_THE_ROOT = frozenset(
+    {
+        *EXEC_TOPICS,
+        "status.get",
+        "status.watch",
+        "status.ack",
+        "status.summary",
+        "status.errors",
+        "status.tree",
+        "instance.shutdown",
+        "flub.allocate",
+        "flub.challenge",
+        "flub.kex",
+        "flub.release",
+        "config.rejoin",
+        "retire.rank",
+        "retire.progress",
+    }
+)
+"""Topics a client sends to rank 0 as the root (the table's, and exec's fan-out from the top):
+after a takeover (docs/protocol.md §13.4) a broker sends them to the root of the latest term."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +135,9 @@ class Router:
 
     def request(self, message: Message, now: float) -> None:
         if message.topic in self.root_topics and message.nodeid == ANY_RANK:
-            message.nodeid = 0
+            message.nodeid = self.root
+        elif message.nodeid == 0 and message.topic in TO_THE_ROOT and self.root != 0:
+            message.nodeid = self.root  # for rank 0 as the root: the root that took over
         target = message.nodeid
         if target in (ANY_RANK, self.rank):
             self.perform(self._serve(message, now))
@@ -145,9 +170,19 @@ class Router:
             return
         self.respond(message.fail(errno.EHOSTUNREACH, unreachable(target, hop)))
 
+    @property
+    def root(self) -> int:
+        """Where a request for the table goes: rank 0, or the root of a later term this broker
+        knows of (after a takeover, docs/protocol.md §13.4)."""
+        root = self.terms.root
+        return root if root is not None and self.terms.term > 1 else 0
+
     def _send_up(self, message: Message) -> None:
         parent = self.parent
-        assert parent is not None
+        if parent is None:  # the root that took over: its parent was the dead root
+            why = f"rank {self.rank} is the root: no rank {message.nodeid} above it"
+            self.respond(message.fail(errno.EHOSTUNREACH, why))
+            return
         if not parent.welcomed:
             why = f"rank {self.rank} is reattaching to the tree: its parent was lost"
             self.respond(message.fail(errno.EHOSTUNREACH, why))
@@ -194,7 +229,7 @@ class Router:
         tag = int.from_bytes(os.urandom(6), "big") or 1
         request.tag = tag
         if request.topic in self.root_topics and request.nodeid == ANY_RANK:
-            request.nodeid = 0
+            request.nodeid = self.root
         link = self._link_toward(request.nodeid)
         self._pending[tag] = Pending(then, link, now + self.call_timeout, request.topic)
         self.route(request, "s", now)

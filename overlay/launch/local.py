@@ -170,10 +170,17 @@ class Launch:
             if broker.status != 0 and not self.started and self.kill_at is None:
                 self.failed = True
                 self.kill_at = now  # nothing to wait for: the instance never came up
-            elif broker.rank == 0:
+            elif broker.rank == 0 and not (self.failover and _taken_over(wait_status)):
                 self.end(now)
         for how, brokers in news.items():
             say(f"{_ranks(brokers)} {how}")
+
+    @property
+    def failover(self) -> bool:
+        """Whether a standby takes over when rank 0 dies (docs/protocol.md §13.4): at least two
+        standbys kept (state/standbys.py). Rank 0 killed, or superseded, is then not the
+        instance's end; the instance ends when its brokers have."""
+        return self.config.standbys >= 2 and self.size >= 3
 
     def end(self, now: float, grace: float = 0.0) -> None:
         """The instance is over: give the brokers exit_timeout (plus `grace`) to finish."""
@@ -230,8 +237,9 @@ class Launch:
 
     def terminate(self, now: float) -> None:
         """Shut the instance down through rank 0, which takes its subtree down leaves first."""
-        root = next((b for b in self.brokers.values() if b.rank == 0), None)
-        if root is not None and root.running:
+        running = sorted((b for b in self.brokers.values() if b.running), key=lambda b: b.rank)
+        root = running[0] if running and (running[0].rank == 0 or self.failover) else None
+        if root is not None:
             os.kill(root.pid, signal.SIGTERM)
         # Rank 0 may take its shutdown timeout to bring the tree down, leaves first.
         self.end(now, grace=self.config.shutdown_timeout)
@@ -274,6 +282,12 @@ def _ranks(brokers: list[BrokerProcess]) -> str:
     ordered = sorted(brokers, key=lambda b: b.rank)
     pids = ",".join(str(b.pid) for b in ordered)
     return f"ranks {format_idset([b.rank for b in ordered])} (pids {pids})"
+
+
+def _taken_over(wait_status: int) -> bool:
+    """Whether rank 0's end leaves the instance to a standby (with failover): it was killed, or
+    it exited 77 superseded by the standby that took over (docs/protocol.md §13.5)."""
+    return os.WIFSIGNALED(wait_status) or os.WEXITSTATUS(wait_status) == exitcodes.REFUSED
 
 
 def _exit_status(wait_status: int) -> int:

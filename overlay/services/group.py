@@ -17,9 +17,11 @@ table through its own RankPath, whose follow-ups are dropped: orders are the roo
 replica is built as the root's was, from the `origin` the root sends with its first entries
 (the launched hosts, config bootstrap or not, the grace, the root's clock at the start).
 
-Until the takeover is wired (§13.4), a standby is sent no Tick: it follows, never campaigns,
-and rank 0 stays the root, which may lose its lease, step down and win again when a majority
-answers. With K = 0 this service is idle: `active` is false and the performer applies at once.
+Every member is ticked: a standby that hears no root canvasses and campaigns (§13.4), and one
+elected becomes the root (`on_root`: its broker takes the table over), proposing from then on as
+rank 0 did. A root that steps down because another root exists is superseded (`on_superseded`:
+its broker exits 77); one whose lease lapsed with no successor known stays a member and follows.
+With K = 0 this service is idle: `active` is false and the performer applies at once.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from tbon.overlay.state.leadership import Send as SendTo
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError
-from tbon.overlay.wire.route import from_member, from_rank0
+from tbon.overlay.wire.route import from_above, from_member, from_rank0
 
 log = logging.getLogger("tbon.broker")
 
@@ -97,14 +99,20 @@ class GroupService:
         self.member: Member[Proposal] | None = None
         if rank == 0 and len(members) > 1:
             self.member = Member(0, members, now, timing)
+        self.leads = self.member is not None  # this broker serves the table (§13.4)
+        # what the broker does when this member is elected (it takes the table over), and when
+        # it learns that another root exists (it exits 77): set by broker.py
+        self.on_root: Callable[[int, float], list[Action]] = lambda term, now: []
+        self.on_superseded: Callable[[int, int], None] = lambda root, term: None
         self.asked: dict[int, Asked] = {}
         self.queued: list[Asked] = []
         self.held: dict[int, Any] = {}  # index -> Applied, committed, not yet acknowledged
 
     @property
     def active(self) -> bool:
-        """Whether the root waits for the group before applying (rank 0, K > 0)."""
-        return self.rank == 0 and self.member is not None
+        """Whether the root waits for the group before applying (rank 0 with K > 0, or the
+        standby that took over)."""
+        return self.leads and self.member is not None
 
     @property
     def waiting(self) -> bool:
@@ -132,14 +140,17 @@ class GroupService:
         return [*self._carry_out(out, now), Wake()]
 
     def tick(self, now: float) -> list[Action]:
-        """The member's timers (the root's only, until the takeover), and the waits that end."""
+        """The member's timers (every member's: a standby campaigns when its root is silent),
+        and the waits that end."""
         member = self.member
-        if member is None or not self.active:
+        if member is None:
             return []
         actions: list[Action] = []
         due = member.next_deadline()
         if due is not None and now >= due:
             actions += self._carry_out(member.handle(Tick(), now), now)
+        if not self.active:
+            return actions
         if member.is_root and self.queued:
             queued, self.queued = self.queued, []
             for asked in queued:
@@ -159,8 +170,10 @@ class GroupService:
         return actions
 
     def next_deadline(self) -> float | None:
-        if not self.active or self.member is None:
+        if self.member is None:
             return None
+        if not self.active:
+            return self.member.next_deadline()
         times = [
             a.deadline
             for a in (*self.asked.values(), *self.queued)
@@ -179,8 +192,9 @@ class GroupService:
             message = groupwire.decode(request.topic, request.payload)
         except MessageError as error:
             return [warning(f"ignored a {request.topic}: {error}")]
-        down = message.sender == 0 and from_rank0(request)  # until the takeover: rank 0 leads
-        if not (down or from_member(request, message.sender)):
+        down = message.sender == 0 and from_rank0(request)  # rank 0, which leads term 1
+        above = from_above(request, message.sender)  # a member above this one (§13.4)
+        if not (down or above or from_member(request, message.sender)):
             return [warning(f"ignored a {request.topic} not from a member of the root group")]
         if self.member is None and (not down or not self._stand_by(request, now)):
             return [warning(f"ignored a {request.topic}: this rank is not in the root group")]
@@ -212,6 +226,7 @@ class GroupService:
             self.path = _replica(self.topology, request.payload.get("origin"))
             if self.path is None:
                 return [warning("ignored a group.append without the table's origin")]
+            self.path.table.members = self.members
         # with no copy yet, an append after entry 0 finds no match: the answer (no, hint 0)
         # makes the root step back to the log's start, sent with the origin
         return self._carry_out(self.member.handle(message, now), now)
@@ -240,19 +255,31 @@ class GroupService:
                     actions += self._acknowledge(index, now)
                 case Abandon(index):
                     actions += self._abandon(index)
-                case BecameRoot(term):
+                case BecameRoot(term) if self.leads:
                     actions.append(warning(f"the root again, in term {term}"))
-                case SteppedDown(term, _, why):
+                case BecameRoot(term):
+                    self.leads = True
+                    actions.append(warning(f"rank {self.rank} is the root in term {term}"))
+                    actions += self.on_root(term, now)
+                case SteppedDown(term, leader, why) if self.leads and leader is None:
                     actions.append(warning(f"grants paused in term {term}: {why}"))
+                case SteppedDown():
+                    pass
                 case Proposed() | NotRoot():
                     pass
+        member = self.member
+        if self.leads and member is not None and member.leader not in (None, self.rank):
+            # another member leads a later term (a root that stepped down, or one woken from a
+            # stop, follows it now): this broker is no root any more (§13.5)
+            self.leads = False
+            self.on_superseded(member.leader, member.term)
         return actions
 
     def _commit(self, index: int, proposal: Proposal) -> list[Action]:
         """A committed entry enters this member's table through its one path."""
         assert self.path is not None
         applied = self.path.handle(proposal.event, proposal.now)
-        if self.rank != 0:
+        if not self.leads:
             return []  # a standby's copy: the root gives the orders
         if index in self.asked:
             self.held[index] = applied

@@ -271,7 +271,7 @@ def on_its_link(table: RankTable, entry: RankEntry, event: Stimulus, now: float)
     """A link event is believed only from the broker the rank is attached to now; rank 0's own
     word (no `parent`) always is."""
     parent = getattr(event, "parent", None)
-    if parent is None or parent == entry.attached_to:
+    if parent is None or parent == entry.attached_to or taken_over(table, entry, event):
         return None
     if entry.attached_to is None:
         return f"rank {entry.rank} is reattaching: rank {parent}'s word on it is stale"
@@ -279,8 +279,18 @@ def on_its_link(table: RankTable, entry: RankEntry, event: Stimulus, now: float)
 
 
 def root_stays(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> str | None:
-    """Rank 0 keeps the table: it cannot be lost or leave it."""
-    return "rank 0 cannot leave its own table" if entry.rank == 0 else None
+    """Rank 0 keeps the table: it cannot be lost or leave it, but by a takeover."""
+    if entry.rank != 0 or taken_over(table, entry, event):
+        return None
+    return "rank 0 cannot leave its own table"
+
+
+def taken_over(table: RankTable, entry: RankEntry, event: Stimulus) -> bool:
+    """The dead root's rank marked lost by the standby that took over (docs/protocol.md §13.4):
+    a Lost of rank 0 naming a member of the root group as its `parent`. With no root group
+    (`members` empty, tbon.standbys=0) there is none, and rank 0 stays as before."""
+    parent = getattr(event, "parent", None)
+    return entry.rank == 0 and isinstance(event, Lost) and parent in table.members[1:]
 
 
 def root_not_retired(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:
@@ -460,6 +470,9 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
     than start a new grace, so a dead subtree reads lost one grace after its root, not one grace
     per level."""
     grace_ends = now + table.reattach_grace
+    if taken_over(table, entry, event):
+        assert isinstance(event, Lost) and event.parent is not None
+        table.root = event.parent  # the member that took over
     if entry.adrift_until is not None:
         grace_ends = min(grace_ends, entry.adrift_until)
     if isinstance(event, Lost):
@@ -481,6 +494,9 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
             below.other_links = tuple(p for p in below.other_links if p != entry.rank)
         if connected and below.attached_to == entry.rank and below.other_links:
             below.attached_to, below.other_links = below.other_links[-1], below.other_links[:-1]
+            changed.append(rank)
+        elif connected and below.attached_to == entry.rank and rank == table.root:
+            below.attached_to = None  # the root now: attached to nothing, seeking nothing
             changed.append(rank)
         elif connected and below.attached_to == entry.rank:
             below.attached_to, below.adrift_until = None, grace_ends
@@ -688,6 +704,8 @@ class RankTable:
             raise ValueError("between 1 and size ranks are launched")
         self.topology = topology
         self.generation = 0
+        self.members: tuple[int, ...] = ()  # the root group (rank 0 first), with standbys
+        self.root = 0  # the rank whose broker holds the table: a member, after a takeover
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
@@ -870,9 +888,9 @@ class RankTable:
         return chain
 
     def reachable(self, rank: int) -> bool:
-        """Whether `rank`'s broker is connected and its chain of links reaches rank 0 now."""
+        """Whether `rank`'s broker is connected and its chain of links reaches the root now."""
         seen = 0
-        while rank != 0:
+        while rank != self.root:
             entry = self.entries.peek(rank)
             if entry.state not in CONNECTED or entry.attached_to is None or seen > self.size:
                 return False

@@ -71,6 +71,16 @@ def _link(hop: str) -> bool:
     return parent_hop(hop) is not None or child_hop(hop) is not None
 
 
+def from_above(request: Message, sender: int) -> bool:
+    """Whether the broker of rank `sender` itself sent `request` down to this one: its own "s",
+    then "p<sender>" pushed by the broker attached to it, then only "p" hops (from_rank0, for a
+    root group member that leads or campaigns: docs/protocol.md §13.4)."""
+    route = request.route
+    if len(route) < 2 or route[:2] != ["s", f"p{sender}"]:
+        return False
+    return all(parent_hop(hop) is not None for hop in route[2:])
+
+
 def from_member(request: Message, sender: int) -> bool:
     """Whether the broker of rank `sender` itself sent `request` up to this one (the root): its
     own "s", then "c<sender>" pushed by the broker it is attached to, then only "c" hops on the
