@@ -73,6 +73,21 @@ def test_the_root_acknowledges_once_a_majority_holds_the_entry() -> None:
     assert of(standby.handle(beat, 0.21), Apply) == [Apply(1, "e1")]
 
 
+def test_an_answer_no_member_could_send_changes_nothing() -> None:
+    """An `ok` past the root's log would commit what no majority holds (and fail the next
+    append); an answer from a rank outside the group has no place in the count. Both are a
+    peer at fault: ignored, never obeyed, never a crash (found by tests/test_group_service.py's
+    helpers, session 15)."""
+    root: Member[str] = Member(0, GROUP, now=0.0)
+    root.handle(Propose("e1"), 0.0)
+    assert root.handle(AppendReply(1, 1, 1, True, 5, 0.0), 0.01) == []
+    assert root.handle(AppendReply(7, 1, 1, True, 1, 0.0), 0.01) == []
+    assert root.log.commit == 0
+    assert sends(root.handle(Tick(), 0.2))  # the next heartbeat goes out as before
+    out = root.handle(AppendReply(1, 1, 1, True, 1, 0.0), 0.21)  # an honest answer commits
+    assert of(out, Acknowledge) == [Acknowledge(1, "e1")]
+
+
 def test_a_follower_missing_the_previous_entry_says_where_it_ends() -> None:
     standby: Member[str] = Member(1, GROUP, now=0.0)
     late = AppendEntries(0, 1, 3, 1, (Entry(1, "e4"),), 0, 0.0)

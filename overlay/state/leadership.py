@@ -417,6 +417,8 @@ class Member(Generic[P]):
 
     def _handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
         out: list[Instruction] = []
+        if not self._possible(stimulus):
+            return []  # no member sends it: a peer at fault, ignored rather than obeyed
         if isinstance(stimulus, AppendReply | VoteReply) and not self._current(stimulus):
             return []  # from an incarnation that has died since
         if isinstance(stimulus, VoteRequest) and self._quiet(now):
@@ -451,6 +453,17 @@ class Member(Generic[P]):
             isinstance(self.role, Leading)
             or not self.voter
             or now < self.heard_at + self.timing.election
+        )
+
+    def _possible(self, stimulus: Stimulus) -> bool:
+        """Whether an honest member could have sent `stimulus`: from another member of the
+        group, and, for an answer to appends, holding no more than this root has (an `ok` past
+        its log would commit what no majority holds, then fail the next append)."""
+        sender = getattr(stimulus, "sender", None)
+        if sender is not None and sender not in self.peers:
+            return False
+        return not (
+            isinstance(stimulus, AppendReply) and stimulus.ok and stimulus.match > self.log.last
         )
 
     def _current(self, reply: AppendReply | VoteReply) -> bool:
