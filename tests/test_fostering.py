@@ -195,16 +195,23 @@ def test_link_events_from_the_link_it_is_on_or_from_rank_0_are_believed() -> Non
     assert result.entry(2).state is RankState.LOST
 
 
+def fostered_then_parent_replaced() -> RankTable:
+    """chain(4) after rank 1 was lost (rank 2 fostered at rank 0) and refilled by a joiner, as
+    incarnation 2, by time 203: rank 2 is away from home."""
+    result = chain(4)
+    result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
+    result.apply(hello(result, 2, parent=0), 201.0)
+    grant = result.apply(Reserve(public_key(101), "joiner", 1, 30.0), 202.0).reservation
+    assert grant is not None and grant.granted
+    assert result.apply(Online(1, 2, "joiner", 77, None, public_key(101)), 203.0).applied
+    return result
+
+
 def test_moved_ends_the_old_link_for_a_new_one_in_either_order() -> None:
     """Rank 2, fostered at rank 0, goes home to rank 1's replacement: the new parent's Online
     and the old one's Moved may reach rank 0 in either order."""
     for moved_first in (True, False):
-        result = chain(4)
-        result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
-        result.apply(hello(result, 2, parent=0), 201.0)
-        grant = result.apply(Reserve(public_key(101), "joiner", 1, 30.0), 202.0).reservation
-        assert grant is not None and grant.granted
-        assert result.apply(Online(1, 2, "joiner", 77, None, public_key(101)), 203.0).applied
+        result = fostered_then_parent_replaced()
         assert away_from_home(result, 1) == [(2, 1, public_key(2))]
         moved, online = Moved(2, 1, 0, to=1), hello(result, 2, parent=1)
         first, second = (moved, online) if moved_first else (online, moved)
@@ -225,12 +232,7 @@ def test_a_rank_that_went_home_and_died_is_fostered_on_its_old_chain_too() -> No
     rank 1, whichever order the Moved and the Online reached the table in, and however long
     ago: the table cannot know when rank 3 read it (issue 20's CI race, session 15)."""
     for moved_first in (True, False):
-        result = chain(4)
-        result.apply(Lost(1, 1, "connection dropped", parent=0), 200.0)
-        result.apply(hello(result, 2, parent=0), 201.0)
-        grant = result.apply(Reserve(public_key(101), "joiner", 1, 30.0), 202.0).reservation
-        assert grant is not None and grant.granted
-        assert result.apply(Online(1, 2, "joiner", 77, None, public_key(101)), 203.0).applied
+        result = fostered_then_parent_replaced()
         moved, online = Moved(2, 1, 0, to=1), hello(result, 2, parent=1)
         for event in (moved, online) if moved_first else (online, moved):
             assert result.apply(event, 204.0).applied
