@@ -41,7 +41,6 @@ from tbon.overlay.state.healing import adrift
 from tbon.overlay.state.rankevents import Lost
 from tbon.overlay.state.ranktable import UNKNOWN_HOST, Event, Located, Online, RankTable
 from tbon.overlay.state.reports import Batcher, encode_events
-from tbon.overlay.state.standbys import Roles
 from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
 from tbon.overlay.wire.message import Kind, Message
 from tbon.proctitle import name_broker
@@ -153,7 +152,9 @@ class Broker:
 
         members: tuple[int, ...] = ()
         if self.rank == 0:
-            standbys, _ = kept_standbys(self.topology, self.config.standbys)
+            standbys, fewer = kept_standbys(self.topology, self.config.standbys)
+            if fewer is not None:
+                log.warning("%s", fewer)
             members = (0, *standbys) if standbys else ()
         wait = (self.config.join_timeout or 60.0) / 2  # a joiner hears why before it gives up
         return GroupService(
@@ -712,9 +713,7 @@ class Broker:
             self.group,
         )
         status = built.status
-        assert status is not None
-        others = tuple(m for m in self.group.members if m != self.rank)
-        status.roles = Roles(self.rank, others)
+        assert status is not None  # its roles: this broker the root, the others standing by
         self.services = replace(
             self.services, status=status, flub=built.flub, retire=built.retire
         )

@@ -7,7 +7,6 @@ unknown topic, and never loads the module that serves them (services/status.py).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -102,13 +101,11 @@ class Services:
         status = None
         if table is not None:  # rank 0
             from tbon.overlay.services.status import StatusService
-            from tbon.overlay.state.standbys import Roles, kept_standbys
+            from tbon.overlay.state.standbys import Roles
 
-            standbys, fewer = kept_standbys(topology, config.standbys)
-            if fewer is not None:
-                logging.getLogger("tbon.broker").warning("%s", fewer)
-            roles = Roles(rank, standbys)
-            status = StatusService(table, lifecycle, roles)
+            # the broker that holds the table is the root: the rest of its group stands by
+            others = () if group is None else tuple(m for m in group.members if m != rank)
+            status = StatusService(table, lifecycle, Roles(rank, others))
             if group is not None:
                 status.group = group.view
         return Services(

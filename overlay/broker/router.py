@@ -49,27 +49,20 @@ Continuation = Callable[[Message, float], list[Action]]
 HERE = "here"  # the link of a request this broker serves itself, or answers without sending
 
 
-TO_THE_ROOT = frozenset(
+TABLE_REQUESTS = frozenset(
     {
-        *EXEC_TOPICS,
-        "status.get",
-        "status.watch",
-        "status.ack",
-        "status.summary",
-        "status.errors",
-        "status.tree",
-        "instance.shutdown",
         "flub.allocate",
         "flub.challenge",
-        "flub.kex",
         "flub.release",
         "config.rejoin",
         "retire.rank",
         "retire.progress",
     }
 )
-"""Topics a client sends to rank 0 as the root (the table's, and exec's fan-out from the top):
-after a takeover (docs/protocol.md §13.4) a broker sends them to the root of the latest term."""
+"""Requests for the rank table a client addresses to rank 0 by number. With the root topics (a
+request without a rank goes to the root) and exec's fan-out from the top, they are what a
+client sends to rank 0 as the root: after a takeover (docs/protocol.md §13.4) a broker sends
+them to the root of the latest term (`Router.to_the_root`)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +102,7 @@ class Router:
         self.parent, self.children, self.local = links
         self.handlers = handlers
         self.root_topics = root_topics
+        self.to_the_root = root_topics | TABLE_REQUESTS | frozenset(EXEC_TOPICS)
         self.perform = perform
         self.on_local_request = on_local_request
         # sees each response delivered to a local client, with the client's hop
@@ -136,7 +130,7 @@ class Router:
     def request(self, message: Message, now: float) -> None:
         if message.topic in self.root_topics and message.nodeid == ANY_RANK:
             message.nodeid = self.root
-        elif message.nodeid == 0 and message.topic in TO_THE_ROOT and self.root != 0:
+        elif message.nodeid == 0 and message.topic in self.to_the_root and self.root != 0:
             message.nodeid = self.root  # for rank 0 as the root: the root that took over
         target = message.nodeid
         if target in (ANY_RANK, self.rank):
