@@ -3,7 +3,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/heal.py [--rounds R] [--size N] [--topo kary:K] [--sleep S]
-        [--sections kill,double,rank0,shutdown,subtree] [--markdown | --json]
+        [--sections kill,double,rank0,shutdown,subtree,takeover] [--markdown | --json]
 
 Each round is a fresh `tbon start --test-size=N -S tbon.topo=TOPO` in wait mode (defaults: 64
 ranks, kary:4, so rank 1's children are 5-8 and its grandchildren 21-36). Once rank 0 pushes
@@ -40,6 +40,12 @@ broker.shutdown-timeout=5s, its launcher told to kill nothing for 2 minutes:
             (rank 1 killed, its children fostered, `tbon expand --fill`, every rank home again):
             the ratio of the two (target: at most 1.5).
 
+Issue 23's section, `takeover`, R rounds on fresh instances of --size ranks in --topo with
+`tbon.standbys=2`: kill -9 rank 0, then how soon a new root answers `tbon status` through a
+non-member's URI (target 1 s), every other rank attached and `tbon exec` on all of them exits 0
+(target 2 s), whether their pids were kept and whether a `sleep` started before the kill ended
+with its output; benchmarks/takeover.py describes the round and adds the steady memory cost.
+
 Rank 0's status snapshots (a status.watch stream from an in-process Client) and the exits of the
 CLIs (their pidfds) are waited on together, so each event is timed when it happens, not at the
 next turn of a polling loop. Nothing here sleeps and hopes: every wait has a deadline, and every
@@ -68,6 +74,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import takeover
 from common import (
     STOP_GRACE_S,
     TBON,
@@ -1134,7 +1141,7 @@ def kill_json(
 
 # --- main ---------------------------------------------------------------------------------------
 
-SECTIONS = ("kill", "double", "rank0", "shutdown", "subtree")
+SECTIONS = ("kill", "double", "rank0", "shutdown", "subtree", "takeover")
 
 
 def sections_arg(text: str) -> list[str]:
@@ -1158,7 +1165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=sections_arg,
         default=list(SECTIONS),
         help=f"which measures, of {','.join(SECTIONS)} (default all): kill is issue 12's "
-        "kill and expand; double, rank0 and shutdown are issue 20's",
+        "kill and expand; double, rank0 and shutdown are issue 20's; takeover issue 23's",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--markdown", action="store_true", help="print GitHub tables")
@@ -1187,12 +1194,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{cell(result.full)} ms after expand's Popen, pids kept: {result.pids_kept}, "
             f"job ok: {result.job_ok}"
         )
-    later = [s for s in args.sections if s != "kill"]
+    later = [s for s in args.sections if s not in ("kill", "takeover")]
     issue20: list[Issue20Round] = []
     for number in range(1, args.rounds + 1 if later else 1):
         progress(f"issue 20 round {number}/{args.rounds}: {','.join(later)}")
         issue20.append(issue20_round(later, number))
         progress(f"issue 20 round {number}: {asdict(issue20[-1])}")
+    takeovers = []
+    if "takeover" in args.sections:  # issue 23's rounds: benchmarks/takeover.py says what
+        for number in range(1, args.rounds + 1):
+            progress(f"takeover round {number}/{args.rounds}: {args.size} ranks, {args.topo}")
+            takeovers.append(takeover.one_round(args.size, args.topo, 2, args.sleep, number))
+            progress(f"takeover round {number}: {asdict(takeovers[-1])}")
     if report is None:
         found: dict[str, Any] = {"machine": machine_line()}
         if shape is not None:
@@ -1209,8 +1222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 },
                 "rounds": [asdict(r) for r in issue20],
             }
+        if takeovers:
+            found["takeover"] = {"standbys": 2, "rounds": [asdict(r) for r in takeovers]}
         print(json.dumps(found, indent=2), flush=True)
         return 0
+    if takeovers:
+        settings = argparse.Namespace(size=args.size, topo=args.topo, standbys=2)
+        takeover.report_tables(report, takeovers, settings, {})
     if shape is not None:
         report_tables(report, rounds, shape, args.size, args.topo, args.sleep)
     if issue20:
