@@ -154,7 +154,9 @@ class Router:
                 return
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
-            self._send_up(message)
+            across = self._attached_across(target)
+            if across is None or not self.send_down(across, message):
+                self._send_up(message)
             return
         below = self._attached_toward(target, hop)
         if self.send_down(below, message):
@@ -187,6 +189,20 @@ class Router:
         """The broker attached here that a message for `target` (in this broker's subtree) goes
         to: the deepest on the way that is attached here, else the child the topology names."""
         return self._attached_toward(target, self.topology.next_hop(self.rank, target))
+
+    def _attached_across(self, target: int) -> int | None:
+        """The foster child attached here on `target`'s way up though not below this broker: a
+        root group member fostered by another across the dead root (docs/protocol.md §13.4), or
+        the rank itself. None if there is none (then the parent is the way)."""
+        children = self.children
+        if children is None or not children.fosters:
+            return None
+        current: int | None = target
+        while current is not None:
+            if children.attached(current) and not is_below(self.topology, current, self.rank):
+                return current
+            current = self.topology.parent(current)
+        return None
 
     def _attached_toward(self, target: int, hop: int) -> int:
         """`hop_down`, given the child `hop` the topology names."""
@@ -234,7 +250,8 @@ class Router:
             return HERE
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
-            return "p"
+            across = self._attached_across(target)
+            return "p" if across is None else f"c{across}"
         return f"c{self._attached_toward(target, hop)}"
 
     def _came_back_by(self, link: str, came_from: str) -> bool:

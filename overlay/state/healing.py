@@ -92,10 +92,12 @@ def foster_parents(
     ended (`lineages`, from `RankTable.links_above`), the nearest rank that still reaches rank
     0; for a chain with none, or a rank that was adrift (no chain), the nearest ancestor whose
     own chain does."""
-    nearest = next((a for a in table.topology.ancestors(rank) if table.reachable(a)), 0)
+    root = table.root  # rank 0, or the member that took over from it (§13.4)
+    nearest = next((a for a in table.topology.ancestors(rank) if table.reachable(a)), root)
     found = [next((a for a in chain if table.reachable(a)), nearest) for chain in lineages]
     chosen = set(found or [nearest])
-    return [a for a in table.topology.ancestors(rank) if a in chosen] or [0]
+    ordered = [a for a in table.topology.ancestors(rank) if a in chosen]
+    return [*ordered, root] if root in chosen and root not in ordered else ordered or [root]
 
 
 def cut_off_below(table: RankTable, rank: int) -> list[Admission]:
