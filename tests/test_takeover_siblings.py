@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from conftest import Instance, child_env, process_gone, tbon, wait_for
 from test_takeover import FAILED, status_through
@@ -25,6 +24,7 @@ def wait_moved(inst: Instance, uris: str, before: dict[int, int], root: int = 1)
     """Wait until the URI list answers with `root` as the root, rank 0 lost and every other
     rank online with the pid it had."""
     seen: dict = {}
+    dead_roots_children = [r for r in before if 1 <= r <= 4]  # kary:4, or 5 ranks of kary:32
 
     def moved() -> bool:
         status = status_through(uris)
@@ -36,6 +36,7 @@ def wait_moved(inst: Instance, uris: str, before: dict[int, int], root: int = 1)
         return (
             status["root"] == root
             and ranks[0]["state"] == "lost"
+            and all(ranks[r].get("attached_to") == root for r in dead_roots_children if r != root)
             and all(
                 ranks[r]["state"] == "online" and ranks[r]["pid"] == pid
                 for r, pid in before.items()
@@ -72,3 +73,21 @@ def test_sibling_standbys_take_over_in_kary4(instance) -> None:
 def test_sibling_standbys_take_over_in_the_default_topology(instance) -> None:
     inst = instance(5, "tbon.standbys=2", "tbon.timeout=30s")
     kill_root_and_check(inst, 5)
+
+
+def test_the_root_and_its_first_standby_killed_together_end_the_instance_in_time(
+    instance,
+) -> None:
+    """K=2 and two of three members dead: no majority, no takeover; every broker seeks as in
+    §12.1 (the last standby its lower member, the others every member) and exits 75 at the end
+    of its reattach grace (§13.6)."""
+    inst = instance(8, *KARY4[:2], "tbon.timeout=2s", "broker.reattach-timeout=2s")
+    pids = {r["rank"]: r["pid"] for r in inst.status()["ranks"]}
+    os.kill(pids[0], signal.SIGKILL)
+    os.kill(pids[1], signal.SIGKILL)
+    # bounded: the grace (2 s + 2 s), well within the wait
+    wait_for(lambda: all(process_gone(p) for p in pids.values()), "every broker to leave", 30)
+    err = inst.stderr()
+    assert "no live ancestor took this broker back in time" in err, err
+    assert "status 75" in err, err
+    assert "took over" not in err, err
