@@ -202,3 +202,46 @@ def test_a_malformed_group_keeps_the_cards_known() -> None:
 def test_a_group_that_changes_alone_is_passed_on() -> None:
     m = welcomed_under_rank0(3, group=())
     assert m.handle(LineageSaid(0, (card(0),), GROUP), 1.0) == [LineageChanged((card(0),))]
+
+
+# --- the new root's table: it holds what the dead root held --------------------------------------
+
+
+def taken_over(size: int = 13) -> tuple:
+    """kary:4, two standbys, every rank online with a key, rank 0's Lost applied by rank 1."""
+    from tables import bring_up, started
+
+    from tbon.overlay.services.rankpath import RankPath
+    from tbon.overlay.state.rankevents import Lost
+
+    table = started("kary:4", size)
+    table.members = (0, 1, 2)
+    bring_up(table, list(range(1, size)))
+    for rank in range(1, size):
+        table.entries[rank].key = f"{rank % 10}" * 40
+    path = RankPath(table)
+    applied = path.handle(Lost(0, 1, "the root died; rank 1 took over in term 2", parent=1), 102.0)
+    return table, applied
+
+
+def test_the_member_that_took_over_fosters_every_rank_the_dead_root_held() -> None:
+    from tbon.overlay.services.actions import Call
+
+    table, applied = taken_over()
+    assert table.root == 1 and table.entry(0).state == "lost"
+    orders = [a.request for a in applied.actions if isinstance(a, Call)]
+    assert orders and all(o.topic == "heal.foster" and o.nodeid == 1 for o in orders), orders
+    fostered = {r for o in orders for r, _, _ in o.payload["ranks"]}
+    assert {2, 3, 4} <= fostered and not fostered & {1, 5, 6, 7, 8}  # rank 1's own stay
+
+
+def test_the_new_root_holds_a_sibling_and_nobody_else_does() -> None:
+    from tbon.overlay.state.rankevents import Online
+
+    table, _ = taken_over()
+    entry = table.entry(2)
+    sibling = Online(2, entry.incarnation, "node2", 1002, parent=1, key=entry.key or "")
+    assert table.apply(sibling, 103.0).applied
+    assert table.entry(2).attached_to == 1 and table.reachable(9)
+    cousin = Online(3, table.entry(3).incarnation, "node3", 1003, parent=2, key="")
+    assert not table.apply(cousin, 103.0).applied  # rank 2 is no ancestor of 3, nor the root

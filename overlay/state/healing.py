@@ -5,7 +5,9 @@ The rules:
 
 1. **Above.** A broker's parent, foster or not, is always one of its rank's ancestors: a parent
    admits, fosters, reports on and routes to its own subtree only (`is_below`, `may_admit`).
-   The hello judge, the revocations, the admissions record, the router and exec ask it.
+   The hello judge, the revocations, the admissions record, the router and exec ask it. One
+   exception: a root group member that took over from a dead rank 0 (docs/protocol.md §13.4)
+   fosters whatever that death cut off, its topology subtree or not (the table's `holds`).
 2. **Reports.** A child reports on its own subtree only, and only events seen by itself or by a
    broker below it (`may_report`): a broker cannot end a rank elsewhere in the tree. Its own
    word on its own link (`dropped`: the parent it lost) is the one report about itself.
