@@ -70,6 +70,13 @@ def test_sibling_standbys_take_over_in_kary4(instance) -> None:
     kill_root_and_check(inst, 13)
 
 
+def test_four_sibling_standbys_take_over(instance) -> None:
+    """K=4: the members may hang one under another across the dead root (rank 4 under 3 under
+    2 under 1): the new root reaches each by the way its messages came up."""
+    inst = instance(9, "tbon.standbys=4", "tbon.topo=kary:4", "tbon.timeout=30s")
+    kill_root_and_check(inst, 9)
+
+
 def test_sibling_standbys_take_over_in_the_default_topology(instance) -> None:
     inst = instance(5, "tbon.standbys=2", "tbon.timeout=30s")
     kill_root_and_check(inst, 5)
