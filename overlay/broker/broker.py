@@ -33,13 +33,20 @@ from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
 from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.descriptors import raise_limit
-from tbon.overlay.services.actions import Action, Apply, ApplyAll
+from tbon.overlay.services.actions import Action, Apply, ApplyAll, Foster
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.healing import adrift
 from tbon.overlay.state.rankevents import Lost
-from tbon.overlay.state.ranktable import UNKNOWN_HOST, Event, Located, Online, RankTable
+from tbon.overlay.state.ranktable import (
+    CONNECTED,
+    UNKNOWN_HOST,
+    Event,
+    Located,
+    Online,
+    RankTable,
+)
 from tbon.overlay.state.reports import Batcher, encode_events
 from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
 from tbon.overlay.wire.message import Kind, Message
@@ -109,8 +116,12 @@ class Broker:
         else:
             self._origin = None
         self.group = self._root_group(now)
+        self.group.card = self._own_card()
+        self.group.on_cards = self._group_changed
         if self.table is not None:
             self.table.members = self.group.members
+            if self.group.active:
+                self.group.cards = {self.rank: self._own_card()}
         if self.children is not None:
             self.children.terms = self.terms
             self.children.lineage = [self._card()] if self.rank == 0 else []
@@ -208,6 +219,46 @@ class Broker:
     def _card(self) -> list[Any]:
         """This broker as its children's lineage names it: rank, endpoint, public key."""
         return [self.rank, self.booted.endpoint, self.public]
+
+    def _own_card(self) -> tuple[int, str, str]:
+        """The same card, as the root group's cards hold it (docs/protocol.md §13.4)."""
+        return (self.rank, self.booted.endpoint, self.public)
+
+    def _group_changed(self) -> None:
+        """The root learned a member's card: every child hears the group with the lineage."""
+        from tbon.overlay.links.cards import encode_group
+
+        if self.children is not None and self.group.leads:
+            self.children.group = encode_group(self.group.group_cards())
+            self.children.send_lineage()
+
+    def _admit_members(self, now: float) -> None:
+        """A member whose parent is lost (the root died, perhaps) admits at once the members
+        ranked above it, which may seek it (upward.group_seeks), so that the group can elect
+        over its links: their keys from the cards the root sent, nothing else; their
+        incarnations from its copy of the table (§13.4). As a foster parent admits, for the
+        reattach grace."""
+        parent, path, group = self.parent, self.group.path, self.group
+        if parent is None or path is None or group.member is None or self.children is None:
+            return
+        admitted = []
+        for rank, _endpoint, key in parent.group:
+            if rank <= self.rank or rank not in group.members:
+                continue
+            entry = path.table.entry(rank)
+            if entry.key == key and entry.state in CONNECTED:
+                admitted.append((rank, entry.incarnation, key))
+        if admitted:
+            log.info("admitting root group members %s", ",".join(str(r) for r, _, _ in admitted))
+            self.perform([Foster(tuple(admitted), now + self.reattach_timeout)])
+
+    def _known_root(self) -> int | None:
+        """The root of the latest term this broker knows of, once past rank 0's: its term
+        fence's, or the one its member machine follows."""
+        member = self.group.member
+        if member is not None and member.leader is not None and member.leader != 0:
+            return member.leader
+        return self.terms.root if self.terms.term > 1 else None
 
     def _whole(self) -> bool:
         """What heal.wait waits for: rank 0, no rank adrift; any other, attached to a parent."""
@@ -364,6 +415,8 @@ class Broker:
             self._uplink_news(parent.tick(now), now)
             if self.exit_code is not None:
                 return
+            if (root := self._known_root()) is not None and self.parent is not None:
+                self._uplink_news(self.parent.learn_root(root, now), now)
         self.router.expire(now)
         self.perform(self.group.tick(now))
         if self.table is not None:
@@ -492,7 +545,11 @@ class Broker:
                 self.report(self.children.census(), now)
             self._due = 0.0  # heartbeats to the parent start now
         if news.lineage and self.children is not None:
+            from tbon.overlay.links.cards import encode_group
+
             self.children.lineage = [*map(list, parent.lineage), self._card()]
+            if not self.group.leads:  # the root's own group is what it learned itself
+                self.children.group = encode_group(parent.group)
             self.children.send_lineage()
         if news.lineage and not news.first:
             # a way up that changed (this broker's, or an ancestor's: its lineage came down)
@@ -502,6 +559,8 @@ class Broker:
             self._tell_children_seeking(news.seeking_until, now)
         if news.declined:
             log.warning("%s", news.declined)
+        if news.detached:
+            self._admit_members(now)
         if news.detached or news.declined:
             self._due = 0.0
         if news.terms:
@@ -720,15 +779,28 @@ class Broker:
         self.router.handlers = self.services.handlers()
         self.router.table = self.table
         self.performer.status, self.performer.path = status, path
+        self.services.heal.leads = True  # it fosters what the dead root held, siblings too
         self._drop_parent = True  # once this turn's messages are out (_tick)
+        self.group.lead_with(self.parent.group if self.parent is not None else ())
         if self.children is not None:
+            from tbon.overlay.links.cards import encode_group
+
             self.children.lineage = [self._card()]
+            self.children.group = encode_group(self.group.group_cards())
             self.children.seeking_for = lambda now: None
             self.children.send_lineage()
         dead = self.table.entry(0)
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)
-        return [Apply(Lost(0, dead.incarnation, why, parent=self.rank))]
+        # what its children said while it had no parent goes to its table, after the dead
+        # root's Lost (before it, a member fostered here would not be held by the root)
+        held = [event for batch in self.reports.take(now, True) for event in batch]
+        if self.parent is not None:
+            held += self.parent.take_reports()
+        if self.children is not None:
+            held += self.children.census()
+        lost = Apply(Lost(0, dead.incarnation, why, parent=self.rank))
+        return [lost, ApplyAll(held)] if held else [lost]
 
     def _end_search(self) -> None:
         """The root that took over has no parent: its link to the dead root (still open, if

@@ -113,6 +113,8 @@ class Router:
         self.on_terms: Callable[[list[News]], None] = lambda news: None
         self._pending: dict[int, Pending] = {}
         self._gone: set[tuple[str, int]] = set()  # (client hop, rank) told the client left
+        # broker -> the foster child across the dead root its requests came up by (§13.4)
+        self._across: dict[int, int] = {}
 
     def route(self, message: Message, came_from: str, now: float) -> None:
         if message.kind is Kind.REQUEST:
@@ -121,6 +123,8 @@ class Router:
             if came_from.startswith("l"):
                 self.on_local_request(came_from, message)
             message.route.append(came_from)
+            if came_from.startswith("c"):
+                self._learn_across(message.route)
             self.request(message, now)
         elif message.kind is Kind.RESPONSE:
             self.respond(message, came_from)
@@ -154,7 +158,9 @@ class Router:
                 return
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
-            self._send_up(message)
+            across = self._attached_across(target)
+            if across is None or not self.send_down(across, message):
+                self._send_up(message)
             return
         below = self._attached_toward(target, hop)
         if self.send_down(below, message):
@@ -187,6 +193,35 @@ class Router:
         """The broker attached here that a message for `target` (in this broker's subtree) goes
         to: the deepest on the way that is attached here, else the child the topology names."""
         return self._attached_toward(target, self.topology.next_hop(self.rank, target))
+
+    def _learn_across(self, route: list[str]) -> None:
+        """A broker's own request that came up by a child not below this broker (a member
+        fostered across the dead root, §13.4): that child is the way back down to its sender,
+        however deep below it (a member fostered by another member)."""
+        via = child_hop(route[-1])
+        if via is None or is_below(self.topology, via, self.rank) or route[0] != "s":
+            return
+        sender = child_hop(route[1]) if len(route) > 2 else via
+        if sender is not None:
+            self._across[sender] = via
+
+    def _attached_across(self, target: int) -> int | None:
+        """The foster child attached here on `target`'s way up though not below this broker: a
+        root group member fostered by another across the dead root (docs/protocol.md §13.4), or
+        the rank itself, or the one `target`'s own requests came up by. None if there is none
+        (then the parent is the way)."""
+        children = self.children
+        if children is None or not children.fosters:
+            return None
+        via = self._across.get(target)
+        if via is not None and children.attached(via):
+            return via
+        current: int | None = target
+        while current is not None:
+            if children.attached(current) and not is_below(self.topology, current, self.rank):
+                return current
+            current = self.topology.parent(current)
+        return None
 
     def _attached_toward(self, target: int, hop: int) -> int:
         """`hop_down`, given the child `hop` the topology names."""
@@ -234,7 +269,8 @@ class Router:
             return HERE
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
-            return "p"
+            across = self._attached_across(target)
+            return "p" if across is None else f"c{across}"
         return f"c{self._attached_toward(target, hop)}"
 
     def _came_back_by(self, link: str, came_from: str) -> bool:

@@ -102,9 +102,21 @@ def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
         )
     else:
         wireup = singleton_wireup(config.topo, config.size, config.hostname, binder.bind)
+    if binder.children is None and file is None and _stands_by(config, wireup):
+        binder.config = config
+        binder.bind(wireup.topology, wireup.rank)
     return Booted(
         config, public, secret, wireup, binder.children, binder.endpoint, pmi, file is not None
     )
+
+
+def _stands_by(config: BrokerConfig, wireup: Wireup) -> bool:
+    """Whether this rank is a standby of the root: one with no children binds all the same,
+    since the other members may have to reach it across a dead root (docs/protocol.md §13.4).
+    A config file names the ranks that bind: there, a leaf standby is not reached that way."""
+    from tbon.overlay.state.standbys import kept_standbys
+
+    return wireup.rank in kept_standbys(wireup.topology, config.standbys)[0]
 
 
 class _Binder:

@@ -119,6 +119,9 @@ class Children:
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
+        # the root group's cards (docs/protocol.md §13.4), sent with every lineage: whom a child
+        # whose ancestors are all gone asks too. Empty with no standbys, and then not sent
+        self.group: list[list[Any]] = []
         # the seconds left of this broker's search for a parent (or its parent's), said to a
         # child right after its welcome; None: nobody above seeks (the broker sets it: uplink.py)
         self.seeking_for: Callable[[float], float | None] = lambda now: None
@@ -435,7 +438,7 @@ class Children:
                     rank=identity.rank,
                     size=self.topology.size,
                     incarnation=identity.incarnation,
-                    lineage=self.lineage,
+                    **self._lineage(),
                 )
                 self._send_raw(routing_id, welcome)
                 if (left := self.seeking_for(now)) is not None:  # docs/protocol.md §5.6
@@ -478,7 +481,13 @@ class Children:
         """This broker's ancestors changed (it was welcomed again, by a foster parent or a new
         one): tell every child, so that each can seek a live ancestor should this one go."""
         for rank in self.connected():
-            self.send(rank, _control("lineage", lineage=self.lineage))
+            self.send(rank, _control("lineage", **self._lineage()))
+
+    def _lineage(self) -> dict[str, Any]:
+        """What a welcome or `lineage` says of the way up: the ancestors, and the group."""
+        if self.group:
+            return {"lineage": self.lineage, "group": self.group}
+        return {"lineage": self.lineage}
 
     def _send_raw(self, routing_id: bytes, message: Message | Sequence[Buffer]) -> bool:
         """Send `message` (or frames already encoded: a heartbeat's) to the child there."""

@@ -20,9 +20,9 @@ import zmq
 
 from tbon import exitcodes
 from tbon.overlay.config.attributes import BrokerConfig
+from tbon.overlay.links.cards import BadCards, Card, card_ok, decode_group
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
-from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     HEARTBEAT_FRAMES,
@@ -66,6 +66,7 @@ class LinkEnded:
 class ParentInbound:
     welcomed: bool = False
     lineage: list[Any] | None = None  # the ancestors' cards, from a welcome or a `lineage`
+    group: tuple[Card, ...] | None = None  # the root group's cards with it (None: malformed)
     shutdown: bool = False
     retire: dict[str, Any] | None = None  # the parent's order to retire: force, timeout
     seeking: float | None = None  # the parent seeks a parent of its own for so many seconds
@@ -196,9 +197,11 @@ class ParentLink:
             if isinstance(incarnation, int) and incarnation > 0:
                 self.incarnation = incarnation  # config bootstrap: the parent knows it
             inbound.lineage = _lineage(message.payload.get("lineage"))
+            inbound.group = _group(message.payload.get("group"))
             self._liveness = Liveness(0, self.config.timeout, now, 3 * self.config.heartbeat)
         elif message.topic == "lineage":
             inbound.lineage = _lineage(message.payload.get("lineage"))
+            inbound.group = _group(message.payload.get("group"))
         elif message.topic == "refuse":
             code = message.payload.get("exit_code", exitcodes.REFUSED)
             code = code if code in (exitcodes.SHUTDOWN, exitcodes.LOST) else exitcodes.REFUSED
@@ -288,15 +291,14 @@ def _lineage(value: Any) -> list[Any] | None:
     are not shaped so (a malformed lineage is ignored, never half-used)."""
     if not isinstance(value, list) or len(value) > MAX_LINEAGE:
         return None
-    for card in value:
-        if not (
-            isinstance(card, list)
-            and len(card) == 3
-            and is_int(card[0])
-            and isinstance(card[1], str)
-            and card[1].startswith("tcp://")
-            and isinstance(card[2], str)
-            and len(card[2]) == 40
-        ):
-            return None
-    return value
+    return value if all(card_ok(card) for card in value) else None
+
+
+def _group(value: Any) -> tuple[Card, ...] | None:
+    """The root group's cards a parent sent with its lineage (docs/protocol.md §13.4), or None
+    if they are malformed: ignored with a warning, the cards known before kept."""
+    try:
+        return decode_group(value)
+    except BadCards as error:
+        log.warning("ignored the root group's cards from the parent: %s", error)
+        return None

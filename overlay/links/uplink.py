@@ -25,11 +25,11 @@ from tbon import exitcodes
 from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
-from tbon.overlay.state.ranktable import Dropped
-from tbon.overlay.state.reports import encode_events
+from tbon.overlay.state.ranktable import Dropped, Event
+from tbon.overlay.state.reports import decode_events, encode_events
 from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.wire.flow import LINK_HWM
-from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.message import Kind, Message, MessageError
 from tbon.overlay.wire.route import parent_hop
 
 log = logging.getLogger("tbon.parent")
@@ -125,6 +125,11 @@ class Uplink:
     def lineage(self) -> tuple[Card, ...]:
         return self.machine.lineage
 
+    @property
+    def group(self) -> tuple[Card, ...]:
+        """The root group's cards, as the parent last said them (docs/protocol.md §13.4)."""
+        return self.machine.group
+
     def seeking_for(self, now: float) -> float | None:
         """What a child welcomed now is told right after its welcome: the seconds left of this
         broker's search for a parent, or of its parent's (upward.search_until); None: none."""
@@ -177,6 +182,22 @@ class Uplink:
         self._held_bytes += size
         return True
 
+    def take_reports(self) -> list[Event]:
+        """The reports held for a parent that never came, taken out to be applied here: this
+        broker took over as the root (docs/protocol.md §13.4)."""
+        events: list[Event] = []
+        kept: deque[tuple[Message, int | None]] = deque()
+        for message, came_from in self.held:
+            if message.kind is Kind.CONTROL and message.topic == "report":
+                try:
+                    events += decode_events(message.payload)
+                except MessageError as error:
+                    log.warning("dropped a held report: %s", error)
+                continue
+            kept.append((message, came_from))
+        self.held = kept
+        return events
+
     def _flush(self) -> None:
         held, self.held, self._held_bytes, self._dropped = self.held, deque(), 0, False
         for message, came_from in held:
@@ -204,11 +225,12 @@ class Uplink:
             assert link.peer is not None or lid == 0
             peer = link.peer if link.peer is not None else self.machine.home
             lineage = _cards(inbound.lineage)
-            self._feed(upward.Welcomed(lid, peer, link.incarnation, lineage), now, news)
+            welcomed = upward.Welcomed(lid, peer, link.incarnation, lineage, inbound.group)
+            self._feed(welcomed, now, news)
         elif inbound.lineage is not None:
             lineage = _cards(inbound.lineage)
             assert lineage is not None
-            self._feed(upward.LineageSaid(lid, lineage), now, news)
+            self._feed(upward.LineageSaid(lid, lineage, inbound.group), now, news)
         if inbound.seeking is not None:
             self._feed(upward.ParentSeeking(lid, inbound.seeking), now, news)
         if lid == self.machine.parent_link:
@@ -276,6 +298,13 @@ class Uplink:
         """Rank 0 says this broker's own parent has a broker again: go to it."""
         news = UplinkNews()
         self._feed(upward.HomeOrder(card), now, news)
+        return news
+
+    def learn_root(self, root: int, now: float) -> UplinkNews:
+        """The root of the latest term this broker knows of: a member may seek it."""
+        news = UplinkNews()
+        if root != self.machine.root:
+            self._feed(upward.RootKnown(root), now, news)
         return news
 
     def stop(self, now: float) -> None:

@@ -10,7 +10,8 @@ States.
   the home parent's broker that rank 0 named. In all three the welcoming link is the parent,
   and nothing else is.
 - `Seeking`: the parent link was lost; a link is open to each ancestor in the lineage (but this
-  broker) that has not refused it lately, until a deadline.
+  broker), and to each member of the root group it may seek (below), that has not refused it
+  lately, until a deadline.
 - `Ended`: the broker must exit with a code and a reason. It is final.
 
 Links are named by an id (`LinkId`) that the machine hands out in its `Open` instructions. A
@@ -23,7 +24,17 @@ Rules.
 - The first welcome attaches (Home or Fostered by the welcoming rank) and flushes the hold.
 - A loss of the parent link (connection dropped, link full, the parent silent, or a `refuse` of
   75) starts a search if the broker may seek (`may_seek`): it is not stopping and its lineage
-  names an ancestor. Otherwise the broker ends with 75. Any other `refuse` ends it with its code.
+  names an ancestor, or the root group names a member it may seek. Otherwise the broker ends
+  with 75. Any other `refuse` ends it with its code.
+- The root group (docs/protocol.md §13.4): the members' cards come with the lineage (`group`;
+  a welcome or lineage without one means none, a malformed one is dropped by the adapter and
+  the cards known kept). Seeking, a broker asks its ancestors and, at the same time, the members
+  `group_seeks` names: a non-member every member; a member only the members ranked below itself
+  (rank 1 none: it waits to be elected), and the root of the latest term it knows of
+  (`RootKnown`, from the term fence or the member's own machine) if that is not itself. So no
+  two members ever seek each other, and no cycle forms: a member is sought only by higher
+  members, by non-members, or as the root, which seeks nobody. A root learned while seeking is
+  asked at once.
 - While seeking, the first candidate to welcome it is its parent; every other candidate is
   dismissed (below). A candidate that refused the key at the handshake is
   asked again after RETRY_AFTER_KEY (rank 0's admission reaches it within a round trip); one
@@ -75,9 +86,7 @@ from enum import Enum
 from typing import Any
 
 from tbon import exitcodes
-
-Card = tuple[int, str, str]
-"""An ancestor as its child knows it: rank, endpoint, public key (Z85)."""
+from tbon.overlay.links.cards import Card  # rank, endpoint, public key (Z85)
 
 LinkId = int
 
@@ -153,6 +162,7 @@ class Welcomed:
     peer: int
     incarnation: int
     lineage: tuple[Card, ...] | None  # None: the welcome carried none (malformed)
+    group: tuple[Card, ...] | None = None  # the root group's cards; None: malformed, kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +171,14 @@ class LineageSaid:
 
     link: LinkId
     lineage: tuple[Card, ...]
+    group: tuple[Card, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RootKnown:
+    """The root of the latest term this broker knows of (§13.3): a member may seek it."""
+
+    rank: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +232,7 @@ class Tick:
 
 
 Loss = LinkLost | Silent | Refused
-Stimulus = Welcomed | LineageSaid | Loss | ParentSeeking | HomeOrder | Stop | Tick
+Stimulus = Welcomed | LineageSaid | Loss | ParentSeeking | HomeOrder | RootKnown | Stop | Tick
 
 
 # --- instructions -------------------------------------------------------------------------------
@@ -334,6 +352,8 @@ class Upward:
         self.reattach_timeout = reattach_timeout
         self.shared_key = shared_key
         self.lineage: tuple[Card, ...] = ()
+        self.group: tuple[Card, ...] = ()  # the root group's members (§13.4)
+        self.root: int | None = None  # the root of the latest term known, once past rank 0
         self.stopping = False
         self.state: State = Waiting(0)
         self._next_link = 1
@@ -425,6 +445,13 @@ class Upward:
     def _cards(self) -> list[Card]:
         return [card for card in self.lineage if card[0] != self.rank]
 
+    def _seek_cards(self) -> list[Card]:
+        """Whom a search asks: the ancestors first, then the members `group_seeks` names."""
+        cards = self._cards()
+        known = {card[0] for card in cards}
+        more = group_seeks(self.rank, self.group, self.root)
+        return cards + [card for card in more if card[0] not in known]
+
     def _end(self, code: int, reason: str) -> list[Instruction]:
         closing = [self._close(link, Linger.NONE) for link in sorted(self.open_links)]
         self.state = Ended(code, reason)
@@ -438,12 +465,25 @@ class Upward:
 
 
 def may_seek(machine: Upward) -> str | None:
-    """A lost parent is sought again unless the broker is stopping or knows no ancestor."""
+    """A lost parent is sought again unless the broker is stopping or knows nobody to ask."""
     if machine.stopping:
         return "shutting down"
-    if not machine._cards():
+    if not machine._seek_cards():
         return "no ancestor known to ask"
     return None
+
+
+def group_seeks(rank: int, group: tuple[Card, ...], root: int | None) -> list[Card]:
+    """The root group's members a broker of `rank` asks while seeking, in rank order: every
+    member, if it is not one; else the members ranked below it, and `root` (the root of the
+    latest term it knows of) if that is a member other than itself."""
+    members = {card[0]: card for card in group}
+    if rank not in members:
+        return [members[r] for r in sorted(members)]
+    ranks = {r for r in members if r < rank}
+    if root is not None and root != rank and root in members:
+        ranks.add(root)
+    return [members[r] for r in sorted(ranks)]
 
 
 def asks_again(machine: Upward, refused: Refused) -> bool:
@@ -460,21 +500,30 @@ def asks_again(machine: Upward, refused: Refused) -> bool:
 def welcome_first(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruction]:
     m.incarnation = s.incarnation
     m.state = m._attach(s.link, s.peer)
-    return [AttachedTo(s.peer, True, "welcomed by the parent"), *_adopt(m, s.lineage), Flush()]
+    welcomed = AttachedTo(s.peer, True, "welcomed by the parent")
+    return [welcomed, *_adopt(m, s.lineage, s.group), Flush()]
 
 
 def lineage_said(m: Upward, s: LineageSaid, role: str, now: float) -> list[Instruction]:
     """The parent was welcomed again: its search is over, and its ancestors may have changed."""
     assert isinstance(m.state, Attached)
     m.state = replace(m.state, parent_until=None)
-    return _adopt(m, s.lineage)
+    return _adopt(m, s.lineage, s.group)
 
 
-def _adopt(m: Upward, lineage: tuple[Card, ...] | None) -> list[Instruction]:
-    if lineage is None:
+def _adopt(
+    m: Upward, lineage: tuple[Card, ...] | None, group: tuple[Card, ...] | None
+) -> list[Instruction]:
+    """What the parent said: its lineage (None: malformed, kept) and the group's cards (None:
+    malformed, kept)."""
+    regrouped = group is not None and group != m.group
+    if group is not None:
+        m.group = group
+    if lineage is None and not regrouped:
         return []
-    m.lineage = lineage
-    return [LineageChanged(lineage)]
+    if lineage is not None:
+        m.lineage = lineage
+    return [LineageChanged(m.lineage)]
 
 
 def parent_lost(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
@@ -495,7 +544,7 @@ def parent_lost(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
         return out + m._end(
             exitcodes.LOST, f"{s.reason}; the parent's own search for a parent had ended"
         )
-    opens = [m._open(card) for card in m._cards()]
+    opens = [m._open(card) for card in m._seek_cards()]
     dropped = state.peer if isinstance(s, LinkLost) and not s.full else None
     m.state = Seeking(until, {o.card[0]: o.link for o in opens}, dropped=dropped)
     return [*out, Detached(s.reason), TellChildren(until), *opens]
@@ -525,7 +574,7 @@ def candidate_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[In
     m.incarnation = s.incarnation
     m.state = m._attach(s.link, s.peer)
     out.append(AttachedTo(s.peer, False, f"reattached under rank {s.peer}"))
-    out += [*_adopt(m, s.lineage or m.lineage), Flush()]
+    out += [*_adopt(m, s.lineage or m.lineage, s.group), Flush()]
     if state.dropped is not None and state.dropped != s.peer:
         out.append(ReportDropped(state.dropped, DROPPED))
     return out
@@ -561,7 +610,7 @@ def seeking_tick(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]
     due = [rank for rank, when in state.retries.items() if now >= when]
     if not due:
         return []
-    cards = {card[0]: card for card in m._cards()}
+    cards = {card[0]: card for card in m._seek_cards()}
     opens = [m._open(cards[rank]) for rank in sorted(due) if rank in cards]
     retries = {r: w for r, w in state.retries.items() if r not in due}
     candidates = {**state.candidates, **{o.card[0]: o.link for o in opens}}
@@ -600,7 +649,7 @@ def home_welcomed(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruc
     m.incarnation = s.incarnation
     m.state = m._attach(s.link, s.peer)
     out.append(AttachedTo(s.peer, False, f"home again under rank {s.peer}"))
-    return [*out, *_adopt(m, s.lineage or m.lineage)]
+    return [*out, *_adopt(m, s.lineage or m.lineage, s.group)]
 
 
 def home_refused(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]:
@@ -623,6 +672,19 @@ def home_retry(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]:
     opened = m._open(state.card)
     m.state = replace(state, trying=opened.link, retry_at=None)
     return [opened]
+
+
+def root_known(m: Upward, s: RootKnown, role: str, now: float) -> list[Instruction]:
+    """A later term's root: remembered; a search under way asks it at once if it may."""
+    m.root = s.rank
+    state = m.state
+    if not isinstance(state, Seeking):
+        return []
+    asked = {*state.candidates, *state.retries}
+    opens = [m._open(card) for card in m._seek_cards() if card[0] not in asked]
+    candidates = {**state.candidates, **{o.card[0]: o.link for o in opens}}
+    m.state = replace(state, candidates=candidates)
+    return list(opens)
 
 
 def stop(m: Upward, s: Stop, role: str, now: float) -> list[Instruction]:
@@ -667,6 +729,10 @@ TRANSITIONS: dict[tuple[type, type, str], Handler] = {
     (Waiting, Refused, "parent"): waiting_ended,
     (Waiting, HomeOrder, "-"): declined("this broker has not been welcomed yet"),
     (Waiting, Stop, "-"): stop,
+    **{
+        (state, RootKnown, "-"): root_known
+        for state in (Waiting, Home, Fostered, GoingHome, Seeking)
+    },
     (Waiting, Tick, "-"): nothing,
     # attached: home, fostered, going home (the parent link alike in all three)
     **{

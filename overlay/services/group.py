@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tbon.overlay.links.cards import Card, card_ok
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import Action, Apply, Respond, Send, Wake, fail, warning
 from tbon.overlay.state import groupwire
@@ -104,6 +105,12 @@ class GroupService:
         # it learns that another root exists (it exits 77): set by broker.py
         self.on_root: Callable[[int, float], list[Action]] = lambda term, now: []
         self.on_superseded: Callable[[int, int], None] = lambda root, term: None
+        # the members' cards (rank, endpoint, key: docs/protocol.md §13.4), sent with every
+        # lineage: this broker's own (`card`, set by broker.py), said to the root on each answer;
+        # at the root, each member's as it said it; `on_cards` when they change
+        self.card: Card | None = None
+        self.cards: dict[int, Card] = {}
+        self.on_cards: Callable[[], None] = lambda: None
         self.asked: dict[int, Asked] = {}
         self.queued: list[Asked] = []
         self.held: dict[int, Any] = {}  # index -> Applied, committed, not yet acknowledged
@@ -199,6 +206,8 @@ class GroupService:
         if self.member is None and (not down or not self._stand_by(request, now)):
             return [warning(f"ignored a {request.topic}: this rank is not in the root group")]
         assert self.member is not None
+        if self.leads:
+            self._card_said(message.sender, request.payload.get("card"))
         self.member.incarnation = self.incarnation()
         if isinstance(message, AppendEntries):
             return self._appended(request, message, now)
@@ -231,6 +240,28 @@ class GroupService:
         # makes the root step back to the log's start, sent with the origin
         return self._carry_out(self.member.handle(message, now), now)
 
+    # --- the members' cards -------------------------------------------------------------------
+
+    def group_cards(self) -> tuple[Card, ...]:
+        """The members' cards this root knows, its own included, in rank order."""
+        return tuple(self.cards[rank] for rank in sorted(self.cards))
+
+    def lead_with(self, cards: tuple[Card, ...]) -> None:
+        """A member elected: the cards the dead root had sent it are the group's, its own too."""
+        self.cards = {card[0]: card for card in cards if card[0] in self.members}
+        if self.card is not None:
+            self.cards[self.rank] = self.card
+
+    def _card_said(self, sender: int, value: Any) -> None:
+        """A member's own card on its answer (the route proved the sender): kept if it is one,
+        of that member; a change is sent down with the lineage (`on_cards`)."""
+        if not card_ok(value) or value[0] != sender or sender not in self.members:
+            return
+        card: Card = (int(value[0]), str(value[1]), str(value[2]))
+        if self.cards.get(sender) != card:
+            self.cards[sender] = card
+            self.on_cards()
+
     # --- instructions -------------------------------------------------------------------------
 
     def _carry_out(self, instructions: list[Instruction], now: float) -> list[Action]:
@@ -244,6 +275,8 @@ class GroupService:
                         continue
                     payload = groupwire.encode(message)
                     payload["members"] = list(self.members)
+                    if self.card is not None and not self.leads:
+                        payload["card"] = list(self.card)  # the root sends it with the lineage
                     first = isinstance(message, AppendEntries) and message.prev == 0
                     if first and self.origin is not None:
                         payload["origin"] = self.origin

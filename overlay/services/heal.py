@@ -58,6 +58,9 @@ class HealService:
         self.topology = topology
         self.card = card
         self.waiting: list[tuple[Message, float]] = []  # heal.wait requests and their deadlines
+        # this broker took over as the root (§13.4): it fosters whatever the dead root's death
+        # cut off, its own topology subtree or not (state/ranktable.py, `holds`)
+        self.leads = False
 
     # --- any broker: rank 0's orders ---------------------------------------------------------
 
@@ -85,7 +88,7 @@ class HealService:
         rank, incarnation, key = item
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str)):
             return None
-        if not may_admit(self.topology, self.rank, rank):
+        if not (self.leads or may_admit(self.topology, self.rank, rank)):
             return None
         if key and not is_key(key):
             return None

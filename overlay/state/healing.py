@@ -5,7 +5,9 @@ The rules:
 
 1. **Above.** A broker's parent, foster or not, is always one of its rank's ancestors: a parent
    admits, fosters, reports on and routes to its own subtree only (`is_below`, `may_admit`).
-   The hello judge, the revocations, the admissions record, the router and exec ask it.
+   The hello judge, the revocations, the admissions record, the router and exec ask it. One
+   exception: a root group member that took over from a dead rank 0 (docs/protocol.md §13.4)
+   fosters whatever that death cut off, its topology subtree or not (the table's `holds`).
 2. **Reports.** A child reports on its own subtree only, and only events seen by itself or by a
    broker below it (`may_report`): a broker cannot end a rank elsewhere in the tree. Its own
    word on its own link (`dropped`: the parent it lost) is the one report about itself.
@@ -92,10 +94,12 @@ def foster_parents(
     ended (`lineages`, from `RankTable.links_above`), the nearest rank that still reaches rank
     0; for a chain with none, or a rank that was adrift (no chain), the nearest ancestor whose
     own chain does."""
-    nearest = next((a for a in table.topology.ancestors(rank) if table.reachable(a)), 0)
+    root = table.root  # rank 0, or the member that took over from it (§13.4)
+    nearest = next((a for a in table.topology.ancestors(rank) if table.reachable(a)), root)
     found = [next((a for a in chain if table.reachable(a)), nearest) for chain in lineages]
     chosen = set(found or [nearest])
-    return [a for a in table.topology.ancestors(rank) if a in chosen] or [0]
+    ordered = [a for a in table.topology.ancestors(rank) if a in chosen]
+    return [*ordered, root] if root in chosen and root not in ordered else ordered or [root]
 
 
 def cut_off_below(table: RankTable, rank: int) -> list[Admission]:

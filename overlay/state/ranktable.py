@@ -236,11 +236,17 @@ def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: flo
     parent = reporter(table, entry, event)
     if parent is None:
         return None
-    if not table.topology.is_ancestor(parent, entry.rank):
+    if not holds(table, parent, entry.rank):
         return f"rank {parent} is not an ancestor of rank {entry.rank}"
     if table.entries.peek(parent).state in CONNECTED:
         return None
     return f"rank {entry.rank}'s parent is not online"
+
+
+def holds(table: RankTable, parent: int, rank: int) -> bool:
+    """Whether `parent` may hold `rank`'s broker: one of its ancestors, or the root that took
+    over (docs/protocol.md §13.4), which holds whatever the dead root's death cut off."""
+    return table.topology.is_ancestor(parent, rank) or (parent == table.root != 0)
 
 
 def same_broker(table: RankTable, entry: RankEntry, event: Online, now: float) -> str | None:
@@ -407,7 +413,7 @@ def dropped(table: RankTable, entry: RankEntry, event: Dropped, now: float) -> t
 def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[int, ...]:
     """The broker left the link to `parent` for one to `to`, an ancestor that is there."""
     to = event.to
-    if not 0 <= to < table.size or not table.topology.is_ancestor(to, entry.rank):
+    if not 0 <= to < table.size or not holds(table, to, entry.rank):
         return ()
     if table.entries.peek(to).state not in CONNECTED or entry.attached_to == to:
         return ()
@@ -877,9 +883,10 @@ class RankTable:
         return [[parent, *self._chain(parent)] for parent in dict.fromkeys(parents)]
 
     def _chain(self, rank: int) -> list[int]:
-        """The ranks above `rank` by its attachments, up to rank 0 or to where the chain breaks."""
+        """The ranks above `rank` by its attachments, up to the root or to where the chain
+        breaks."""
         chain: list[int] = []
-        while rank != 0 and len(chain) <= self.size:
+        while rank != self.root and len(chain) <= self.size:
             entry = self.entries[rank]
             if entry.state not in CONNECTED or entry.attached_to is None:
                 break
