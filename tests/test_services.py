@@ -621,11 +621,21 @@ def test_a_parent_admits_a_key_on_rank0s_order_and_answers_its_card() -> None:
     assert only_response(actions).payload == CARD
 
 
+def test_a_parent_obeys_the_order_of_a_root_that_is_not_rank0() -> None:
+    """After a takeover (protocol §13.4) the root is another rank: its own order, sent down,
+    passes the service; which broker is the root of the order's term, the router's fence says."""
+    key = generate_keypair()[0]
+    payload = {"rank": 3, "incarnation": 2, "public_key": key}
+    order = request("flub.authorize", payload, route=["s"], nodeid=1)  # rank 1's own: the root
+    assert flub_at(1).authorize(order, NOW)[0] == Authorize(3, 2, key)
+
+
 @pytest.mark.parametrize(
     ("rank", "route", "why"),
     [
-        (3, ["l05", "p0"], "comes from rank 0 only"),
-        (3, ["s", "c2", "p0"], "comes from rank 0 only"),
+        (3, ["l05", "p0"], "comes from the root only"),
+        (3, ["s", "l05", "p0"], "comes from the root only"),
+        (3, ["s", "c2", "p0"], "comes from the root only"),
         (5, ["s", "p0"], "rank 5 is not a child of rank 1"),
         (0, ["s", "p0"], "rank 0 is not a child of rank 1"),
     ],
