@@ -739,6 +739,7 @@ class Broker:
         self.router.parent = None
         if parent is not None:
             parent.close(linger=True)
+        self.jobs.resend()  # job output held for the dead root's link went with it
 
     def _superseded(self, root: int, term: int) -> None:
         """This root stepped down for another (§13.5): no root any more, it leaves with 77."""
