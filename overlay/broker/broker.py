@@ -678,14 +678,18 @@ class Broker:
         self.exit_code = self.final_code
 
     def _term_news(self, news: list[News]) -> None:
-        """What the term fence learned. A later term, to a broker that led one: the stimulus
-        its member machine is to get (`Superseded.stale`); with no machine yet, said once, and
-        if that term's root is known, this broker is no root any more and exits 77 (§13.5)."""
+        """What the term fence learned. A later term, to a broker that led one: its member
+        machine steps down (`Superseded.stale`), answering what waited for a commit; if that
+        term's root is known, this broker is no root any more and exits 77 (§13.5), with a
+        member or without one (K=0); with none known, it stays and follows."""
         for item in news:
             if isinstance(item, Ignored):
                 log.warning("a term from the parent was ignored: %s", item.why)
                 continue
             assert isinstance(item, Superseded)
+            self.perform(self.group.stale(item.stale, item.root, time.monotonic()))
+            if self.exit_code is not None:
+                continue  # the member stepped down for its successor: _superseded
             if item.root is None or item.root == self.rank:
                 log.warning("%s", item.reason)
                 continue
