@@ -825,6 +825,26 @@ def test_exec_answers_targets_outside_its_subtree_and_refuses_bad_ones() -> None
     assert exec_at(1).handle(quiet, NOW) == []
 
 
+def test_exec_at_a_root_that_took_over_sends_every_other_target_toward_its_broker() -> None:
+    """Rank 1 took over from rank 0 (kary:2): rank 2's subtree hangs below the dead root in the
+    topology; each target goes toward the broker attached here on its way (rank 2 fostered
+    here), and the dead root's own rank toward itself, where it is answered as not connected."""
+    service = exec_at(1)
+    service.leads = lambda: True
+    service.toward = lambda target: {0: 0, 2: 2, 5: 2, 6: 2}.get(target, 1 if target > 6 else 3)
+    actions = service.handle(start_request([0, 1, 3, 5, 6]), NOW)
+    forwards = of_type(actions, Forward)
+    assert {(f.child, tuple(f.message.payload["targets"])) for f in forwards} == {
+        (0, (0,)),
+        (3, (3,)),
+        (2, (5, 6)),
+    }
+    assert of_type(actions, StartJob) and of_type(actions, Respond) == []
+    [dead] = [f for f in forwards if f.child == 0]
+    [said] = of_type(list(dead.otherwise), Respond)
+    assert said.message.payload == {"rank": 0, "error": "rank 0 is not connected"}
+
+
 def test_stdin_and_signals_reach_the_job_and_odd_signals_do_not() -> None:
     stdin = request("exec.stdin", {"id": "j1", "eof": True, "targets": [0, 3]})
     stdin.data = b"x\n\xff"
