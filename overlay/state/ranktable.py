@@ -345,6 +345,10 @@ def not_the_dead_root(table: RankTable, entry: RankEntry, event: Reserve, now: f
     return f"rank 0 is not refilled after a takeover (rank {table.root} is the root)"
 
 
+RESERVABLE = (parent_not_retiring, not_the_dead_root)
+"""The guards of every Reserve: the rows differ only in the phase a rank is taken from."""
+
+
 def never_located(table: RankTable, entry: RankEntry, event: Located, now: float) -> str | None:
     """Bootstrap's word on a host counts only while the rank has none: an Online, or a joiner's
     Reserve, brought the host of the broker that holds the rank now."""
@@ -650,16 +654,10 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.LAUNCHED, Located): Rule(None, (never_located,), (locate,)),
     (Phase.LOST, Located): Rule(None, (never_located,), (locate,)),
     # Reserve: FLUB gives the rank to a joiner's key
-    (Phase.VACANT, Reserve): Rule(
-        Phase.RESERVED, (parent_not_retiring, not_the_dead_root), (lease,)
-    ),
-    (Phase.LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring, not_the_dead_root), (lease,)),
-    (Phase.RETIRED, Reserve): Rule(
-        Phase.RESERVED, (parent_not_retiring, not_the_dead_root), (lease,)
-    ),
-    (Phase.CONFIG_LOST, Reserve): Rule(
-        Phase.RESERVED, (parent_not_retiring, not_the_dead_root), (lease,)
-    ),
+    (Phase.VACANT, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
+    (Phase.LOST, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
+    (Phase.RETIRED, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
+    (Phase.CONFIG_LOST, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
 }
 """Every transition: (phase, event type) -> Rule. A pair not listed is refused (`REFUSALS`)."""
 
