@@ -17,7 +17,7 @@ from tbon.overlay.services.group import PAUSED, GroupService, digest
 from tbon.overlay.services.rankpath import RankPath
 from tbon.overlay.state import groupwire
 from tbon.overlay.state.groupwire import Proposal
-from tbon.overlay.state.leadership import AppendEntries, AppendReply, Timing
+from tbon.overlay.state.leadership import AppendEntries, AppendReply, StaleTerm, Timing
 from tbon.overlay.state.ranktable import Lost, Online, Outcome, RankTable
 from tbon.overlay.state.replicalog import Entry
 from tbon.overlay.state.topology import Topology
@@ -192,6 +192,65 @@ def test_a_request_while_grants_are_paused_waits_out_its_time_then_is_refused() 
     assert (refused.errnum, refused.errstr) == (errno.ETIMEDOUT, PAUSED.format("0,1,2"))
     assert not any(isinstance(a, Respond) for a in group.tick(now + WAIT + 1))  # once
     assert asker.outcomes == []
+
+
+# --- a root that steps down: every waiting request is answered (protocol §13.3, §13.5) ---------
+
+
+SUPERSEDED = "superseded: rank 1 is the root in term 2; ask again"
+
+
+def refused(actions: list[Action]) -> list[tuple[int, str]]:
+    return [(a.message.errnum, a.message.errstr) for a in actions if isinstance(a, Respond)]
+
+
+def superseded_root() -> tuple[GroupService, list[tuple[int, int]]]:
+    group = root()
+    told: list[tuple[int, int]] = []
+    group.on_superseded = lambda root, term: told.append((root, term))
+    return group, told
+
+
+def test_a_stale_term_with_its_root_answers_each_waiting_request_and_supersedes() -> None:
+    group, told = superseded_root()
+    first, second = Asker(), Asker()
+    group.propose(first.apply(), T0)
+    group.propose(second.apply(Lost(2, 1, "gone", 0)), T0)
+    out = group.stale(StaleTerm(2), 1, T0 + 0.01)  # an ESTALE answer: rank 1 leads term 2
+    assert refused(out) == [(errno.ETIMEDOUT, SUPERSEDED)] * 2
+    assert told == [(1, 2)] and not group.leads and not group.waiting
+    assert group.member.term == 2 and not group.member.is_root
+    assert first.outcomes == second.outcomes == []
+    assert refused(group.tick(T0 + WAIT + 1)) == []  # once: nothing is left to answer
+
+
+def test_a_stale_term_of_no_known_root_steps_down_and_the_broker_stays() -> None:
+    group, told = superseded_root()
+    asker = Asker()
+    group.propose(asker.apply(), T0)
+    out = group.stale(StaleTerm(3), None, T0 + 0.01)
+    assert refused(out) == [(errno.ETIMEDOUT, PAUSED.format("0,1,2"))]
+    assert told == [] and group.leads and not group.member.is_root
+    late = Asker()  # asked now: it waits, queued, for a root, then its time runs out
+    assert refused(group.propose(late.apply(Lost(2, 1, "gone", 0)), T0 + 0.02)) == []
+    assert refused(group.tick(T0 + 0.02 + WAIT)) == [(errno.ETIMEDOUT, PAUSED.format("0,1,2"))]
+
+
+def test_a_request_queued_at_a_root_that_stepped_down_is_answered_when_a_successor_leads() -> None:
+    group, told = superseded_root()
+    now = T0
+    while group.member.is_root:  # no standby answers: the root steps down, grants paused
+        now += Timing().heartbeat
+        group.tick(now)
+    asker = Asker()
+    group.propose(asker.apply(), now)
+    assert group.waiting and told == []
+    # rank 1 was elected in term 2 and its first append reaches rank 0
+    payload = groupwire.encode(AppendEntries(1, 2, 0, 0, (), 0, now)) | {"members": [0, 1, 2]}
+    append = Message(Kind.REQUEST, groupwire.APPEND, payload, nodeid=0, route=["s", "c1"])
+    out = group.receive(append, now + 0.01)
+    assert refused(out) == [(errno.ETIMEDOUT, SUPERSEDED)]
+    assert told == [(1, 2)] and not group.waiting and asker.outcomes == []
 
 
 def test_without_standbys_the_service_is_idle_and_an_apply_goes_straight_through() -> None:

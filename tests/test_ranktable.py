@@ -277,6 +277,22 @@ def test_rank_zero_never_leaves(event: Event) -> None:
     assert fingerprint(result) == before
 
 
+def test_the_dead_roots_rank_is_not_handed_to_a_joiner_after_a_takeover() -> None:
+    result = started("kary:1", 4)
+    bring_up(result, [1, 2, 3])
+    result.members = (0, 1, 2)
+    why = "the root died; rank 1 took over in term 2"
+    assert result.apply(Lost(0, 1, why, parent=1), 200.0).applied
+    assert result.root == 1 and states(result)[0] == "lost"
+    for asked in (None, 0):  # the lowest free rank, or rank 0 by name
+        refused = result.apply(Reserve("k" * 40, "h", asked, 30.0), 201.0)
+        assert refused.reservation is not None and not refused.reservation.granted
+        assert "rank 0 is not refilled after a takeover (rank 1 is the root)" in (
+            refused.reservation.reason
+        ) or refused.reservation.reason == "no available ranks"
+    assert states(result)[0] == "lost"
+
+
 def test_an_ended_rank_cannot_end_again_or_come_back() -> None:
     result = started("kary:2", 3)
     bring_up(result, [1])

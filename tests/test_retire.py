@@ -172,7 +172,7 @@ def test_only_rank_0_may_order_a_retirement(instance) -> None:
     inst = instance(4, "tbon.fanout=2")
     with Client(inst.uri) as client:
         order = {"rank": 3, "incarnation": 1, "force": True, "timeout": None}
-        with pytest.raises(RequestError, match=r"retire\.order comes from rank 0 only"):
+        with pytest.raises(RequestError, match=r"retire\.order comes from the root only"):
             client.rpc("retire.order", order, nodeid=1)
     assert tbon("ping", inst.uri, "3").returncode == 0
     assert inst.status()["ranks"][3]["state"] == "online"

@@ -225,3 +225,32 @@ def test_a_response_going_up_skips_the_hops_of_brokers_that_went() -> None:
     assert not _skip_to(nowhere, 3, 1)
     past = Message(Kind.RESPONSE, "x", route=["l9", "p0", "p1"])  # its new parent not on the way
     assert not _skip_to(past, 3, 2)
+
+
+# --- a root that took over (protocol.md §13.4): answers that went down through the dead root ---
+
+
+def test_an_answer_down_through_the_dead_root_comes_back_to_the_new_root_and_its_client() -> None:
+    """Rank 1 took over from rank 0 (no parent now). A job's output at rank 3 for a client of
+    rank 1 went up to rank 0 ("c1") and down again ("p0" at 1, "p1" at 3): it skips rank 0."""
+    setup = Setup(rank=1)
+    setup.router.parent = None
+    reply = request("exec.start", nodeid=3).respond({"rank": 3}, streaming=True)
+    reply.route = ["l05", "c1", "p0"]  # "p1" was popped at rank 3
+    assert setup.router.respond(reply, "c3")
+    assert setup.local.sent == [reply] and reply.route == []
+    # from a client of another child of the dead root: down to it, if it is attached here
+    other = request("exec.start", nodeid=3).respond({"rank": 3}, streaming=True)
+    other.route = ["l07", "c2", "p0"]
+    assert setup.router.respond(other, "c3")
+    assert setup.children.sent == [other] and other.route == ["l07"]
+
+
+def test_an_answer_for_the_dead_roots_own_client_goes_nowhere() -> None:
+    setup = Setup(rank=1)
+    setup.router.parent = None
+    for route in (["l05", "p0"], ["s", "p0"], ["p0"]):
+        reply = request("exec.start", nodeid=3).respond({"rank": 3}, streaming=True)
+        reply.route = list(route)
+        assert not setup.router.respond(reply, "c3")
+    assert setup.local.sent == [] and setup.children.sent == []

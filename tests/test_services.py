@@ -621,11 +621,21 @@ def test_a_parent_admits_a_key_on_rank0s_order_and_answers_its_card() -> None:
     assert only_response(actions).payload == CARD
 
 
+def test_a_parent_obeys_the_order_of_a_root_that_is_not_rank0() -> None:
+    """After a takeover (protocol §13.4) the root is another rank: its own order, sent down,
+    passes the service; which broker is the root of the order's term, the router's fence says."""
+    key = generate_keypair()[0]
+    payload = {"rank": 3, "incarnation": 2, "public_key": key}
+    order = request("flub.authorize", payload, route=["s"], nodeid=1)  # rank 1's own: the root
+    assert flub_at(1).authorize(order, NOW)[0] == Authorize(3, 2, key)
+
+
 @pytest.mark.parametrize(
     ("rank", "route", "why"),
     [
-        (3, ["l05", "p0"], "comes from rank 0 only"),
-        (3, ["s", "c2", "p0"], "comes from rank 0 only"),
+        (3, ["l05", "p0"], "comes from the root only"),
+        (3, ["s", "l05", "p0"], "comes from the root only"),
+        (3, ["s", "c2", "p0"], "comes from the root only"),
         (5, ["s", "p0"], "rank 5 is not a child of rank 1"),
         (0, ["s", "p0"], "rank 0 is not a child of rank 1"),
     ],
@@ -813,6 +823,26 @@ def test_exec_answers_targets_outside_its_subtree_and_refuses_bad_ones() -> None
     )
     quiet = request("exec.signal", {"id": "j1", "signal": 9, "targets": [2, 5]})
     assert exec_at(1).handle(quiet, NOW) == []
+
+
+def test_exec_at_a_root_that_took_over_sends_every_other_target_toward_its_broker() -> None:
+    """Rank 1 took over from rank 0 (kary:2): rank 2's subtree hangs below the dead root in the
+    topology; each target goes toward the broker attached here on its way (rank 2 fostered
+    here), and the dead root's own rank toward itself, where it is answered as not connected."""
+    service = exec_at(1)
+    service.leads = lambda: True
+    service.toward = lambda target: {0: 0, 2: 2, 5: 2, 6: 2}.get(target, 1 if target > 6 else 3)
+    actions = service.handle(start_request([0, 1, 3, 5, 6]), NOW)
+    forwards = of_type(actions, Forward)
+    assert {(f.child, tuple(f.message.payload["targets"])) for f in forwards} == {
+        (0, (0,)),
+        (3, (3,)),
+        (2, (5, 6)),
+    }
+    assert of_type(actions, StartJob) and of_type(actions, Respond) == []
+    [dead] = [f for f in forwards if f.child == 0]
+    [said] = of_type(list(dead.otherwise), Respond)
+    assert said.message.payload == {"rank": 0, "error": "rank 0 is not connected"}
 
 
 def test_stdin_and_signals_reach_the_job_and_odd_signals_do_not() -> None:

@@ -69,6 +69,30 @@ def test_a_fence_whose_root_is_unknown_says_only_the_term() -> None:
     assert terms.root == 1
 
 
+def test_an_order_is_obeyed_from_the_root_of_its_term_only() -> None:
+    terms = Terms(5, leading=False)
+    refused, _ = terms.order(1, 2)  # the first term is rank 0's
+    assert refused == Refuse(errno.EPERM, "not from the root: rank 0 is the root in term 1")
+    assert terms.order(1, 0) == (Obey(), []) and terms.root == 0
+    terms.heard(2, 1)  # the new root's lineage: rank 1 took over in term 2
+    assert terms.order(2, 1) == (Obey(), [])
+    forged, news = terms.order(2, 0)  # the old root claiming the new term
+    assert forged == Refuse(errno.EPERM, "not from the root: rank 1 is the root in term 2")
+    assert news == [] and (terms.term, terms.root) == (2, 1)
+    stale, _ = terms.order(1, 0)  # the old root's own term: stale, not forged
+    assert isinstance(stale, Refuse) and stale.errnum == errno.ESTALE
+    assert terms.order(None, None)[0] == stale and terms.order(2, None) == (Obey(), [])
+
+
+def test_the_first_order_of_a_later_term_names_its_root() -> None:
+    terms = Terms(5, leading=False)
+    terms.order(1, 0)
+    assert terms.order(3, 2) == (Obey(), []) and (terms.term, terms.root) == (3, 2)
+    assert terms.root_of(3) == 2 and terms.root_of(4) is None and terms.root_of(1) == 0
+    refused, _ = terms.order(3, 1)
+    assert isinstance(refused, Refuse) and refused.errnum == errno.EPERM
+
+
 @pytest.mark.parametrize("junk", JUNK)
 def test_a_malformed_term_is_a_clear_refusal_and_moves_nothing(junk: Any) -> None:
     terms = Terms(5, leading=False)
@@ -174,13 +198,16 @@ class Broker:
             if isinstance(action, Respond):
                 self.router.respond(action.message)
 
-    def order(self, topic: str, term: Any, route: list[str] | None = None) -> Message:
+    def order(
+        self, topic: str, term: Any, route: list[str] | None = None, via: str = "p0"
+    ) -> Message:
         """An order of rank 0's arriving from the parent (route ["s"], pushed "p0" here); the
         answer, as sent back up."""
-        message = Message(Kind.REQUEST, topic, {"rank": 3}, nodeid=1, tag=7, term=term)
+        nodeid = self.router.rank
+        message = Message(Kind.REQUEST, topic, {"rank": 3}, nodeid=nodeid, tag=7, term=term)
         message.route = list(route or ["s"])
         sent = len(self.parent.sent) if self.parent is not None else 0
-        self.router.route(message, "p0", 0.0)
+        self.router.route(message, via, 0.0)
         assert self.parent is not None
         [answer] = self.parent.sent[sent:]
         return answer
@@ -224,6 +251,40 @@ def test_an_order_not_from_the_root_never_moves_the_fence() -> None:
     broker.router.route(forged, "l1", 0.0)  # a local client: its service refuses it (EPERM)
     assert broker.terms.term == 1 and broker.terms.root is None
     assert broker.order("flub.authorize", 1).errnum == 0  # the root's term 1 still obeyed
+
+
+@pytest.mark.parametrize("topic", sorted(ORDERS))
+def test_after_a_takeover_the_new_roots_orders_are_obeyed_and_the_old_roots_refused(
+    topic: str,
+) -> None:
+    broker = Broker(3)  # kary:2: rank 1 its parent; rank 1 took over in term 2
+    broker.terms.heard(1, 0)
+    broker.terms.heard(2, 1)  # rank 1's lineage
+    assert broker.order(topic, 2, via="p1").errnum == 0
+    old = wire(broker.order(topic, 1, route=["s", "p0"], via="p1"))
+    assert old.errnum == errno.ESTALE and old.payload == {"root": 1}
+    forged = wire(broker.order(topic, 2, route=["s", "p0"], via="p1"))
+    assert forged.errnum == errno.EPERM
+    assert forged.errstr == "not from the root: rank 1 is the root in term 2"
+    assert [m.term for m in broker.obeyed] == [2] and broker.terms.root == 1
+
+
+def test_a_new_roots_order_before_its_lineage_is_obeyed_and_names_it() -> None:
+    broker = Broker(3)
+    assert broker.order("retire.order", 1, route=["s", "p0"], via="p1").errnum == 0
+    assert broker.order("retire.order", 2, via="p1").errnum == 0  # rank 1's, in term 2
+    assert (broker.terms.term, broker.terms.root) == (2, 1)
+
+
+def test_a_brokers_own_order_to_itself_is_obeyed_only_if_it_is_the_root() -> None:
+    broker = Broker(3)
+    broker.terms.heard(1, 0)
+    own = Message(Kind.REQUEST, "heal.foster", {"rank": 3}, nodeid=3, tag=9, term=1)
+    broker.router.route(own, "s", 0.0)  # stamped with its term, served here
+    assert broker.obeyed == [] and broker.terms.root == 0
+    broker.terms.lead(2)  # elected
+    broker.router.route(Message(Kind.REQUEST, "heal.foster", {}, nodeid=3, tag=9), "s", 0.0)
+    assert [m.term for m in broker.obeyed] == [2]
 
 
 def test_a_request_that_is_not_an_order_needs_no_term() -> None:

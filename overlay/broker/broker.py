@@ -208,6 +208,7 @@ class Broker:
         )
         self.router.on_terms = self._term_news
         self.services.exec.toward = self.router.hop_down
+        self.services.exec.leads = lambda: self.terms.root == self.rank  # rank 0, or a new root
         self.router.on_local_response = lambda hop, reply: self.perform(
             self.services.exec.answered(hop, reply)
         )
@@ -737,14 +738,18 @@ class Broker:
         self.exit_code = self.final_code
 
     def _term_news(self, news: list[News]) -> None:
-        """What the term fence learned. A later term, to a broker that led one: the stimulus
-        its member machine is to get (`Superseded.stale`); with no machine yet, said once, and
-        if that term's root is known, this broker is no root any more and exits 77 (§13.5)."""
+        """What the term fence learned. A later term, to a broker that led one: its member
+        machine steps down (`Superseded.stale`), answering what waited for a commit; if that
+        term's root is known, this broker is no root any more and exits 77 (§13.5), with a
+        member or without one (K=0); with none known, it stays and follows."""
         for item in news:
             if isinstance(item, Ignored):
                 log.warning("a term from the parent was ignored: %s", item.why)
                 continue
             assert isinstance(item, Superseded)
+            self.perform(self.group.stale(item.stale, item.root, time.monotonic()))
+            if self.exit_code is not None:
+                continue  # the member stepped down for its successor: _superseded
             if item.root is None or item.root == self.rank:
                 log.warning("%s", item.reason)
                 continue
@@ -811,6 +816,7 @@ class Broker:
         self.router.parent = None
         if parent is not None:
             parent.close(linger=True)
+        self.jobs.resend()  # job output held for the dead root's link went with it
 
     def _superseded(self, root: int, term: int) -> None:
         """This root stepped down for another (§13.5): no root any more, it leaves with 77."""

@@ -321,7 +321,9 @@ class Router:
             self.perform(pending.then(reply, time.monotonic()))
             return True
         if (parent := parent_hop(hop)) is not None:
-            return self.parent is not None and self.parent.send_response(reply, parent)
+            if self.parent is None:  # the root now, that had a parent: a takeover
+                return self._up_past(reply, came_from)
+            return self.parent.send_response(reply, parent)
         if (child := child_hop(hop)) is not None:
             return self.send_down(child, reply) or self._down_past(child, reply)
         if hop.startswith("l"):
@@ -331,6 +333,20 @@ class Router:
             if reply.streaming:
                 self.client_gone(hop, reply.nodeid)
         return False
+
+    def _up_past(self, reply: Message, came_from: str) -> bool:
+        """A response whose way back runs up through the root this broker took over from
+        (docs/protocol.md §13.4): a request that went up to it and came down again (exec's
+        fan-out from the top). The hop that root pushed names the child it came from: this
+        broker (the response is back where its way turned down), or another child, sent down
+        to if it is attached here now. Anything else (a client of the dead root, its own
+        request) went with it."""
+        below = child_hop(reply.route[-1]) if reply.route else None
+        if below is None:
+            return False
+        if below == self.rank:
+            reply.route.pop()
+        return self.respond(reply, came_from)
 
     def _down_past(self, gone: int, reply: Message) -> bool:
         """A response for child `gone`, which is not attached here: if the child its broker got

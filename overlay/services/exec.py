@@ -137,6 +137,10 @@ class ExecService:
         self._client_jobs: dict[str, dict[int, ClientJob]] = {}
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
+        # whether this broker is the root (the broker's term fence says; set by broker.py): a
+        # root that took over (docs/protocol.md §13.4) serves ranks the topology puts in the
+        # dead root's other subtrees, fostered here, or answers for them
+        self.leads: Callable[[], bool] = lambda: rank == 0
 
     def handle(self, request: Message, now: float) -> list[Action]:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
@@ -147,10 +151,13 @@ class ExecService:
         assert targets is not None
         below: dict[int, list[int]] = {}
         astray: set[int] = set()  # ranks of the instance, but neither this one nor below it
+        root = self.leads()
         for target in targets:
-            if is_below(self.topology, target, self.rank):
+            if target == self.rank:
+                continue
+            if root or is_below(self.topology, target, self.rank):
                 below.setdefault(self.toward(target), []).append(target)
-            elif target != self.rank:
+            else:
                 astray.add(target)
         actions: list[Action] = [
             self._copy_down(request, child, ranks) for child, ranks in below.items()

@@ -40,7 +40,7 @@ from tbon.overlay.services.actions import (
     warning,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import from_parent_of, unless_from_rank0
+from tbon.overlay.services.trust import from_parent_of, unless_from_root
 from tbon.overlay.state.possession import CHALLENGE_LIFE, Challenges
 from tbon.overlay.state.ranktable import (
     CONNECTED,
@@ -406,8 +406,8 @@ class FlubService:
     # --- a parent -----------------------------------------------------------------------------
 
     def authorize(self, request: Message, now: float) -> list[Action]:
-        """Rank 0's order to admit a joiner's key as one of this broker's children."""
-        if (refused := unless_from_rank0(request)) is not None:
+        """The root's order to admit a joiner's key as one of this broker's children."""
+        if (refused := unless_from_root(request)) is not None:
             return refused
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
@@ -421,8 +421,8 @@ class FlubService:
         return [Authorize(rank, incarnation, key), Respond(request.respond(self.card))]
 
     def revoke(self, request: Message, now: float) -> list[Action]:
-        """Rank 0 voided an incarnation of a child: cut it off (one-way: nothing to answer)."""
-        if (refused := unless_from_rank0(request)) is not None:
+        """The root voided an incarnation of a child: cut it off (one-way: nothing to answer)."""
+        if (refused := unless_from_root(request)) is not None:
             return refused
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")

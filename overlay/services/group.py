@@ -49,6 +49,7 @@ from tbon.overlay.state.leadership import (
     NotRoot,
     Propose,
     Proposed,
+    StaleTerm,
     SteppedDown,
     Tick,
     Timing,
@@ -114,6 +115,9 @@ class GroupService:
         self.asked: dict[int, Asked] = {}
         self.queued: list[Asked] = []
         self.held: dict[int, Any] = {}  # index -> Applied, committed, not yet acknowledged
+        # the root of a later term as the term fence heard it (`stale`): the member's own
+        # StaleTerm names none
+        self.successor: tuple[int, int] | None = None
 
     @property
     def active(self) -> bool:
@@ -190,6 +194,17 @@ class GroupService:
         if due is not None:
             times.append(due)
         return min(times, default=None)
+
+    def stale(self, news: StaleTerm, root: int | None, now: float) -> list[Action]:
+        """The broker's term fence heard of a later term than the one this member leads (an
+        ESTALE answer to an order, a welcome or a lineage: docs/protocol.md §13.3), and of its
+        root where it was named: the member steps down, and every request that waits here for
+        a commit is answered."""
+        if self.member is None:
+            return []
+        if root is not None and root != self.rank:
+            self.successor = (root, news.term)
+        return self._carry_out(self.member.handle(news, now), now)
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -300,12 +315,48 @@ class GroupService:
                     pass
                 case Proposed() | NotRoot():
                     pass
-        member = self.member
-        if self.leads and member is not None and member.leader not in (None, self.rank):
+        successor = self._successor()
+        if self.leads and successor is not None:
             # another member leads a later term (a root that stepped down, or one woken from a
-            # stop, follows it now): this broker is no root any more (§13.5)
+            # stop, follows it now): this broker is no root any more (§13.5), and what waits
+            # here for a commit is answered before it goes
             self.leads = False
-            self.on_superseded(member.leader, member.term)
+            actions += self._answer_all(now)
+            self.on_superseded(*successor)
+        return actions
+
+    def _successor(self) -> tuple[int, int] | None:
+        """The root of a later term than any this member led, as its member or its broker's
+        fence knows it; None while no other root is known."""
+        member = self.member
+        if member is None:
+            return None
+        if member.leader not in (None, self.rank):
+            return member.leader, member.term
+        if self.successor is not None and not member.is_root and self.successor[1] >= member.term:
+            return self.successor
+        return None
+
+    def _unanswered(self) -> str:
+        """Why a request that waited here for a commit is refused (ETIMEDOUT: ask again)."""
+        successor = self._successor()
+        if successor is None:
+            return PAUSED.format(",".join(map(str, self.members)))
+        root, term = successor
+        return f"superseded: rank {root} is the root in term {term}; ask again"
+
+    def _answer_all(self, now: float) -> list[Action]:
+        """Refuse every request still waiting here: this broker is no root any more, so none
+        of them will be acknowledged here (a proposal its successor's log holds is applied
+        there; asked again, a repeat gets the same outcome)."""
+        why = self._unanswered()
+        actions: list[Action] = []
+        for asked in [*self.asked.values(), *self.queued]:
+            request = asked.action.request
+            if request is not None and not asked.answered:
+                actions += [warning(f"refused {request.topic}: {why}"), *_refuse(request, why)]
+                asked.answered = True
+        self.asked, self.queued, self.held = {}, [], {}
         return actions
 
     def _commit(self, index: int, proposal: Proposal) -> list[Action]:
@@ -333,8 +384,9 @@ class GroupService:
         if asked is None or asked.answered or asked.action.request is None:
             return []
         request = asked.action.request
-        why = PAUSED.format(",".join(map(str, self.members)))
-        return _refuse(request, why)
+        asked.answered = True
+        why = self._unanswered()
+        return [warning(f"refused {request.topic}: {why}"), *_refuse(request, why)]
 
     # --- what status and group.state show -----------------------------------------------------
 

@@ -27,7 +27,7 @@ from tbon.overlay.services.actions import (
     Withdraw,
     fail,
 )
-from tbon.overlay.services.trust import unless_from_rank0
+from tbon.overlay.services.trust import unless_from_root
 from tbon.overlay.state.healing import may_admit
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
@@ -62,11 +62,11 @@ class HealService:
         # cut off, its own topology subtree or not (state/ranktable.py, `holds`)
         self.leads = False
 
-    # --- any broker: rank 0's orders ---------------------------------------------------------
+    # --- any broker: the root's orders ---------------------------------------------------------
 
     def foster(self, request: Message, now: float) -> list[Action]:
         """heal.foster: admit these brokers as foster children, for a while."""
-        if (refused := unless_from_rank0(request)) is not None:
+        if (refused := unless_from_root(request)) is not None:
             return refused
         ranks, lasting = request.payload.get("ranks"), request.payload.get("for")
         if not isinstance(ranks, list) or len(ranks) > MAX_ADMISSIONS:
@@ -96,7 +96,7 @@ class HealService:
 
     def withdraw(self, request: Message, now: float) -> list[Action]:
         """heal.withdraw: forget these foster admissions, unless their brokers came (one-way)."""
-        if (refused := unless_from_rank0(request)) is not None:
+        if (refused := unless_from_root(request)) is not None:
             return refused
         ranks = request.payload.get("ranks")
         if not isinstance(ranks, list) or len(ranks) > MAX_ADMISSIONS:
@@ -110,7 +110,7 @@ class HealService:
 
     def adopt(self, request: Message, now: float) -> list[Action]:
         """heal.adopt: admit this child of ours, coming home; answer with our card."""
-        if (refused := unless_from_rank0(request)) is not None:
+        if (refused := unless_from_root(request)) is not None:
             return refused
         payload = request.payload
         item = [payload.get("rank"), payload.get("incarnation"), payload.get("public_key")]
@@ -123,7 +123,7 @@ class HealService:
 
     def home(self, request: Message, now: float) -> list[Action]:
         """heal.home: go to this card, our own parent's broker."""
-        if (refused := unless_from_rank0(request)) is not None:
+        if (refused := unless_from_root(request)) is not None:
             return refused
         payload = request.payload
         rank, endpoint, key = (

@@ -29,7 +29,7 @@ from tbon.overlay.services.actions import (
     info,
     warning,
 )
-from tbon.overlay.services.trust import unless_from_rank0
+from tbon.overlay.services.trust import unless_from_root
 from tbon.overlay.state.ranktable import Outcome, RankState, RankTable, Retire
 from tbon.overlay.state.retirement import Retirement, Step
 from tbon.overlay.state.topology import Topology
@@ -193,10 +193,10 @@ class RetireService:
     # --- the parent -------------------------------------------------------------------------
 
     def order(self, request: Message, now: float) -> list[Action]:
-        """Rank 0's order to retire one of this broker's children: record, then tell it."""
+        """The root's order to retire one of this broker's children: record, then tell it."""
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if (refused := unless_from_rank0(request)) is not None:
+        if (refused := unless_from_root(request)) is not None:
             return refused
         if not self.topology.children(self.rank) or not (is_int(rank) and is_int(incarnation)):
             why = "retire.order needs a child's rank and incarnation"

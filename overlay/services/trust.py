@@ -1,5 +1,5 @@
-"""The orders only rank 0, or a rank's parent, may give: the checks and the refusal that the
-services obeying such orders (heal, FLUB, retire) share.
+"""The orders only the root, or a rank's parent, may give: the checks and the refusal that the
+router and the services obeying such orders (heal, FLUB, retire) share.
 
 Who sent a request is read from its route (wire/route.py); what is refused, and how, is said here.
 """
@@ -13,7 +13,7 @@ from tbon.overlay.services.actions import Action, Respond, fail, warning
 from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
-from tbon.overlay.wire.route import from_rank0, parent_hop
+from tbon.overlay.wire.route import order_sender, sent_down
 
 ORDERS = frozenset(
     {
@@ -30,14 +30,16 @@ ORDERS = frozenset(
 (docs/protocol.md §13.3). The other orders are controls on a link (state/terms.py)."""
 
 
-def unless_from_rank0(request: Message) -> list[Action] | None:
-    """None if rank 0 itself sent `request` (an order); else the refusal, said in the log."""
-    if from_rank0(request):
+def unless_from_root(request: Message) -> list[Action] | None:
+    """None if `request` (an order) is a broker's own sent down to this one, or this broker's own
+    (only the root sends orders, and which broker is the root of the order's term the router's
+    term fence judged before this service: `unless_current`); else the refusal, said in the log."""
+    if sent_down(request):
         return None
     rank = request.payload.get("rank")
     return [
-        warning(f"refused {request.topic} for rank {rank}: not from rank 0"),
-        *fail(request, errno.EPERM, f"{request.topic} comes from rank 0 only"),
+        warning(f"refused {request.topic} for rank {rank}: not from the root"),
+        *fail(request, errno.EPERM, f"{request.topic} comes from the root only"),
     ]
 
 
@@ -45,13 +47,13 @@ def unless_current(
     terms: Terms, request: Message, rank: int
 ) -> tuple[list[Action] | None, list[News]]:
     """The term fence on a request served here: None if it is obeyed (not an order, or an order
-    of the current term or a later one, which raises the fence), else its refusal. An order not
-    from the root is left to its service, which refuses it (EPERM): its term never moves the
-    fence. Also what the fence learned, for the broker (state/terms.py)."""
-    if request.topic not in ORDERS or not from_rank0(request):
+    of the current term or a later one from that term's root, which raises the fence), else its
+    refusal: ESTALE for a former root's, EPERM for another broker's (state/terms.py). An order
+    not sent down by a broker (a client's) is left to its service, which refuses it (EPERM): its
+    term never moves the fence. Also what the fence learned, for the broker (state/terms.py)."""
+    sender = order_sender(request, rank)
+    if request.topic not in ORDERS or sender is None:
         return None, []
-    route = request.route
-    sender = rank if len(route) == 1 else parent_hop(route[1])
     verdict, news = terms.order(request.term, sender)
     if not isinstance(verdict, Refuse):
         return None, news

@@ -94,7 +94,8 @@ they were: a repeat, or the torpid flag.
   that holds a reservation gets that one again (a repeat) if it asks for it or for any rank.
   Then the rank: the one asked for, or else the lowest whose row allows Reserve and whose guard
   passes. Lost, vacant and retired ranks may be reserved unless their parent is retiring; the
-  rank takes a new incarnation and becomes open, whoever held it before.
+  rank takes a new incarnation and becomes open, whoever held it before. Rank 0, lost only by a
+  takeover, is not reserved (refilling it is not built yet).
 
 Reasons. `tbon status` tells why a rank is not online: each row that moves a rank words why
 (its `why`). A Lost carries its parent's words ("connection dropped", "silent for 5.0s"); a Void
@@ -340,6 +341,18 @@ def parent_not_retiring(
     if parent is not None and table.entries.peek(parent).state is RankState.RETIRING:
         return f"rank {entry.rank}'s parent is retiring"
     return None
+
+
+def not_the_dead_root(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> str | None:
+    """The dead root's rank is not handed out yet: a broker at rank 0 would have no parent, and
+    joining the root group as a follower with an empty log is not built (protocol §13.6)."""
+    if entry.rank != 0:
+        return None
+    return f"rank 0 is not refilled after a takeover (rank {table.root} is the root)"
+
+
+RESERVABLE = (parent_not_retiring, not_the_dead_root)
+"""The guards of every Reserve: the rows differ only in the phase a rank is taken from."""
 
 
 def never_located(table: RankTable, entry: RankEntry, event: Located, now: float) -> str | None:
@@ -647,10 +660,10 @@ TRANSITIONS: dict[tuple[Phase, type[Stimulus]], Rule] = {
     (Phase.LAUNCHED, Located): Rule(None, (never_located,), (locate,)),
     (Phase.LOST, Located): Rule(None, (never_located,), (locate,)),
     # Reserve: FLUB gives the rank to a joiner's key
-    (Phase.VACANT, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
-    (Phase.LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
-    (Phase.RETIRED, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
-    (Phase.CONFIG_LOST, Reserve): Rule(Phase.RESERVED, (parent_not_retiring,), (lease,)),
+    (Phase.VACANT, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
+    (Phase.LOST, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
+    (Phase.RETIRED, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
+    (Phase.CONFIG_LOST, Reserve): Rule(Phase.RESERVED, RESERVABLE, (lease,)),
 }
 """Every transition: (phase, event type) -> Rule. A pair not listed is refused (`REFUSALS`)."""
 

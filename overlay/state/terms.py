@@ -10,6 +10,11 @@ Rules.
   fence is refused, ESTALE: `stale term T: rank R is the root in term T'` (`term T' is under way`
   when the root of T' is not known here). Of the fence's term or a later one it is obeyed, and a
   later one raises the fence.
+- A request order names the broker that sent it (its route: services/trust.py). It is obeyed only
+  from the root of its term: rank 0 for the first term, the fence's root for the fence's term
+  (learned from a welcome, a lineage or that term's first order); from any other broker it is
+  refused, EPERM: `not from the root: rank R is the root in term T`. The first order of a later
+  term than the fence names that term's root (a new root's order may come before its lineage).
 - A message without a term is of term 1: every broker before the term was added to the protocol
   runs in an instance whose root never changes, and that root leads term 1 (§9).
 - A term is an integer from 1 to MAX_TERM. Anything else in the header (negative, 0, huge, a
@@ -137,7 +142,19 @@ class Terms:
                 else f"rank {self.root} is the root in term {known}"
             )
             return Refuse(errno.ESTALE, f"stale term {term}: {who}", known, self.root), []
+        root = self.root_of(term)
+        if sender is not None and root is not None and sender != root:
+            why = f"not from the root: rank {root} is the root in term {term}"
+            return Refuse(errno.EPERM, why), []
         return Obey(), self._raise(term, sender)
+
+    def root_of(self, term: int) -> int | None:
+        """The root of `term` (not below the fence) as this broker knows it: the fence's root
+        for the fence's term, rank 0 for the first term (it leads it from the start), else None:
+        a later term not heard of yet, whose first order names its root."""
+        if term == self.fence.term and self.root is not None:
+            return self.root
+        return 0 if term == UNTERMED else None
 
     def heard(self, raw: object, root: int | None) -> list[News]:
         """A welcome, a lineage or an ESTALE answer carrying term `raw`, whose root is `root`

@@ -36,6 +36,29 @@ def from_rank0(request: Message) -> bool:
     return route[1] == "p0" and all(parent_hop(hop) is not None for hop in route[2:])
 
 
+def order_sender(request: Message, rank: int) -> int | None:
+    """The broker that sent `request` down the tree as its own, as served at `rank`: `rank`
+    itself for its own request ("s" alone), X for X's own "s", then "p<X>" pushed by the broker
+    attached to X, then only "p<rank>" hops on the way down; None for any other route (a
+    client's, or a request going up). Only a broker above this one, or this broker itself, can
+    have sent an order of the root's; which of them is the root is the term fence's to judge
+    (services/trust.py)."""
+    route = request.route
+    if not route or route[0] != "s":
+        return None
+    if len(route) == 1:
+        return rank
+    if not all(parent_hop(hop) is not None for hop in route[2:]):
+        return None
+    return parent_hop(route[1])
+
+
+def sent_down(request: Message) -> bool:
+    """Whether `request` is a broker's own, sent down to the broker serving it (or that broker's
+    own): the only shape an order of the root's can have (`order_sender`)."""
+    return order_sender(request, 0) is not None
+
+
 def connection_of(request: Message) -> Connection:
     """The connection that started `request`: the hop its first broker pushed ("l<id>" or "s"),
     then the link hops of the brokers after it. Hops before that were written by the sender, so
