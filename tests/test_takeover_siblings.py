@@ -58,11 +58,11 @@ def kill_root_and_check(inst: Instance, size: int) -> None:
     os.kill(before[0], signal.SIGKILL)
     seen = wait_moved(inst, uris, before)
     assert "the root died; rank 1 took over in term" in seen["ranks"][0]["reason"], seen
-    # exec in the new root's own subtree; its fan-out to the ranks it fosters across the dead
-    # root is exec's (issue 23's orders step), not this one's
-    own = ",".join(str(r) for r in range(1, size) if r == 1 or (r - 1) // 4 == 1)
-    ran = tbon("exec", "-r", own, "true", env={**child_env(), "TBON_URI": uris})
+    # exec on every other rank: the new root's own subtree and the ranks it fosters across the
+    # dead root, each reached through the broker attached to it on its way
+    ran = tbon("exec", "-r", f"1-{size - 1}", "hostname", env={**child_env(), "TBON_URI": uris})
     assert ran.returncode == 0, ran.stderr
+    assert len(ran.stdout.splitlines()) == size - 1, ran.stdout
 
 
 def test_sibling_standbys_take_over_in_kary4(instance) -> None:
