@@ -66,6 +66,10 @@ class Phase(Enum):
     CONFIG_RETIRING = "config-retiring"  # config: its host's broker is being drained
     CONFIG_LOST = "config-lost"  # config: its broker died while retiring; FLUB may refill it
 
+    # Each member is the one object of its phase: hashed by identity (in C), not by its name
+    # (Enum's __hash__, in Python), since the table looks a phase up at every event it decides.
+    __hash__ = object.__hash__
+
 
 PUBLIC: dict[Phase, RankState] = {
     Phase.LAUNCHED: RankState.OFFLINE,
@@ -218,29 +222,32 @@ class Rollup:
         )
 
     def set(self, rank: int, state: RankState, now: float) -> None:
-        """`rank` is now in `state`: restate it, and its ancestors while what they hold moves."""
-        if self.states[rank] is state:
+        """`rank` is now in `state`: restate it, and its ancestors while what they hold moves.
+        Called at every move of every rank, so `_holds` and `_restate` are written out here."""
+        states, was = self.states, self.states[rank]
+        if was is state:
             return
-        before = self._holds(rank)
-        self.offline += (state is RankState.OFFLINE) - (self.states[rank] is RankState.OFFLINE)
-        self.counts[self.states[rank]] -= 1
+        lost_kids, short_kids, parents = self.lost_kids, self.short_kids, self.parents
+        before = (
+            was is RankState.LOST or lost_kids[rank] > 0,
+            was is not RankState.ONLINE or short_kids[rank] > 0,
+        )
+        self.offline += (state is RankState.OFFLINE) - (was is RankState.OFFLINE)
+        self.counts[was] -= 1
         self.counts[state] += 1
-        self.states[rank] = state
+        states[rank] = state
         current = rank
         while True:
-            self._restate(current, now)
-            after = self._holds(current)
-            parent = self.parents[current]
+            held = states[current]
+            lost, short = lost_kids[current] > 0, short_kids[current] > 0
+            status = subtree_status(held, lost, short)
+            if status is not self.statuses[current]:
+                self.statuses[current], self.since[current] = status, now
+            after = (held is RankState.LOST or lost, held is not RankState.ONLINE or short)
+            parent = parents[current]
             if after == before or parent is None:
                 return
             parent_before = self._holds(parent)
-            self.lost_kids[parent] += after[0] - before[0]
-            self.short_kids[parent] += after[1] - before[1]
+            lost_kids[parent] += after[0] - before[0]
+            short_kids[parent] += after[1] - before[1]
             current, before = parent, parent_before
-
-    def _restate(self, rank: int, now: float) -> None:
-        status = subtree_status(
-            self.states[rank], self.lost_kids[rank] > 0, self.short_kids[rank] > 0
-        )
-        if status is not self.statuses[rank]:
-            self.statuses[rank], self.since[rank] = status, now

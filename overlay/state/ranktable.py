@@ -147,6 +147,7 @@ from tbon.overlay.state.rankstates import (
     ALLOCATABLE,
     CONFIG_PHASES,
     CONNECTED,
+    PUBLIC,
     Lease,
     Phase,
     RankEntry,
@@ -238,7 +239,7 @@ def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: flo
         return None
     if not table.topology.is_ancestor(parent, entry.rank):
         return f"rank {parent} is not an ancestor of rank {entry.rank}"
-    if table.entries.peek(parent).state in CONNECTED:
+    if PUBLIC[table.entries.peek(parent).phase] in CONNECTED:
         return None
     return f"rank {entry.rank}'s parent is not online"
 
@@ -749,7 +750,8 @@ class RankTable:
         if isinstance(rule, str):
             return refused(rule)
         entry = self.entries[entry.rank]  # a spare is kept from its first applied event on
-        return Outcome(True, self._fire(entry, rule, event, now), rule.note.format(rank=entry.rank))
+        note = rule.note.format(rank=entry.rank) if rule.note else ""
+        return Outcome(True, self._fire(entry, rule, event, now), note)
 
     def _rule(self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float) -> Rule | str:
         """The row that applies to `event`, or why there is none (the table is not touched)."""
@@ -768,17 +770,18 @@ class RankTable:
             changed += effect(self, entry, event, now)
         if rule.target is not None:
             entry.phase, entry.since = rule.target, now
-            why = rule.why(event) if callable(rule.why) else rule.why
+            why = rule.why if isinstance(rule.why, str) else rule.why(event)
             entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
-            self.rollup.set(entry.rank, entry.state, now)
-            if entry.state not in CONNECTED:
+            state = PUBLIC[rule.target]
+            self.rollup.set(entry.rank, state, now)
+            if state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
                 entry.other_links = entry.past_links = ()
             if rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
-        return tuple(dict.fromkeys(changed))
+        return tuple(dict.fromkeys(changed)) if len(changed) > 1 else tuple(changed)
 
     # --- FLUB ---------------------------------------------------------------------------------
 

@@ -175,7 +175,14 @@ class Topology:
         return tuple(reversed(found))
 
     def is_ancestor(self, ancestor: int, rank: int) -> bool:
-        return ancestor in self.ancestors(rank)
+        """Whether `ancestor` is above `rank`: a loop, not `ancestors`, since rank 0 asks it of
+        every event it applies, most often of the rank's parent, found at the first step."""
+        self._check(rank)
+        while rank != 0:
+            rank = self._parent_of(rank)
+            if rank == ancestor:
+                return True
+        return False
 
     def next_hop(self, rank: int, target: int) -> int:
         """The neighbour of `rank` that a message for `target` goes to: a child or the parent."""
