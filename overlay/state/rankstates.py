@@ -167,6 +167,19 @@ def subtree_status(state: RankState, lost_below: bool, short_below: bool) -> Sub
     return SubtreeStatus.FULL
 
 
+SUBTREE_STATUS: dict[tuple[RankState, bool, bool], SubtreeStatus] = {
+    (state, lost, short): subtree_status(state, lost, short)
+    for state in RankState
+    for lost in (False, True)
+    for short in (False, True)
+}
+"""`subtree_status` of every case, for `Rollup` to look up at each move rather than call."""
+
+# The members the roll-up compares at each move, bound once: CPython 3.11 reads an enum member
+# through its class (`RankState.LOST`) ten times slower than a module global.
+_LOST, _ONLINE, _OFFLINE = RankState.LOST, RankState.ONLINE, RankState.OFFLINE
+
+
 def roll_up(topology: Topology, states: list[RankState]) -> list[SubtreeStatus]:
     """Each rank's subtree status, rolled up from the leaves as Flux does: in the tree's
     post-order, since a config file's tree may number a parent after its child."""
@@ -217,22 +230,20 @@ class Rollup:
         """Whether the subtree of `rank`, itself included, holds a lost rank, a rank not online."""
         state = self.states[rank]
         return (
-            state is RankState.LOST or self.lost_kids[rank] > 0,
-            state is not RankState.ONLINE or self.short_kids[rank] > 0,
+            state is _LOST or self.lost_kids[rank] > 0,
+            state is not _ONLINE or self.short_kids[rank] > 0,
         )
 
     def set(self, rank: int, state: RankState, now: float) -> None:
         """`rank` is now in `state`: restate it, and its ancestors while what they hold moves.
-        Called at every move of every rank, so `_holds` and `_restate` are written out here."""
+        Called at every move of every rank, so `_holds` and the restating are written out."""
         states, was = self.states, self.states[rank]
         if was is state:
             return
         lost_kids, short_kids, parents = self.lost_kids, self.short_kids, self.parents
-        before = (
-            was is RankState.LOST or lost_kids[rank] > 0,
-            was is not RankState.ONLINE or short_kids[rank] > 0,
-        )
-        self.offline += (state is RankState.OFFLINE) - (was is RankState.OFFLINE)
+        statuses, since = self.statuses, self.since
+        before = (was is _LOST or lost_kids[rank] > 0, was is not _ONLINE or short_kids[rank] > 0)
+        self.offline += (state is _OFFLINE) - (was is _OFFLINE)
         self.counts[was] -= 1
         self.counts[state] += 1
         states[rank] = state
@@ -240,10 +251,10 @@ class Rollup:
         while True:
             held = states[current]
             lost, short = lost_kids[current] > 0, short_kids[current] > 0
-            status = subtree_status(held, lost, short)
-            if status is not self.statuses[current]:
-                self.statuses[current], self.since[current] = status, now
-            after = (held is RankState.LOST or lost, held is not RankState.ONLINE or short)
+            status = SUBTREE_STATUS[held, lost, short]
+            if status is not statuses[current]:
+                statuses[current], since[current] = status, now
+            after = (held is _LOST or lost, held is not _ONLINE or short)
             parent = parents[current]
             if after == before or parent is None:
                 return

@@ -120,7 +120,7 @@ the guards and effects its rows name are meant to be read side by side. The even
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tbon.overlay.state.rankentries import CompactEntries, Entries
@@ -778,7 +778,7 @@ class RankTable:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
                 entry.other_links = entry.past_links = ()
-            if rule.target is not Phase.RESERVED:
+            if entry.lease is not None and rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
         return tuple(dict.fromkeys(changed)) if len(changed) > 1 else tuple(changed)
@@ -803,7 +803,8 @@ class RankTable:
         outcome = self._step(entry, request, now)
         if not outcome.applied:
             return _no(outcome.reason)
-        return replace(outcome, reservation=Reservation(True, entry.rank, entry.incarnation))
+        grant = Reservation(True, entry.rank, entry.incarnation)
+        return Outcome(outcome.applied, outcome.changed, outcome.reason, grant)
 
     def _key_guard(self, request: Reserve) -> Outcome | None:
         """One broker, one rank: what the joiner's key already holds decides first."""
