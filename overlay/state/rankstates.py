@@ -217,13 +217,16 @@ class Rollup:
         self.counts = Counter(states)  # ranks in each state: `tbon status --summary` of rank 0
         self.lost_kids = [0] * size  # children whose subtree holds a lost rank
         self.short_kids = [0] * size  # children whose subtree holds a rank not online
-        for rank in topology.bottom_up():
-            parent = self.parents[rank]
+        self.statuses = [SubtreeStatus.FULL] * size
+        lost_kids, short_kids, parents = self.lost_kids, self.short_kids, self.parents
+        for rank in topology.bottom_up():  # its children counted before it: roll_up in one walk
+            state = states[rank]
+            lost, short = lost_kids[rank] > 0, short_kids[rank] > 0
+            self.statuses[rank] = SUBTREE_STATUS[state, lost, short]
+            parent = parents[rank]
             if parent is not None:
-                lost, short = self._holds(rank)
-                self.lost_kids[parent] += lost
-                self.short_kids[parent] += short
-        self.statuses = roll_up(topology, self.states)
+                lost_kids[parent] += state is _LOST or lost
+                short_kids[parent] += state is not _ONLINE or short
         self.since = [now] * size  # when each rank's subtree status last changed
 
     def _holds(self, rank: int) -> tuple[bool, bool]:

@@ -514,8 +514,10 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
 def one_of_several(entry: RankEntry, event: Event) -> Event | LinkEnded:
     """A Lost or Moved from one of a connected broker's several links ends that link only
     (LinkEnded); a Moved from the link it is attached by moves it, as any Moved does."""
+    if not entry.other_links:  # one link, as a rank that wires up has: asked first
+        return event
     parent = getattr(event, "parent", None)
-    if not isinstance(event, Lost | Moved) or parent is None or not entry.other_links:
+    if not isinstance(event, Lost | Moved) or parent is None:
         return event
     if parent in entry.other_links or (isinstance(event, Lost) and parent == entry.attached_to):
         return LinkEnded(entry.rank, entry.incarnation, parent)

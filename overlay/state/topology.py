@@ -161,6 +161,9 @@ class Topology:
 
     def parents(self) -> list[int | None]:
         """Every rank's parent (None for rank 0), by arithmetic where the shape allows."""
+        k = self._fanout
+        if k is not None and k >= 2:  # the usual shape, at every start: no call per rank
+            return [None, *((rank - 1) // k for rank in range(1, self.size))]
         return [None, *(self._parent_of(rank) for rank in range(1, self.size))]
 
     def _walk_postorder(self) -> tuple[int, ...]:
