@@ -18,7 +18,7 @@ from hypothesis.stateful import (
 )
 from tables import bring_up, reserve, specs, started, table
 
-from tbon.overlay.state.rankstates import CONFIG_PHASES, PUBLIC, roll_up
+from tbon.overlay.state.rankstates import CONFIG_PHASES, PUBLIC, Rollup, roll_up
 from tbon.overlay.state.ranktable import (
     ALLOCATABLE,
     CONNECTED,
@@ -940,6 +940,22 @@ def test_subtree_roll_up_matches_brute_force(
             result.apply(Departed(rank, incarnation), now)
         statuses = result.subtree_statuses()
         assert statuses == [brute_subtree(result, r) for r in range(size)]
+
+
+@given(trees(40), st.data())
+@settings(max_examples=100, deadline=None)
+def test_a_roll_up_kept_live_starts_as_the_roll_up(
+    tree: tuple[str, int], data: st.DataObject
+) -> None:
+    """Built from any states on any tree (a `parents:` one numbers a parent after its child),
+    the live roll-up holds the statuses, counts and offline count a roll-up from scratch gives."""
+    spec, size = tree
+    topology = Topology(spec, size)
+    states = data.draw(st.lists(st.sampled_from(list(RankState)), min_size=size, max_size=size))
+    rollup = Rollup(topology, states, 5.0)
+    assert rollup.statuses == roll_up(topology, states)
+    assert rollup.offline == states.count(RankState.OFFLINE)
+    assert rollup.since == [5.0] * size
 
 
 # --- retire ---------------------------------------------------------------------------------

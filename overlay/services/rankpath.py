@@ -117,6 +117,15 @@ class RankPath:
         outcomes: list[Outcome] = []
         actions: list[Action] = []
         for event in events:
+            if type(event) is Online:  # most of them: what `handle` does of one, written out
+                outcome = self.table.apply(event, now)
+                if outcome.applied:
+                    actions += self._welcomed(event)
+                    actions += self._withdraw_moot()
+                else:
+                    actions += self._follow_ups(event, outcome, now, [])
+                outcomes.append(outcome)
+                continue
             chains = self._chains_before(event)
             outcome = self.table.apply(event, now)
             actions += self._follow_ups(event, outcome, now, chains)
@@ -210,12 +219,16 @@ class RankPath:
         ):
             actions = self._foster_below(event.gone, chains)  # a child's word ended it (adrift)
         elif isinstance(event, Online):
-            home = self.topology.parent(event.rank)
-            welcomer = event.parent if event.parent is not None else home
-            if welcomer is not None:
-                self.admissions.told(event.rank, event.incarnation, welcomer)
-            actions = self._send_home(event.rank, event.parent)
+            actions = self._welcomed(event)
         return actions + self._withdraw_moot()
+
+    def _welcomed(self, event: Online) -> list[Action]:
+        """An Online applied: the parent that welcomed it may admit it again, and the ranks
+        away from home go home (`_send_home`)."""
+        welcomer = event.parent if event.parent is not None else self.topology.parent(event.rank)
+        if welcomer is not None:
+            self.admissions.told(event.rank, event.incarnation, welcomer)
+        return self._send_home(event.rank, event.parent)
 
     def _chains_before(self, event: Event | Reserve) -> Chains:
         """The chains of links above the rank this event may end, taken before the table applies

@@ -52,10 +52,16 @@ class Admissions:
         self._open.pop((rank, parent), None)
 
     def told(self, rank: int, incarnation: int, parent: int) -> None:
-        """`parent` was told to admit (rank, incarnation), or welcomed it. An ancestor only."""
+        """`parent` was told to admit (rank, incarnation), or welcomed it. An ancestor only.
+        The topology parent is one always (`parents`): only an older incarnation is forgotten,
+        which keeps the Online of every rank wiring up under its own parent cheap."""
+        known = self._told.get(rank)
+        if 0 < rank < self.topology.size and parent == self.topology.parent(rank):
+            if known is not None and known[0] < incarnation:
+                del self._told[rank]
+            return
         if not may_admit(self.topology, parent, rank):
             return
-        known = self._told.get(rank)
         if known is None or known[0] < incarnation:
             self._told[rank] = (incarnation, {parent})
         elif known[0] == incarnation:

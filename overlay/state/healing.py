@@ -138,8 +138,10 @@ def goes_home(table: RankTable, rank: int, parent: int | None) -> int | None:
     """The rank's own parent, if `rank` came online under another broker (`parent`, a foster
     parent) while its own parent reaches rank 0, and rank 0 can name it (a key, or config
     bootstrap's shared one); else None."""
+    if parent is None:
+        return None
     home = table.topology.parent(rank)
-    if home is None or parent is None or parent == home or not table.reachable(home):
+    if home is None or parent == home or not table.reachable(home):
         return None
     entry = table.entries.peek(rank)
     return home if entry.key or entry.phase in CONFIG_PHASES else None

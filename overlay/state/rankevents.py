@@ -8,8 +8,6 @@ name here: callers import them from there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tbon.record import Record
 
 
@@ -229,12 +227,22 @@ class Reservation(Record):
         self.never = never  # this key may never have a rank: its broker was retired
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(Record):
     """What an event did: `changed` lists every rank whose entry changed (empty if refused).
-    For Reserve, `reservation` is the answer to give the joiner; None for other events."""
+    For Reserve, `reservation` is the answer to give the joiner; None for other events. A record,
+    not a frozen dataclass: one is made for every event rank 0 decides, and a frozen dataclass
+    costs microseconds to make (each field set through object.__setattr__)."""
 
-    applied: bool
-    changed: tuple[int, ...] = ()
-    reason: str = ""
-    reservation: Reservation | None = None
+    __slots__ = __match_args__ = ("applied", "changed", "reason", "reservation")
+
+    def __init__(
+        self,
+        applied: bool,
+        changed: tuple[int, ...] = (),
+        reason: str = "",
+        reservation: Reservation | None = None,
+    ) -> None:
+        self.applied = applied
+        self.changed = changed
+        self.reason = reason
+        self.reservation = reservation

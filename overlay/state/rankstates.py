@@ -66,6 +66,10 @@ class Phase(Enum):
     CONFIG_RETIRING = "config-retiring"  # config: its host's broker is being drained
     CONFIG_LOST = "config-lost"  # config: its broker died while retiring; FLUB may refill it
 
+    # Each member is the one object of its phase: hashed by identity (in C), not by its name
+    # (Enum's __hash__, in Python), since the table looks a phase up at every event it decides.
+    __hash__ = object.__hash__
+
 
 PUBLIC: dict[Phase, RankState] = {
     Phase.LAUNCHED: RankState.OFFLINE,
@@ -163,6 +167,19 @@ def subtree_status(state: RankState, lost_below: bool, short_below: bool) -> Sub
     return SubtreeStatus.FULL
 
 
+SUBTREE_STATUS: dict[tuple[RankState, bool, bool], SubtreeStatus] = {
+    (state, lost, short): subtree_status(state, lost, short)
+    for state in RankState
+    for lost in (False, True)
+    for short in (False, True)
+}
+"""`subtree_status` of every case, for `Rollup` to look up at each move rather than call."""
+
+# The members the roll-up compares at each move, bound once: CPython 3.11 reads an enum member
+# through its class (`RankState.LOST`) ten times slower than a module global.
+_LOST, _ONLINE, _OFFLINE = RankState.LOST, RankState.ONLINE, RankState.OFFLINE
+
+
 def roll_up(topology: Topology, states: list[RankState]) -> list[SubtreeStatus]:
     """Each rank's subtree status, rolled up from the leaves as Flux does: in the tree's
     post-order, since a config file's tree may number a parent after its child."""
@@ -200,47 +217,51 @@ class Rollup:
         self.counts = Counter(states)  # ranks in each state: `tbon status --summary` of rank 0
         self.lost_kids = [0] * size  # children whose subtree holds a lost rank
         self.short_kids = [0] * size  # children whose subtree holds a rank not online
-        for rank in topology.bottom_up():
-            parent = self.parents[rank]
+        self.statuses = [SubtreeStatus.FULL] * size
+        lost_kids, short_kids, parents = self.lost_kids, self.short_kids, self.parents
+        for rank in topology.bottom_up():  # its children counted before it: roll_up in one walk
+            state = states[rank]
+            lost, short = lost_kids[rank] > 0, short_kids[rank] > 0
+            self.statuses[rank] = SUBTREE_STATUS[state, lost, short]
+            parent = parents[rank]
             if parent is not None:
-                lost, short = self._holds(rank)
-                self.lost_kids[parent] += lost
-                self.short_kids[parent] += short
-        self.statuses = roll_up(topology, self.states)
+                lost_kids[parent] += state is _LOST or lost
+                short_kids[parent] += state is not _ONLINE or short
         self.since = [now] * size  # when each rank's subtree status last changed
 
     def _holds(self, rank: int) -> tuple[bool, bool]:
         """Whether the subtree of `rank`, itself included, holds a lost rank, a rank not online."""
         state = self.states[rank]
         return (
-            state is RankState.LOST or self.lost_kids[rank] > 0,
-            state is not RankState.ONLINE or self.short_kids[rank] > 0,
+            state is _LOST or self.lost_kids[rank] > 0,
+            state is not _ONLINE or self.short_kids[rank] > 0,
         )
 
     def set(self, rank: int, state: RankState, now: float) -> None:
-        """`rank` is now in `state`: restate it, and its ancestors while what they hold moves."""
-        if self.states[rank] is state:
+        """`rank` is now in `state`: restate it, and its ancestors while what they hold moves.
+        Called at every move of every rank, so `_holds` and the restating are written out."""
+        states, was = self.states, self.states[rank]
+        if was is state:
             return
-        before = self._holds(rank)
-        self.offline += (state is RankState.OFFLINE) - (self.states[rank] is RankState.OFFLINE)
-        self.counts[self.states[rank]] -= 1
+        lost_kids, short_kids, parents = self.lost_kids, self.short_kids, self.parents
+        statuses, since = self.statuses, self.since
+        before = (was is _LOST or lost_kids[rank] > 0, was is not _ONLINE or short_kids[rank] > 0)
+        self.offline += (state is _OFFLINE) - (was is _OFFLINE)
+        self.counts[was] -= 1
         self.counts[state] += 1
-        self.states[rank] = state
+        states[rank] = state
         current = rank
         while True:
-            self._restate(current, now)
-            after = self._holds(current)
-            parent = self.parents[current]
+            held = states[current]
+            lost, short = lost_kids[current] > 0, short_kids[current] > 0
+            status = SUBTREE_STATUS[held, lost, short]
+            if status is not statuses[current]:
+                statuses[current], since[current] = status, now
+            after = (held is _LOST or lost, held is not _ONLINE or short)
+            parent = parents[current]
             if after == before or parent is None:
                 return
             parent_before = self._holds(parent)
-            self.lost_kids[parent] += after[0] - before[0]
-            self.short_kids[parent] += after[1] - before[1]
+            lost_kids[parent] += after[0] - before[0]
+            short_kids[parent] += after[1] - before[1]
             current, before = parent, parent_before
-
-    def _restate(self, rank: int, now: float) -> None:
-        status = subtree_status(
-            self.states[rank], self.lost_kids[rank] > 0, self.short_kids[rank] > 0
-        )
-        if status is not self.statuses[rank]:
-            self.statuses[rank], self.since[rank] = status, now

@@ -121,7 +121,7 @@ the guards and effects its rows name are meant to be read side by side. The even
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tbon.overlay.state.rankentries import CompactEntries, Entries
@@ -148,6 +148,7 @@ from tbon.overlay.state.rankstates import (
     ALLOCATABLE,
     CONFIG_PHASES,
     CONNECTED,
+    PUBLIC,
     Lease,
     Phase,
     RankEntry,
@@ -239,7 +240,7 @@ def parent_connected(table: RankTable, entry: RankEntry, event: Online, now: flo
         return None
     if not holds(table, parent, entry.rank):
         return f"rank {parent} is not an ancestor of rank {entry.rank}"
-    if table.entries.peek(parent).state in CONNECTED:
+    if PUBLIC[table.entries.peek(parent).phase] in CONNECTED:
         return None
     return f"rank {entry.rank}'s parent is not online"
 
@@ -532,8 +533,10 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
 def one_of_several(entry: RankEntry, event: Event) -> Event | LinkEnded:
     """A Lost or Moved from one of a connected broker's several links ends that link only
     (LinkEnded); a Moved from the link it is attached by moves it, as any Moved does."""
+    if not entry.other_links:  # one link, as a rank that wires up has: asked first
+        return event
     parent = getattr(event, "parent", None)
-    if not isinstance(event, Lost | Moved) or parent is None or not entry.other_links:
+    if not isinstance(event, Lost | Moved) or parent is None:
         return event
     if parent in entry.other_links or (isinstance(event, Lost) and parent == entry.attached_to):
         return LinkEnded(entry.rank, entry.incarnation, parent)
@@ -768,7 +771,8 @@ class RankTable:
         if isinstance(rule, str):
             return refused(rule)
         entry = self.entries[entry.rank]  # a spare is kept from its first applied event on
-        return Outcome(True, self._fire(entry, rule, event, now), rule.note.format(rank=entry.rank))
+        note = rule.note.format(rank=entry.rank) if rule.note else ""
+        return Outcome(True, self._fire(entry, rule, event, now), note)
 
     def _rule(self, entry: RankEntry, event: Event | Reserve | LinkEnded, now: float) -> Rule | str:
         """The row that applies to `event`, or why there is none (the table is not touched)."""
@@ -787,17 +791,18 @@ class RankTable:
             changed += effect(self, entry, event, now)
         if rule.target is not None:
             entry.phase, entry.since = rule.target, now
-            why = rule.why(event) if callable(rule.why) else rule.why
+            why = rule.why if isinstance(rule.why, str) else rule.why(event)
             entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
-            self.rollup.set(entry.rank, entry.state, now)
-            if entry.state not in CONNECTED:
+            state = PUBLIC[rule.target]
+            self.rollup.set(entry.rank, state, now)
+            if state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
                 entry.other_links = entry.past_links = ()
-            if rule.target is not Phase.RESERVED:
+            if entry.lease is not None and rule.target is not Phase.RESERVED:
                 entry.lease = None
             changed.insert(0, entry.rank)
-        return tuple(dict.fromkeys(changed))
+        return tuple(dict.fromkeys(changed)) if len(changed) > 1 else tuple(changed)
 
     # --- FLUB ---------------------------------------------------------------------------------
 
@@ -819,7 +824,8 @@ class RankTable:
         outcome = self._step(entry, request, now)
         if not outcome.applied:
             return _no(outcome.reason)
-        return replace(outcome, reservation=Reservation(True, entry.rank, entry.incarnation))
+        grant = Reservation(True, entry.rank, entry.incarnation)
+        return Outcome(outcome.applied, outcome.changed, outcome.reason, grant)
 
     def _key_guard(self, request: Reserve) -> Outcome | None:
         """One broker, one rank: what the joiner's key already holds decides first."""

@@ -67,14 +67,16 @@ def decode_event(payload: dict[str, Any]) -> Reported:
     """The event in a report payload, or MessageError if any field is missing or mistyped."""
     if not isinstance(payload, dict):
         raise MessageError("report with an event that is not an object")
+    # `type(x) is int` is is_int of a value JSON decoded (an int, or a bool, which it refuses),
+    # without the calls: rank 0 decodes every rank's Online once
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]
-        _require(is_int(rank) and is_int(incarnation), "rank and incarnation")
+        _require(type(rank) is int and type(incarnation) is int, "rank and incarnation")
         parent = payload.get("parent")
-        _require(parent is None or is_int(parent), "parent")
+        _require(parent is None or type(parent) is int, "parent")
         if kind == "online":
             host, pid, key = payload["host"], payload["pid"], payload.get("key", "")
-            _require(isinstance(host, str) and is_int(pid), "host and pid")
+            _require(isinstance(host, str) and type(pid) is int, "host and pid")
             _require(isinstance(key, str) and len(key) in (0, 40), "key")
             return Online(rank, incarnation, host, pid, parent, key)
         if kind == "lost":

@@ -161,6 +161,9 @@ class Topology:
 
     def parents(self) -> list[int | None]:
         """Every rank's parent (None for rank 0), by arithmetic where the shape allows."""
+        k = self._fanout
+        if k is not None and k >= 2:  # the usual shape, at every start: no call per rank
+            return [None, *((rank - 1) // k for rank in range(1, self.size))]
         return [None, *(self._parent_of(rank) for rank in range(1, self.size))]
 
     def _walk_postorder(self) -> tuple[int, ...]:
@@ -175,7 +178,14 @@ class Topology:
         return tuple(reversed(found))
 
     def is_ancestor(self, ancestor: int, rank: int) -> bool:
-        return ancestor in self.ancestors(rank)
+        """Whether `ancestor` is above `rank`: a loop, not `ancestors`, since rank 0 asks it of
+        every event it applies, most often of the rank's parent, found at the first step."""
+        self._check(rank)
+        while rank != 0:
+            rank = self._parent_of(rank)
+            if rank == ancestor:
+                return True
+        return False
 
     def next_hop(self, rank: int, target: int) -> int:
         """The neighbour of `rank` that a message for `target` goes to: a child or the parent."""
