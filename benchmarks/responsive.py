@@ -8,9 +8,9 @@ Run from the repository with the project's virtualenv:
 
 Sections:
   wireup  one `tbon start --test-size=N` (wait mode: it prints its URI once every broker is
-          online), measured from when rank 0 listens on its local socket (found in /proc: the
-          Unix socket `.../0/local` of a broker the launcher forked; rank 0 listens after the
-          PMI exchange) until the URI is printed
+          online), measured from when rank 0 listens on its local socket (its name, under the
+          run directory `tbon start` makes in the fresh $TMPDIR this script gives it, appears
+          once rank 0 accepts on it, after the PMI exchange) until the URI is printed
   expand  rank 0 alone (`tbon start --test-size=1 -S size=N+1`) while `tbon expand -n N` brings
           N brokers in: every join asks rank 0 for a rank and a key exchange
 
@@ -22,7 +22,9 @@ Over and over while the load lasts, this script runs:
             so without its start-up: rank 0's own delay, and the machine's)
 
 then, `--settle` seconds after every broker is online, `--idle` more rounds on the idle instance.
-The table gives the medians of each phase and their ratio (target: at most 2). On 2 cores, N
+The table gives the medians of each phase and their ratio (target: at most 2). A command that
+fails (rank 0 silent past the CLI's own 10 s) is counted as failed, and its wall time kept as a
+sample: a lower bound of what its user waited. On 2 cores, N
 Python brokers starting take the CPU from every command too, so `ping` and `summary` pay for the
 machine as well as for rank 0; `rtt` is the part that is rank 0's.
 
@@ -33,16 +35,16 @@ it against an older checkout. Every process it starts is stopped and reaped by P
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
-import re
 import select
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from common import (
     TBON,
@@ -65,65 +67,28 @@ TARGET_RATIO = 2.0
 RTT_COUNT = 5
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes `pid` forked, and theirs (the launcher forks a helper that forks brokers)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            found += [child, *descendants(child)]
-    return found
+def rank0_socket(tmp: str) -> str | None:
+    """rank 0's local URI once it listens: `tbon start` makes its run directory under $TMPDIR
+    (this script gives it a fresh one), and rank 0 binds `.../0/local` under a temporary name
+    and renames it, so that the name exists only once rank 0 accepts connections on it."""
+    found = glob.glob(os.path.join(tmp, "tbon-start-*", "0", "local"))
+    return "local://" + found[0] if found else None
 
 
-def socket_inodes(pid: int) -> set[str]:
-    """The inodes of the sockets `pid` holds open."""
-    inodes: set[str] = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
-        pass
-    return inodes
-
-
-def rank0_uri(launcher: int) -> str | None:
-    """rank 0's local URI once one of the launcher's brokers listens on `.../0/local` (bound
-    under a temporary name, `local.PID`, then renamed: /proc/net/unix shows the first)."""
-    held: set[str] = set()
-    for child in descendants(launcher):
-        held |= socket_inodes(child)
-    for row in Path("/proc/net/unix").read_text().splitlines()[1:]:
-        fields = row.split()
-        if len(fields) < 8 or fields[6] not in held:
-            continue
-        path = re.sub(r"\.\d+$", "", fields[7])
-        if path.endswith("/0/local") and os.path.exists(path):
-            return "local://" + path
-    return None
-
-
-def one_round(uri: str, samples: dict[str, list[float]]) -> None:
-    """One of each measure against `uri`; a failed command is skipped (rank 0 may not serve
-    its socket yet), not counted."""
+def one_round(uri: str, samples: dict[str, list[float]], failed: dict[str, int]) -> None:
+    """One of each measure against `uri`. A command that fails (rank 0 silent past the CLI's
+    own timeout, or not serving its socket yet) counts as a failure, and its wall time as a
+    sample too: a lower bound of what its user waited, not a gap in the table."""
     for name, argv in (
         ("ping", [str(TBON), "ping", uri, "0"]),
         ("summary", [str(TBON), "status", uri, "--summary"]),
     ):
+        started = time.perf_counter()
         try:
             samples[name].append(time_command(argv))
         except RuntimeError as error:
+            samples[name].append(time.perf_counter() - started)
+            failed[name] += 1
             progress(f"{name}: {str(error)[:200]}")
     done = subprocess.run(
         [str(TBON), "ping", uri, "0", "--count", str(RTT_COUNT), "--json"],
@@ -134,90 +99,117 @@ def one_round(uri: str, samples: dict[str, list[float]]) -> None:
     )
     if done.returncode == 0:
         samples["rtt"] += [ms / 1000 for ms in json.loads(done.stdout)["rtt_ms"][1:]]  # warm
+    else:
+        failed["rtt"] += 1
 
 
-def measure(
-    size: int, idle_rounds: int, settle: float, force: bool
-) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
+@dataclass
+class Phase:
+    """What one phase (under load, or idle) gave: each measure's samples, and its failures."""
+
+    samples: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MEASURES})
+    failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES, 0))
+
+    def round(self, uri: str) -> None:
+        one_round(uri, self.samples, self.failed)
+
+
+def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Phase, Phase, float]:
     """Samples during the wire-up and idle, and how long the wire-up took."""
     argv = [str(TBON), "start", f"--test-size={size}", *(["--force"] if force else [])]
     fd, log = tempfile.mkstemp(prefix="responsive-start-", suffix=".log")
-    loaded: dict[str, list[float]] = {name: [] for name in MEASURES}
-    idle: dict[str, list[float]] = {name: [] for name in MEASURES}
-    try:
-        started = time.monotonic()
-        launcher = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd
-        )
+    loaded, idle = Phase(), Phase()
+    with tempfile.TemporaryDirectory(prefix="responsive-") as tmp:
         try:
-            assert launcher.stdout is not None
-            deadline = started + URI_DEADLINE_S * 4
-            uri = None
-            while uri is None:
-                if time.monotonic() > deadline or launcher.poll() is not None:
-                    raise RuntimeError(f"rank 0 never listened: {log_tail(log)}")
-                uri = rank0_uri(launcher.pid)
-                time.sleep(0.01)  # polling /proc: the socket has no event to wait on
-            progress(f"rank 0 listens at {uri} after {time.monotonic() - started:.2f} s")
-            while not select.select([launcher.stdout], [], [], 0)[0]:
-                if time.monotonic() > deadline or launcher.poll() is not None:
-                    raise RuntimeError(f"no URI within the deadline: {log_tail(log)}")
-                one_round(uri, loaded)
-            line = launcher.stdout.readline().decode().strip()
-            online = time.monotonic() - started
-            if not line.startswith("local://"):
-                raise RuntimeError(f"tbon start printed {line!r}: {log_tail(log)}")
-            progress(f"all {size} online after {online:.1f} s; settling {settle:g} s")
-            time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
-            for _ in range(idle_rounds):
-                one_round(uri, idle)
+            started = time.monotonic()
+            launcher = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                env={**os.environ, "TMPDIR": tmp},
+            )
+            try:
+                assert launcher.stdout is not None
+                deadline = started + URI_DEADLINE_S * 4
+                uri = None
+                while uri is None:
+                    if time.monotonic() > deadline or launcher.poll() is not None:
+                        raise RuntimeError(f"rank 0 never listened: {log_tail(log)}")
+                    uri = rank0_socket(tmp)
+                    time.sleep(0.005)  # a file's name has no event to wait on
+                progress(f"rank 0 listens at {uri} after {time.monotonic() - started:.2f} s")
+                while not select.select([launcher.stdout], [], [], 0)[0]:
+                    if time.monotonic() > deadline or launcher.poll() is not None:
+                        raise RuntimeError(f"no URI within the deadline: {log_tail(log)}")
+                    loaded.round(uri)
+                line = launcher.stdout.readline().decode().strip()
+                online = time.monotonic() - started
+                if not line.startswith("local://"):
+                    raise RuntimeError(f"tbon start printed {line!r}: {log_tail(log)}")
+                progress(f"all {size} online after {online:.1f} s; settling {settle:g} s")
+                time.sleep(settle)  # not a wait for a condition: the quiet spell before idle
+                for _ in range(idle_rounds):
+                    idle.round(uri)
+            finally:
+                stop(launcher)
         finally:
-            stop(launcher)
-    finally:
-        os.close(fd)
-        os.unlink(log)
+            os.close(fd)
+            os.unlink(log)
     return loaded, idle, online
 
 
 def measure_expand(
     size: int, idle_rounds: int, settle: float, force: bool
-) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
+) -> tuple[Phase, Phase, float]:
     """Samples while `tbon expand -n N` brings N brokers into an instance of rank 0 alone (every
     join goes through rank 0: its allocation and its key exchange), then idle."""
-    loaded: dict[str, list[float]] = {name: [] for name in MEASURES}
-    idle: dict[str, list[float]] = {name: [] for name in MEASURES}
+    loaded, idle = Phase(), Phase()
     options = ["--test-exit-timeout=1m"]
     with tbon_start(1, [f"size={size + 1}"], force=force, options=options) as instance:
         argv = [str(TBON), "expand", instance.uri, "-n", str(size), "--timeout", "5m"]
         started = time.monotonic()
-        expand = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        expand = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         try:
             while expand.poll() is None:
-                one_round(instance.uri, loaded)
+                loaded.round(instance.uri)
             took = time.monotonic() - started
         finally:
             stop(expand)
         if expand.returncode != 0:  # joiners rank 0 did not answer in time: a finding, kept
-            progress(f"tbon expand exited {expand.returncode}: not every broker joined")
+            assert expand.stderr is not None
+            said = expand.stderr.read().decode(errors="replace").strip().splitlines()
+            failures = sum("tbon expand: broker pid" in line for line in said)
+            progress(
+                f"tbon expand exited {expand.returncode}: {failures} of {size} brokers did "
+                f"not join; the last said: {said[-1][:300] if said else ''}"
+            )
+        if expand.stderr is not None:
+            expand.stderr.close()
         progress(f"expand ended after {took:.1f} s; settling {settle:g} s")
         time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
         for _ in range(idle_rounds):
-            one_round(instance.uri, idle)
+            idle.round(instance.uri)
     return loaded, idle, took
 
 
-def rows_of(loaded: dict[str, list[float]], idle: dict[str, list[float]]) -> list[list[str]]:
+def rows_of(loaded: Phase, idle: Phase) -> list[list[str]]:
     rows = []
     for name in MEASURES:
-        if not loaded[name] or not idle[name]:
-            rows.append([name, str(len(loaded[name])), "-", "-", "-", "no samples"])
+        during_samples, idle_samples = loaded.samples[name], idle.samples[name]
+        failed = f"{loaded.failed[name]}/{idle.failed[name]}"
+        if not during_samples or not idle_samples:
+            rows.append([name, str(len(during_samples)), failed, "-", "-", "-", "no samples"])
             continue
-        during, quiet = median(loaded[name]), median(idle[name])
+        during, quiet = median(during_samples), median(idle_samples)
         ratio = during / quiet
         rows.append(
             [
                 name,
-                str(len(loaded[name])),
+                str(len(during_samples)),
+                failed,
                 f"{during * 1000:.1f}",
                 f"{quiet * 1000:.1f}",
                 f"{ratio:.2f}",
@@ -237,7 +229,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="pass --force to `tbon start`")
     args = parse_args(parser, argv, SECTIONS, counts=("--idle",))
     report = begin("responsive", args.markdown)
-    header = ["measure", "samples during", "during ms", "idle ms", "ratio", "target"]
+    header = [
+        "measure",
+        "samples during",
+        "failed during/idle",
+        "during ms",
+        "idle ms",
+        "ratio",
+        "target",
+    ]
     note = (
         "ping and summary: wall time of `tbon ping URI 0` and `tbon status URI --summary`; rtt: "
         f"round trips 2-{RTT_COUNT} of `tbon ping URI 0 --count {RTT_COUNT}`, inside the command."
