@@ -14,18 +14,20 @@ Sections:
   expand  rank 0 alone (`tbon start --test-size=1 -S size=N+1`) while `tbon expand -n N` brings
           N brokers in: every join asks rank 0 for a rank and a key exchange
 
-Over and over while the load lasts, this script runs:
+While the load lasts, this script runs each of these over and over, the three at once (a
+thread each, so that one command slowed by the load holds back only its own samples):
 
   ping      `tbon ping URI 0`, its wall time (a command's start included: what a user waits)
   summary   `tbon status URI --summary`, its wall time
-  rtt       the round trips of `tbon ping URI 0 --count 5 --json` (measured inside the command,
-            so without its start-up: rank 0's own delay, and the machine's)
+  rtt       the round trips 2-20 of `tbon ping URI 0 --count 20 --interval 10ms --json`
+            (measured inside the command, so without its start-up: rank 0's own delay, and the
+            machine's), kept only from commands that ended while the load lasted
 
-then, `--settle` seconds after every broker is online, `--idle` more rounds on the idle instance.
-The table gives the medians of each phase and their ratio (target: at most 2). A command that
-fails (rank 0 silent past the CLI's own 10 s) is counted as failed, and its wall time kept as a
-sample: a lower bound of what its user waited. On 2 cores, N
-Python brokers starting take the CPU from every command too, so `ping` and `summary` pay for the
+then, `--settle` seconds after every broker is online, `--idle` runs of each (again at once) on
+the idle instance. The table gives the medians of each phase and their ratio (target: at most
+2). A ping or summary that fails (rank 0 silent past the CLI's own 10 s) is counted as failed,
+and its wall time kept as a sample: a lower bound of what its user waited. On 2 cores, N Python
+brokers starting take the CPU from every command too, so `ping` and `summary` pay for the
 machine as well as for rank 0; `rtt` is the part that is rank 0's.
 
 Drives tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run
@@ -38,12 +40,12 @@ import argparse
 import glob
 import json
 import os
-import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from common import (
@@ -55,6 +57,7 @@ from common import (
     parse_args,
     positive,
     progress,
+    read_line,
     stop,
     tbon_start,
     time_command,
@@ -64,7 +67,8 @@ from common import (
 SECTIONS = ("wireup", "expand")
 MEASURES = ("ping", "summary", "rtt")
 TARGET_RATIO = 2.0
-RTT_COUNT = 5
+RTT_COUNT = 20
+RTT_INTERVAL = "10ms"  # spread over a fifth of a second, not one burst
 
 
 def rank0_socket(tmp: str) -> str | None:
@@ -75,43 +79,70 @@ def rank0_socket(tmp: str) -> str | None:
     return "local://" + found[0] if found else None
 
 
-def one_round(uri: str, samples: dict[str, list[float]], failed: dict[str, int]) -> None:
-    """One of each measure against `uri`. A command that fails (rank 0 silent past the CLI's
-    own timeout, or not serving its socket yet) counts as a failure, and its wall time as a
-    sample too: a lower bound of what its user waited, not a gap in the table."""
-    for name, argv in (
-        ("ping", [str(TBON), "ping", uri, "0"]),
-        ("summary", [str(TBON), "status", uri, "--summary"]),
-    ):
-        started = time.perf_counter()
-        try:
-            samples[name].append(time_command(argv))
-        except RuntimeError as error:
-            samples[name].append(time.perf_counter() - started)
-            failed[name] += 1
-            progress(f"{name}: {str(error)[:200]}")
-    done = subprocess.run(
-        [str(TBON), "ping", uri, "0", "--count", str(RTT_COUNT), "--json"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode == 0:
-        samples["rtt"] += [ms / 1000 for ms in json.loads(done.stdout)["rtt_ms"][1:]]  # warm
-    else:
-        failed["rtt"] += 1
+def one_sample(name: str, uri: str, phase: Phase, over: threading.Event | None) -> None:
+    """One run of measure `name` against `uri`. A ping or summary that fails (rank 0 silent
+    past the CLI's own timeout, or not serving its socket yet) counts as a failure, and its wall
+    time as a sample too: a lower bound of what its user waited, not a gap in the table. The
+    round trips of an rtt command count only if it ended before the load did (`over`): inside
+    the command, they are rank 0's delay while it ran."""
+    if name == "rtt":
+        argv = [str(TBON), "ping", uri, "0", "--count", str(RTT_COUNT), "--json"]
+        argv += ["--interval", RTT_INTERVAL]
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False
+        )
+        if done.returncode != 0:
+            phase.failed[name] += 1
+        elif over is None or not over.is_set():
+            phase.samples[name] += [ms / 1000 for ms in json.loads(done.stdout)["rtt_ms"][1:]]
+        return
+    argv = [str(TBON), "ping", uri, "0"] if name == "ping" else [str(TBON), "status", uri]
+    argv += ["--summary"] if name == "summary" else []
+    started = time.perf_counter()
+    try:
+        phase.samples[name].append(time_command(argv))
+    except RuntimeError as error:
+        phase.samples[name].append(time.perf_counter() - started)
+        phase.failed[name] += 1
+        progress(f"{name}: {str(error)[:200]}")
 
 
 @dataclass
 class Phase:
-    """What one phase (under load, or idle) gave: each measure's samples, and its failures."""
+    """What one phase (under load, or idle) gave: each measure's samples, and its failures.
+    Each measure runs in a thread of its own, one command after another, so that a command
+    slowed by the load does not hold the others' samples back."""
 
     samples: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MEASURES})
     failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES, 0))
 
-    def round(self, uri: str) -> None:
-        one_round(uri, self.samples, self.failed)
+    def rounds(self, uri: str, count: int) -> None:
+        """`count` runs of each measure, the measures at once (idle)."""
+
+        def loop(name: str) -> None:
+            for _ in range(count):
+                one_sample(name, uri, self, None)
+
+        self._threads(loop)
+
+    def during(self, uri: str, over: threading.Event) -> list[threading.Thread]:
+        """Each measure over and over until `over` is set (the load ended); the threads, to
+        join once it is."""
+
+        def loop(name: str) -> None:
+            while not over.is_set():
+                one_sample(name, uri, self, over)
+
+        return self._threads(loop, wait=False)
+
+    def _threads(self, loop: Callable[[str], None], wait: bool = True) -> list[threading.Thread]:
+        threads = [threading.Thread(target=loop, args=(name,)) for name in MEASURES]
+        for thread in threads:
+            thread.start()
+        if wait:
+            for thread in threads:
+                thread.join()
+        return threads
 
 
 def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Phase, Phase, float]:
@@ -139,18 +170,21 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
                     uri = rank0_socket(tmp)
                     time.sleep(0.005)  # a file's name has no event to wait on
                 progress(f"rank 0 listens at {uri} after {time.monotonic() - started:.2f} s")
-                while not select.select([launcher.stdout], [], [], 0)[0]:
-                    if time.monotonic() > deadline or launcher.poll() is not None:
-                        raise RuntimeError(f"no URI within the deadline: {log_tail(log)}")
-                    loaded.round(uri)
-                line = launcher.stdout.readline().decode().strip()
-                online = time.monotonic() - started
+                over = threading.Event()
+                threads = loaded.during(uri, over)
+                try:
+                    left = deadline - time.monotonic()
+                    line = read_line(launcher, max(0.0, left))  # the URI, once all are online
+                    online = time.monotonic() - started
+                finally:
+                    over.set()
+                    for thread in threads:
+                        thread.join()
                 if not line.startswith("local://"):
                     raise RuntimeError(f"tbon start printed {line!r}: {log_tail(log)}")
                 progress(f"all {size} online after {online:.1f} s; settling {settle:g} s")
                 time.sleep(settle)  # not a wait for a condition: the quiet spell before idle
-                for _ in range(idle_rounds):
-                    idle.round(uri)
+                idle.rounds(uri, idle_rounds)
             finally:
                 stop(launcher)
         finally:
@@ -172,12 +206,16 @@ def measure_expand(
         expand = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
+        over = threading.Event()
+        threads = loaded.during(instance.uri, over)
         try:
-            while expand.poll() is None:
-                loaded.round(instance.uri)
+            expand.wait()
             took = time.monotonic() - started
         finally:
+            over.set()
             stop(expand)
+            for thread in threads:
+                thread.join()
         if expand.returncode != 0:  # joiners rank 0 did not answer in time: a finding, kept
             assert expand.stderr is not None
             said = expand.stderr.read().decode(errors="replace").strip().splitlines()
@@ -190,8 +228,7 @@ def measure_expand(
             expand.stderr.close()
         progress(f"expand ended after {took:.1f} s; settling {settle:g} s")
         time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
-        for _ in range(idle_rounds):
-            idle.round(instance.uri)
+        idle.rounds(instance.uri, idle_rounds)
     return loaded, idle, took
 
 
@@ -240,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     note = (
         "ping and summary: wall time of `tbon ping URI 0` and `tbon status URI --summary`; rtt: "
-        f"round trips 2-{RTT_COUNT} of `tbon ping URI 0 --count {RTT_COUNT}`, inside the command."
+        f"round trips 2-{RTT_COUNT} of `tbon ping URI 0 --count {RTT_COUNT} --interval "
+        f"{RTT_INTERVAL}`, inside the command."
     )
     if "wireup" in args.sections:
         loaded, idle, online = measure(args.size, args.idle, args.settle, args.force)
