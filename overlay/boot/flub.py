@@ -62,12 +62,15 @@ def flub_wireup(
     keys: tuple[str, str],
     timeout: float,
     bind: Callable[[Topology, int], str],
+    warm: Callable[[], None] = lambda: None,
 ) -> tuple[Wireup, dict[str, Any]]:
     """Join through the boot servers of `boot_server` (comma-separated URIs), one after
     another until one sees the join through, with `keys` (public, secret; Z85); returns the
     wire-up and the instance's attributes. When every one has failed, exit 75 naming what
-    was tried."""
+    was tried. `warm` readies what comes after the join; it is called before a wait for the
+    parent, so that the wait covers it."""
     join = _Join(requested_rank, hostname, keys, timeout, bind)
+    join.warm = warm
     uris = split_uris(boot_server)
     if len(uris) > 1:
         log.info("FLUB: boot servers, in order: %s", " ".join(uris))
@@ -106,6 +109,7 @@ class _Join:
         self.bind = bind
         self.held: tuple[int, int] | None = None  # the (rank, incarnation) last granted
         self.bound: int | None = None  # the rank whose children's socket is bound
+        self.warm: Callable[[], None] = lambda: None  # readies what follows, before a wait
 
     def through(self, uri: str) -> tuple[Wireup, dict[str, Any]]:
         """The whole join through one boot server. BootServerLost: try the next one."""
@@ -182,6 +186,7 @@ class _Join:
             log.warning(
                 "rank %d: waiting for parent rank %d (%s) to come online", rank, parent, state
             )
+            self.warm()  # while the parent is not online anyway
         try:
             return _key_exchange(
                 client, rank, incarnation, parent, self.public_key, self.timeout, keys, lease
