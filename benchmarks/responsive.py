@@ -14,14 +14,16 @@ Sections:
   expand  rank 0 alone (`tbon start --test-size=1 -S size=N+1`) while `tbon expand -n N` brings
           N brokers in: every join asks rank 0 for a rank and a key exchange
 
-While the load lasts, this script runs each of these over and over, the three at once (a
-thread each, so that one command slowed by the load holds back only its own samples):
+While the load lasts, this script measures these at once (ping and summary each a thread
+running its command over and over, so that one command slowed by the load holds back only its
+own samples):
 
   ping      `tbon ping URI 0`, its wall time (a command's start included: what a user waits)
   summary   `tbon status URI --summary`, its wall time
-  rtt       the round trips 2-20 of `tbon ping URI 0 --count 20 --interval 10ms --json`
-            (measured inside the command, so without its start-up: rank 0's own delay, and the
-            machine's), kept only from commands that ended while the load lasted
+  rtt       the round trips of one `tbon ping URI 0 --interval 10ms` started before the load
+            (its CLI imported, then waiting for rank 0's socket) and pinging through both
+            phases, each stamped when read: rank 0's own delay, and the machine's, without the
+            start-up of a command (which N starting brokers slow by seconds on 2 cores)
 
 then, `--settle` seconds after every broker is online, `--idle` runs of each (again at once) on
 the idle instance. The table gives the medians of each phase and their ratio (target: at most
@@ -30,16 +32,17 @@ and its wall time kept as a sample: a lower bound of what its user waited. On 2 
 brokers starting take the CPU from every command too, so `ping` and `summary` pay for the
 machine as well as for rank 0; `rtt` is the part that is rank 0's.
 
-Drives tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run
-it against an older checkout. Every process it starts is stopped and reaped by PID.
+Drives tbon through its CLI only (never `import tbon`; the pinger runs the checkout's own CLI
+entry point in a process of its interpreter), so that compare.py --same-script can run it
+against an older checkout. Every process it starts is stopped and reaped by PID.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from common import (
+    STOP_GRACE_S,
     TBON,
     URI_DEADLINE_S,
     begin,
@@ -66,8 +70,8 @@ from common import (
 
 SECTIONS = ("wireup", "expand")
 MEASURES = ("ping", "summary", "rtt")
+COMMANDS = ("ping", "summary")  # each a command of its own, timed whole
 TARGET_RATIO = 2.0
-RTT_COUNT = 20
 RTT_INTERVAL = "10ms"  # spread over a fifth of a second, not one burst
 
 
@@ -79,23 +83,59 @@ def rank0_socket(tmp: str) -> str | None:
     return "local://" + found[0] if found else None
 
 
-def one_sample(name: str, uri: str, phase: Phase, over: threading.Event | None) -> None:
-    """One run of measure `name` against `uri`. A ping or summary that fails (rank 0 silent
-    past the CLI's own timeout, or not serving its socket yet) counts as a failure, and its wall
-    time as a sample too: a lower bound of what its user waited, not a gap in the table. The
-    round trips of an rtt command count only if it ended before the load did (`over`): inside
-    the command, they are rank 0's delay while it ran."""
-    if name == "rtt":
-        argv = [str(TBON), "ping", uri, "0", "--count", str(RTT_COUNT), "--json"]
-        argv += ["--interval", RTT_INTERVAL]
-        done = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False
+PINGER = """
+import glob, sys, time
+from tbon.cli.main import _entry  # the CLI's imports done before the load, not under it
+while not (found := glob.glob(sys.argv[1])):
+    time.sleep(0.005)
+sys.argv = ["tbon", "ping", "local://" + found[0], "0", "--count", "100000000",
+            "--interval", sys.argv[2], "--timeout", "0"]
+sys.exit(_entry())
+"""
+"""`tbon ping` in a process started before the load: it waits for rank 0's socket, then pings
+until stopped, one line a ping (`... time=X ms ...`), flushed as it goes."""
+
+
+class Pinger:
+    """One `tbon ping URI 0 --interval 10ms` through both phases, its CLI started before the
+    load: each round trip it prints is stamped when read, so that a phase takes those that came
+    in its time. Rank 0's own delay, without any command's start-up (which N starting brokers
+    slow by seconds on 2 cores)."""
+
+    def __init__(self, socket_pattern: str) -> None:
+        argv = [sys.executable, "-c", PINGER, socket_pattern, RTT_INTERVAL]
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
-        if done.returncode != 0:
-            phase.failed[name] += 1
-        elif over is None or not over.is_set():
-            phase.samples[name] += [ms / 1000 for ms in json.loads(done.stdout)["rtt_ms"][1:]]
-        return
+        self.samples: list[tuple[float, float]] = []  # (when read, round trip in seconds)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            found = re.search(rb"time=([0-9.]+) ms", line)
+            if found:
+                self.samples.append((time.monotonic(), float(found[1]) / 1000))
+
+    def first(self, limit: float) -> None:
+        """Wait (at most `limit` seconds) for its first round trip: it is up and pinging."""
+        deadline = time.monotonic() + limit
+        while not self.samples and time.monotonic() < deadline and self.process.poll() is None:
+            time.sleep(0.01)  # a list filled by the reader thread: no event to wait on
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [rtt for when, rtt in self.samples[1:] if start <= when <= end]  # the first: cold
+
+    def stop(self) -> None:
+        stop(self.process)
+        self.thread.join(STOP_GRACE_S)
+
+
+def one_sample(name: str, uri: str, phase: Phase) -> None:
+    """One run of measure `name` (ping or summary) against `uri`. One that fails (rank 0
+    silent past the CLI's own timeout, or not serving its socket yet) counts as a failure, and
+    its wall time as a sample too: a lower bound of what its user waited, not a gap."""
     argv = [str(TBON), "ping", uri, "0"] if name == "ping" else [str(TBON), "status", uri]
     argv += ["--summary"] if name == "summary" else []
     started = time.perf_counter()
@@ -121,7 +161,7 @@ class Phase:
 
         def loop(name: str) -> None:
             for _ in range(count):
-                one_sample(name, uri, self, None)
+                one_sample(name, uri, self)
 
         self._threads(loop)
 
@@ -131,12 +171,12 @@ class Phase:
 
         def loop(name: str) -> None:
             while not over.is_set():
-                one_sample(name, uri, self, over)
+                one_sample(name, uri, self)
 
         return self._threads(loop, wait=False)
 
     def _threads(self, loop: Callable[[str], None], wait: bool = True) -> list[threading.Thread]:
-        threads = [threading.Thread(target=loop, args=(name,)) for name in MEASURES]
+        threads = [threading.Thread(target=loop, args=(name,)) for name in COMMANDS]
         for thread in threads:
             thread.start()
         if wait:
@@ -151,6 +191,7 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
     fd, log = tempfile.mkstemp(prefix="responsive-start-", suffix=".log")
     loaded, idle = Phase(), Phase()
     with tempfile.TemporaryDirectory(prefix="responsive-") as tmp:
+        pinger = Pinger(os.path.join(tmp, "tbon-start-*", "0", "local"))
         try:
             started = time.monotonic()
             launcher = subprocess.Popen(
@@ -169,13 +210,15 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
                         raise RuntimeError(f"rank 0 never listened: {log_tail(log)}")
                     uri = rank0_socket(tmp)
                     time.sleep(0.005)  # a file's name has no event to wait on
-                progress(f"rank 0 listens at {uri} after {time.monotonic() - started:.2f} s")
+                listening = time.monotonic()
+                progress(f"rank 0 listens at {uri} after {listening - started:.2f} s")
                 over = threading.Event()
                 threads = loaded.during(uri, over)
                 try:
                     left = deadline - time.monotonic()
                     line = read_line(launcher, max(0.0, left))  # the URI, once all are online
-                    online = time.monotonic() - started
+                    up = time.monotonic()
+                    online = up - started
                 finally:
                     over.set()
                     for thread in threads:
@@ -184,10 +227,14 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
                     raise RuntimeError(f"tbon start printed {line!r}: {log_tail(log)}")
                 progress(f"all {size} online after {online:.1f} s; settling {settle:g} s")
                 time.sleep(settle)  # not a wait for a condition: the quiet spell before idle
+                quiet = time.monotonic()
                 idle.rounds(uri, idle_rounds)
+                loaded.samples["rtt"] = pinger.between(listening, up)
+                idle.samples["rtt"] = pinger.between(quiet, time.monotonic())
             finally:
                 stop(launcher)
         finally:
+            pinger.stop()
             os.close(fd)
             os.unlink(log)
     return loaded, idle, online
@@ -200,11 +247,16 @@ def measure_expand(
     join goes through rank 0: its allocation and its key exchange), then idle."""
     loaded, idle = Phase(), Phase()
     options = ["--test-exit-timeout=1m"]
-    with tbon_start(1, [f"size={size + 1}"], force=force, options=options) as instance:
+    with (
+        tbon_start(1, [f"size={size + 1}"], force=force, options=options) as instance,
+        tempfile.TemporaryFile() as said,
+    ):
+        pinger = Pinger(instance.uri[len("local://") :])
+        pinger.first(URI_DEADLINE_S)
         argv = [str(TBON), "expand", instance.uri, "-n", str(size), "--timeout", "5m"]
         started = time.monotonic()
         expand = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=said
         )
         over = threading.Event()
         threads = loaded.during(instance.uri, over)
@@ -217,18 +269,20 @@ def measure_expand(
             for thread in threads:
                 thread.join()
         if expand.returncode != 0:  # joiners rank 0 did not answer in time: a finding, kept
-            assert expand.stderr is not None
-            said = expand.stderr.read().decode(errors="replace").strip().splitlines()
-            failures = sum("tbon expand: broker pid" in line for line in said)
+            said.seek(0)
+            lines = said.read().decode(errors="replace").strip().splitlines()
+            failures = sum("tbon expand: broker pid" in line for line in lines)
             progress(
                 f"tbon expand exited {expand.returncode}: {failures} of {size} brokers did "
-                f"not join; the last said: {said[-1][:300] if said else ''}"
+                f"not join; the last said: {lines[-1][:300] if lines else ''}"
             )
-        if expand.stderr is not None:
-            expand.stderr.close()
         progress(f"expand ended after {took:.1f} s; settling {settle:g} s")
         time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
+        quiet = time.monotonic()
         idle.rounds(instance.uri, idle_rounds)
+        loaded.samples["rtt"] = pinger.between(started, started + took)
+        idle.samples["rtt"] = pinger.between(quiet, time.monotonic())
+        pinger.stop()
     return loaded, idle, took
 
 
@@ -277,8 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     note = (
         "ping and summary: wall time of `tbon ping URI 0` and `tbon status URI --summary`; rtt: "
-        f"round trips 2-{RTT_COUNT} of `tbon ping URI 0 --count {RTT_COUNT} --interval "
-        f"{RTT_INTERVAL}`, inside the command."
+        f"round trips of one `tbon ping URI 0 --interval {RTT_INTERVAL}` running through both "
+        "phases, started before the load."
     )
     if "wireup" in args.sections:
         loaded, idle, online = measure(args.size, args.idle, args.settle, args.force)
