@@ -8,43 +8,51 @@ Run from the repository with the project's virtualenv:
 
 Sections:
   wireup  one `tbon start --test-size=N` (wait mode: it prints its URI once every broker is
-          online), measured from when rank 0 listens on its local socket (found in /proc: the
-          Unix socket `.../0/local` of a broker the launcher forked; rank 0 listens after the
-          PMI exchange) until the URI is printed
+          online), measured from when rank 0 listens on its local socket (its name, under the
+          run directory `tbon start` makes in the fresh $TMPDIR this script gives it, appears
+          once rank 0 accepts on it, after the PMI exchange) until the URI is printed
   expand  rank 0 alone (`tbon start --test-size=1 -S size=N+1`) while `tbon expand -n N` brings
           N brokers in: every join asks rank 0 for a rank and a key exchange
 
-Over and over while the load lasts, this script runs:
+While the load lasts, this script measures these at once (ping and summary each a thread
+running its command over and over, so that one command slowed by the load holds back only its
+own samples):
 
   ping      `tbon ping URI 0`, its wall time (a command's start included: what a user waits)
   summary   `tbon status URI --summary`, its wall time
-  rtt       the round trips of `tbon ping URI 0 --count 5 --json` (measured inside the command,
-            so without its start-up: rank 0's own delay, and the machine's)
+  rtt       the round trips of one `tbon ping URI 0 --interval 10ms` started before the load
+            (its CLI imported, then waiting for rank 0's socket) and pinging through both
+            phases, each stamped when read: rank 0's own delay, and the machine's, without the
+            start-up of a command (which N starting brokers slow by seconds on 2 cores)
 
-then, `--settle` seconds after every broker is online, `--idle` more rounds on the idle instance.
-The table gives the medians of each phase and their ratio (target: at most 2). On 2 cores, N
-Python brokers starting take the CPU from every command too, so `ping` and `summary` pay for the
+then, `--settle` seconds after every broker is online, `--idle` runs of each (again at once) on
+the idle instance. The table gives the medians of each phase and their ratio (target: at most
+2). A ping or summary that fails (rank 0 silent past the CLI's own 10 s) is counted as failed,
+and its wall time kept as a sample: a lower bound of what its user waited. On 2 cores, N Python
+brokers starting take the CPU from every command too, so `ping` and `summary` pay for the
 machine as well as for rank 0; `rtt` is the part that is rank 0's.
 
-Drives tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run
-it against an older checkout. Every process it starts is stopped and reaped by PID.
+Drives tbon through its CLI only (never `import tbon`; the pinger runs the checkout's own CLI
+entry point in a process of its interpreter), so that compare.py --same-script can run it
+against an older checkout. Every process it starts is stopped and reaped by PID.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import glob
 import os
 import re
-import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from common import (
+    STOP_GRACE_S,
     TBON,
     URI_DEADLINE_S,
     begin,
@@ -53,6 +61,7 @@ from common import (
     parse_args,
     positive,
     progress,
+    read_line,
     stop,
     tbon_start,
     time_command,
@@ -61,163 +70,237 @@ from common import (
 
 SECTIONS = ("wireup", "expand")
 MEASURES = ("ping", "summary", "rtt")
+COMMANDS = ("ping", "summary")  # each a command of its own, timed whole
 TARGET_RATIO = 2.0
-RTT_COUNT = 5
+RTT_INTERVAL = "10ms"  # spread over a fifth of a second, not one burst
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes `pid` forked, and theirs (the launcher forks a helper that forks brokers)."""
-    found: list[int] = []
+def rank0_socket(tmp: str) -> str | None:
+    """rank 0's local URI once it listens: `tbon start` makes its run directory under $TMPDIR
+    (this script gives it a fresh one), and rank 0 binds `.../0/local` under a temporary name
+    and renames it, so that the name exists only once rank 0 accepts connections on it."""
+    found = glob.glob(os.path.join(tmp, "tbon-start-*", "0", "local"))
+    return "local://" + found[0] if found else None
+
+
+PINGER = """
+import glob, sys, time
+from tbon.cli.main import _entry  # the CLI's imports done before the load, not under it
+while not (found := glob.glob(sys.argv[1])):
+    time.sleep(0.005)
+sys.argv = ["tbon", "ping", "local://" + found[0], "0", "--count", "100000000",
+            "--interval", sys.argv[2], "--timeout", "0"]
+sys.exit(_entry())
+"""
+"""`tbon ping` in a process started before the load: it waits for rank 0's socket, then pings
+until stopped, one line a ping (`... time=X ms ...`), flushed as it goes."""
+
+
+class Pinger:
+    """One `tbon ping URI 0 --interval 10ms` through both phases, its CLI started before the
+    load: each round trip it prints is stamped when read, so that a phase takes those that came
+    in its time. Rank 0's own delay, without any command's start-up (which N starting brokers
+    slow by seconds on 2 cores)."""
+
+    def __init__(self, socket_pattern: str) -> None:
+        argv = [sys.executable, "-c", PINGER, socket_pattern, RTT_INTERVAL]
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        self.samples: list[tuple[float, float]] = []  # (when read, round trip in seconds)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            found = re.search(rb"time=([0-9.]+) ms", line)
+            if found:
+                self.samples.append((time.monotonic(), float(found[1]) / 1000))
+
+    def first(self, limit: float) -> None:
+        """Wait (at most `limit` seconds) for its first round trip: it is up and pinging."""
+        deadline = time.monotonic() + limit
+        while not self.samples and time.monotonic() < deadline and self.process.poll() is None:
+            time.sleep(0.01)  # a list filled by the reader thread: no event to wait on
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [rtt for when, rtt in self.samples[1:] if start <= when <= end]  # the first: cold
+
+    def stop(self) -> None:
+        stop(self.process)
+        self.thread.join(STOP_GRACE_S)
+
+
+def one_sample(name: str, uri: str, phase: Phase) -> None:
+    """One run of measure `name` (ping or summary) against `uri`. One that fails (rank 0
+    silent past the CLI's own timeout, or not serving its socket yet) counts as a failure, and
+    its wall time as a sample too: a lower bound of what its user waited, not a gap."""
+    argv = [str(TBON), "ping", uri, "0"] if name == "ping" else [str(TBON), "status", uri]
+    argv += ["--summary"] if name == "summary" else []
+    started = time.perf_counter()
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            found += [child, *descendants(child)]
-    return found
+        phase.samples[name].append(time_command(argv))
+    except RuntimeError as error:
+        phase.samples[name].append(time.perf_counter() - started)
+        phase.failed[name] += 1
+        progress(f"{name}: {str(error)[:200]}")
 
 
-def socket_inodes(pid: int) -> set[str]:
-    """The inodes of the sockets `pid` holds open."""
-    inodes: set[str] = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
-        pass
-    return inodes
+@dataclass
+class Phase:
+    """What one phase (under load, or idle) gave: each measure's samples, and its failures.
+    Each measure runs in a thread of its own, one command after another, so that a command
+    slowed by the load does not hold the others' samples back."""
+
+    samples: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MEASURES})
+    failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES, 0))
+
+    def rounds(self, uri: str, count: int) -> None:
+        """`count` runs of each measure, the measures at once (idle)."""
+
+        def loop(name: str) -> None:
+            for _ in range(count):
+                one_sample(name, uri, self)
+
+        self._threads(loop)
+
+    def during(self, uri: str, over: threading.Event) -> list[threading.Thread]:
+        """Each measure over and over until `over` is set (the load ended); the threads, to
+        join once it is."""
+
+        def loop(name: str) -> None:
+            while not over.is_set():
+                one_sample(name, uri, self)
+
+        return self._threads(loop, wait=False)
+
+    def _threads(self, loop: Callable[[str], None], wait: bool = True) -> list[threading.Thread]:
+        threads = [threading.Thread(target=loop, args=(name,)) for name in COMMANDS]
+        for thread in threads:
+            thread.start()
+        if wait:
+            for thread in threads:
+                thread.join()
+        return threads
 
 
-def rank0_uri(launcher: int) -> str | None:
-    """rank 0's local URI once one of the launcher's brokers listens on `.../0/local` (bound
-    under a temporary name, `local.PID`, then renamed: /proc/net/unix shows the first)."""
-    held: set[str] = set()
-    for child in descendants(launcher):
-        held |= socket_inodes(child)
-    for row in Path("/proc/net/unix").read_text().splitlines()[1:]:
-        fields = row.split()
-        if len(fields) < 8 or fields[6] not in held:
-            continue
-        path = re.sub(r"\.\d+$", "", fields[7])
-        if path.endswith("/0/local") and os.path.exists(path):
-            return "local://" + path
-    return None
-
-
-def one_round(uri: str, samples: dict[str, list[float]]) -> None:
-    """One of each measure against `uri`; a failed command is skipped (rank 0 may not serve
-    its socket yet), not counted."""
-    for name, argv in (
-        ("ping", [str(TBON), "ping", uri, "0"]),
-        ("summary", [str(TBON), "status", uri, "--summary"]),
-    ):
-        try:
-            samples[name].append(time_command(argv))
-        except RuntimeError as error:
-            progress(f"{name}: {str(error)[:200]}")
-    done = subprocess.run(
-        [str(TBON), "ping", uri, "0", "--count", str(RTT_COUNT), "--json"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode == 0:
-        samples["rtt"] += [ms / 1000 for ms in json.loads(done.stdout)["rtt_ms"][1:]]  # warm
-
-
-def measure(
-    size: int, idle_rounds: int, settle: float, force: bool
-) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
+def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Phase, Phase, float]:
     """Samples during the wire-up and idle, and how long the wire-up took."""
     argv = [str(TBON), "start", f"--test-size={size}", *(["--force"] if force else [])]
     fd, log = tempfile.mkstemp(prefix="responsive-start-", suffix=".log")
-    loaded: dict[str, list[float]] = {name: [] for name in MEASURES}
-    idle: dict[str, list[float]] = {name: [] for name in MEASURES}
-    try:
-        started = time.monotonic()
-        launcher = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd
-        )
+    loaded, idle = Phase(), Phase()
+    with tempfile.TemporaryDirectory(prefix="responsive-") as tmp:
+        pinger = Pinger(os.path.join(tmp, "tbon-start-*", "0", "local"))
         try:
-            assert launcher.stdout is not None
-            deadline = started + URI_DEADLINE_S * 4
-            uri = None
-            while uri is None:
-                if time.monotonic() > deadline or launcher.poll() is not None:
-                    raise RuntimeError(f"rank 0 never listened: {log_tail(log)}")
-                uri = rank0_uri(launcher.pid)
-                time.sleep(0.01)  # polling /proc: the socket has no event to wait on
-            progress(f"rank 0 listens at {uri} after {time.monotonic() - started:.2f} s")
-            while not select.select([launcher.stdout], [], [], 0)[0]:
-                if time.monotonic() > deadline or launcher.poll() is not None:
-                    raise RuntimeError(f"no URI within the deadline: {log_tail(log)}")
-                one_round(uri, loaded)
-            line = launcher.stdout.readline().decode().strip()
-            online = time.monotonic() - started
-            if not line.startswith("local://"):
-                raise RuntimeError(f"tbon start printed {line!r}: {log_tail(log)}")
-            progress(f"all {size} online after {online:.1f} s; settling {settle:g} s")
-            time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
-            for _ in range(idle_rounds):
-                one_round(uri, idle)
+            started = time.monotonic()
+            launcher = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                env={**os.environ, "TMPDIR": tmp},
+            )
+            try:
+                assert launcher.stdout is not None
+                deadline = started + URI_DEADLINE_S * 4
+                uri = None
+                while uri is None:
+                    if time.monotonic() > deadline or launcher.poll() is not None:
+                        raise RuntimeError(f"rank 0 never listened: {log_tail(log)}")
+                    uri = rank0_socket(tmp)
+                    time.sleep(0.005)  # a file's name has no event to wait on
+                listening = time.monotonic()
+                progress(f"rank 0 listens at {uri} after {listening - started:.2f} s")
+                over = threading.Event()
+                threads = loaded.during(uri, over)
+                try:
+                    left = deadline - time.monotonic()
+                    line = read_line(launcher, max(0.0, left))  # the URI, once all are online
+                    up = time.monotonic()
+                    online = up - started
+                finally:
+                    over.set()
+                    for thread in threads:
+                        thread.join()
+                if not line.startswith("local://"):
+                    raise RuntimeError(f"tbon start printed {line!r}: {log_tail(log)}")
+                progress(f"all {size} online after {online:.1f} s; settling {settle:g} s")
+                time.sleep(settle)  # not a wait for a condition: the quiet spell before idle
+                quiet = time.monotonic()
+                idle.rounds(uri, idle_rounds)
+                loaded.samples["rtt"] = pinger.between(listening, up)
+                idle.samples["rtt"] = pinger.between(quiet, time.monotonic())
+            finally:
+                stop(launcher)
         finally:
-            stop(launcher)
-    finally:
-        os.close(fd)
-        os.unlink(log)
+            pinger.stop()
+            os.close(fd)
+            os.unlink(log)
     return loaded, idle, online
 
 
 def measure_expand(
     size: int, idle_rounds: int, settle: float, force: bool
-) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
+) -> tuple[Phase, Phase, float]:
     """Samples while `tbon expand -n N` brings N brokers into an instance of rank 0 alone (every
     join goes through rank 0: its allocation and its key exchange), then idle."""
-    loaded: dict[str, list[float]] = {name: [] for name in MEASURES}
-    idle: dict[str, list[float]] = {name: [] for name in MEASURES}
+    loaded, idle = Phase(), Phase()
     options = ["--test-exit-timeout=1m"]
-    with tbon_start(1, [f"size={size + 1}"], force=force, options=options) as instance:
+    with (
+        tbon_start(1, [f"size={size + 1}"], force=force, options=options) as instance,
+        tempfile.TemporaryFile() as said,
+    ):
+        pinger = Pinger(instance.uri[len("local://") :])
+        pinger.first(URI_DEADLINE_S)
         argv = [str(TBON), "expand", instance.uri, "-n", str(size), "--timeout", "5m"]
         started = time.monotonic()
-        expand = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        expand = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=said
+        )
+        over = threading.Event()
+        threads = loaded.during(instance.uri, over)
         try:
-            while expand.poll() is None:
-                one_round(instance.uri, loaded)
+            expand.wait()
             took = time.monotonic() - started
         finally:
+            over.set()
             stop(expand)
+            for thread in threads:
+                thread.join()
         if expand.returncode != 0:  # joiners rank 0 did not answer in time: a finding, kept
-            progress(f"tbon expand exited {expand.returncode}: not every broker joined")
+            said.seek(0)
+            lines = said.read().decode(errors="replace").strip().splitlines()
+            failures = sum("tbon expand: broker pid" in line for line in lines)
+            progress(
+                f"tbon expand exited {expand.returncode}: {failures} of {size} brokers did "
+                f"not join; the last said: {lines[-1][:300] if lines else ''}"
+            )
         progress(f"expand ended after {took:.1f} s; settling {settle:g} s")
         time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
-        for _ in range(idle_rounds):
-            one_round(instance.uri, idle)
+        quiet = time.monotonic()
+        idle.rounds(instance.uri, idle_rounds)
+        loaded.samples["rtt"] = pinger.between(started, started + took)
+        idle.samples["rtt"] = pinger.between(quiet, time.monotonic())
+        pinger.stop()
     return loaded, idle, took
 
 
-def rows_of(loaded: dict[str, list[float]], idle: dict[str, list[float]]) -> list[list[str]]:
+def rows_of(loaded: Phase, idle: Phase) -> list[list[str]]:
     rows = []
     for name in MEASURES:
-        if not loaded[name] or not idle[name]:
-            rows.append([name, str(len(loaded[name])), "-", "-", "-", "no samples"])
+        during_samples, idle_samples = loaded.samples[name], idle.samples[name]
+        failed = f"{loaded.failed[name]}/{idle.failed[name]}"
+        if not during_samples or not idle_samples:
+            rows.append([name, str(len(during_samples)), failed, "-", "-", "-", "no samples"])
             continue
-        during, quiet = median(loaded[name]), median(idle[name])
+        during, quiet = median(during_samples), median(idle_samples)
         ratio = during / quiet
         rows.append(
             [
                 name,
-                str(len(loaded[name])),
+                str(len(during_samples)),
+                failed,
                 f"{during * 1000:.1f}",
                 f"{quiet * 1000:.1f}",
                 f"{ratio:.2f}",
@@ -237,10 +320,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="pass --force to `tbon start`")
     args = parse_args(parser, argv, SECTIONS, counts=("--idle",))
     report = begin("responsive", args.markdown)
-    header = ["measure", "samples during", "during ms", "idle ms", "ratio", "target"]
+    header = [
+        "measure",
+        "samples during",
+        "failed during/idle",
+        "during ms",
+        "idle ms",
+        "ratio",
+        "target",
+    ]
     note = (
         "ping and summary: wall time of `tbon ping URI 0` and `tbon status URI --summary`; rtt: "
-        f"round trips 2-{RTT_COUNT} of `tbon ping URI 0 --count {RTT_COUNT}`, inside the command."
+        f"round trips of one `tbon ping URI 0 --interval {RTT_INTERVAL}` running through both "
+        "phases, started before the load."
     )
     if "wireup" in args.sections:
         loaded, idle, online = measure(args.size, args.idle, args.settle, args.force)

@@ -381,6 +381,53 @@ def test_kex_for_a_rank_whose_parent_is_not_connected_is_unreachable() -> None:
     assert answer.errnum == errno.EHOSTUNREACH and answer.errstr == "rank 1 is offline"
 
 
+def test_a_kex_that_waits_is_held_until_its_parent_is_online_then_orders_the_parent() -> None:
+    table = started("kary:2", 8, launched=1)  # rank 1 vacant: a joiner of rank 3 waits for it
+    flub = flub_at_rank0(table)
+    key = generate_keypair()[0]
+    grant = only_response(flub.allocate(allocate(key, rank=3), NOW))
+    assert "parent_card" not in grant.payload and grant.payload["parent_state"] == "vacant"
+    kex = {"rank": 3, "incarnation": 1, "public_key": key, "wait": True}
+    assert flub.kex(request("flub.kex", kex), NOW) == []  # held, not EHOSTUNREACH
+    assert flub.unpark(NOW) == []  # nothing changed for it yet
+    parents = generate_keypair()[0]
+    flub.allocate(allocate(parents, rank=1), NOW)  # the table changes, rank 1 is not up yet
+    assert flub.unpark(NOW) == []
+    assert table.apply(Online(1, 1, "node1", 1001, 0, parents), NOW).applied
+    [call] = flub.unpark(NOW + 1)
+    assert isinstance(call, Call) and call.request.topic == "flub.authorize"
+    assert call.request.nodeid == 1 and call.request.payload["rank"] == 3
+    answer = only_response(call.then(reply_to(call, CARD), NOW + 1))
+    assert answer.payload == CARD and answer.tag == 7  # the joiner's own request, answered
+    assert flub.unpark(NOW + 2) == [] and flub.parked == {}
+
+
+def test_a_held_kex_is_answered_when_its_lease_ends_and_dropped_with_its_client() -> None:
+    table = started("kary:2", 8, launched=1)
+    lifecycle = Lifecycle()
+    flub = flub_at_rank0(table, lifecycle)
+    keys = [generate_keypair()[0] for _ in range(3)]
+    for rank, key, route in zip((3, 4, 5), keys, (["l0a"], ["l0b"], ["l0c"]), strict=True):
+        flub.allocate(request("flub.allocate", {**_ask(key), "rank": rank}, route=route), NOW)
+        kex = {"rank": rank, "incarnation": 1, "public_key": key, "wait": True}
+        assert flub.kex(request("flub.kex", kex, route=route), NOW) == []
+    assert flub.disconnect(request("client.disconnect", route=["l0b"]), NOW) == []
+    lapsed = responses(flub.expire(NOW + 31))  # rank 3's and rank 5's leases: rank 4's client left
+    assert sorted(r.route[-1] for r in lapsed if r.topic == "flub.kex") == ["l0a", "l0c"]
+    assert all(r.errnum == errno.ESTALE for r in lapsed if r.topic == "flub.kex")
+    assert flub.parked == {}
+    key = generate_keypair()[0]
+    flub.allocate(request("flub.allocate", {**_ask(key), "rank": 6}), NOW + 40)
+    assert flub.kex(request("flub.kex", {**_triple(6, key), "wait": True}), NOW + 40) == []
+    lifecycle.stopping = True
+    stopped = only_response(flub.unpark(NOW + 41))
+    assert stopped.errnum == errno.ESHUTDOWN and flub.parked == {}
+
+
+def _triple(rank: int, key: str) -> dict[str, Any]:
+    return {"rank": rank, "incarnation": 1, "public_key": key}
+
+
 def test_an_expired_lease_is_voided_at_the_parent_once() -> None:
     table = started("kary:2", 4, launched=2)
     flub = flub_at_rank0(table)

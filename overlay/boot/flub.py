@@ -62,12 +62,15 @@ def flub_wireup(
     keys: tuple[str, str],
     timeout: float,
     bind: Callable[[Topology, int], str],
+    warm: Callable[[], None] = lambda: None,
 ) -> tuple[Wireup, dict[str, Any]]:
     """Join through the boot servers of `boot_server` (comma-separated URIs), one after
     another until one sees the join through, with `keys` (public, secret; Z85); returns the
     wire-up and the instance's attributes. When every one has failed, exit 75 naming what
-    was tried."""
+    was tried. `warm` readies what comes after the join; it is called before a wait for the
+    parent, so that the wait covers it."""
     join = _Join(requested_rank, hostname, keys, timeout, bind)
+    join.warm = warm
     uris = split_uris(boot_server)
     if len(uris) > 1:
         log.info("FLUB: boot servers, in order: %s", " ".join(uris))
@@ -106,6 +109,7 @@ class _Join:
         self.bind = bind
         self.held: tuple[int, int] | None = None  # the (rank, incarnation) last granted
         self.bound: int | None = None  # the rank whose children's socket is bound
+        self.warm: Callable[[], None] = lambda: None  # readies what follows, before a wait
 
     def through(self, uri: str) -> tuple[Wireup, dict[str, Any]]:
         """The whole join through one boot server. BootServerLost: try the next one."""
@@ -155,10 +159,7 @@ class _Join:
             assert parent is not None  # rank 0 is never allocatable
             card = _card(grant.get("parent_card"))
             if card is None:
-                _wait_online(client, rank, parent, grant["lease"])
-                card = _key_exchange(
-                    client, rank, incarnation, parent, self.public_key, self.timeout, keys
-                )
+                card = self._parent_card(client, grant, parent, keys)
         except BootServerLost:
             raise  # nobody to give the reservation back to: rank 0 lets its lease lapse
         except BaseException:
@@ -166,6 +167,34 @@ class _Join:
             raise
         wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
         return wireup, grant["attributes"]
+
+    def _parent_card(
+        self,
+        client: Client,
+        grant: dict[str, Any],
+        parent: int,
+        keys: tuple[str, str] | None,
+    ) -> BusinessCard:
+        """The parent's card when the grant came without it: one `flub.kex` that rank 0 holds
+        (`wait`) until the parent is online, at most the lease, and answers at once then, in
+        the same turn of its loop that saw the parent come online. A rank 0 that holds no key
+        exchange (older) answers EHOSTUNREACH at once: then the joiner watches the table for
+        the parent, and asks again."""
+        rank, incarnation, lease = grant["rank"], grant["incarnation"], grant["lease"]
+        state = grant.get("parent_state")
+        if state is not None and state != "online":
+            log.warning(
+                "rank %d: waiting for parent rank %d (%s) to come online", rank, parent, state
+            )
+            self.warm()  # while the parent is not online anyway
+        try:
+            return _key_exchange(
+                client, rank, incarnation, parent, self.public_key, self.timeout, keys, lease
+            )
+        except _Unreachable:
+            pass
+        _wait_online(client, rank, parent, lease)
+        return _key_exchange(client, rank, incarnation, parent, self.public_key, self.timeout, keys)
 
     def _ask(self) -> int | None:
         """The rank to ask for: the one asked for, or, once this broker has bound its
@@ -357,6 +386,11 @@ def _wait_online(client: Client, rank: int, parent: int, lease: float) -> None:
     )
 
 
+class _Unreachable(Exception):
+    """A key exchange held for the parent (`wait`) was answered EHOSTUNREACH: the parent or
+    the way to it is not connected, and rank 0 did not hold the request."""
+
+
 def _key_exchange(
     client: Client,
     rank: int,
@@ -365,17 +399,24 @@ def _key_exchange(
     public_key: str,
     timeout: float,
     keys: tuple[str, str] | None,
+    wait: float | None = None,
 ) -> BusinessCard:
     """The parent's card, from rank 0 (`flub.kex`), with the proof that we hold the key if
-    this connection does not hold the reservation (`keys`). Only a refusal that no new process
-    with this key could turn (a proof refused, a second holder, the parent's refusal) exits
-    77; a reservation that lapsed or was used meanwhile, or a challenge that expired, exits 75."""
+    this connection does not hold the reservation (`keys`). With `wait` (the lease left), rank
+    0 holds the request until the parent is online; an EHOSTUNREACH then is _Unreachable.
+    Only a refusal that no new process with this key could turn (a proof refused, a second
+    holder, the parent's refusal) exits 77; a reservation that lapsed or was used meanwhile, or
+    a challenge that expired, exits 75."""
     try:
         ask: dict[str, Any] = {"rank": rank, "incarnation": incarnation, "public_key": public_key}
         if keys is not None:
             ask |= _proof(client, rank, incarnation, keys, timeout)
-        reply = _rpc(client, "flub.kex", ask, timeout)
+        if wait is not None:
+            ask["wait"] = True
+        reply = _rpc(client, "flub.kex", ask, timeout + (wait or 0.0))
     except RequestError as error:
+        if wait is not None and error.errnum == errno.EHOSTUNREACH:
+            raise _Unreachable(str(error)) from None
         codes = {
             errno.EPERM: exitcodes.REFUSED,
             errno.ESTALE: exitcodes.LOST,

@@ -440,6 +440,7 @@ class Broker:
             self.perform(self.services.heal.settle(now, self._whole()))
         status = self.services.status
         if self.table is not None and status is not None:
+            self.perform(self.services.flub.unpark(now))  # key exchanges a parent waited for
             for watcher, update in status.pushes(now):
                 if not self._respond(update):
                     status.forget_watcher(watcher)

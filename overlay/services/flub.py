@@ -91,6 +91,9 @@ class FlubService:
         # rank 0: the reservations each client connection (trust.connection_of) was granted first
         self.held: dict[Connection, set[tuple[int, int]]] = {}
         self.challenges = challenges if challenges is not None else Challenges()
+        # rank 0: the key exchanges (`wait`) held until their parent rank is connected
+        self.parked: dict[int, list[Message]] = {}
+        self._parked_seen = -1  # the table's generation when `unpark` last looked
 
     # --- rank 0 -------------------------------------------------------------------------------
 
@@ -180,6 +183,8 @@ class FlubService:
             }
             if card is not None:
                 reply["parent_card"] = card
+            else:  # the joiner's flub.kex waits for this parent: its log says for what
+                reply["parent_state"] = str(self.table.entry(parent).state)
             return [Respond(request.respond(reply))]
 
         if self.table.entry(parent).state is not RankState.ONLINE:
@@ -195,9 +200,11 @@ class FlubService:
         ]
 
     def kex(self, request: Message, now: float) -> list[Action]:
-        """A joiner whose parent is online now asks for its card: check the reservation and
-        that it was granted to this connection, have the parent admit the key, and pass the
-        parent's answer on."""
+        """A joiner asks for its parent's card: check the reservation and that it was granted
+        to this connection, have the parent admit the key, and pass the parent's answer on. A
+        request that says `wait`, for a parent not connected yet, is held (`parked`) and taken
+        through here again once the parent is (`unpark`): the joiner needs no status stream,
+        and is answered in the turn that saw its parent come online."""
         assert self.table is not None
         payload = request.payload
         rank, incarnation, key = (payload.get(k) for k in ("rank", "incarnation", "public_key"))
@@ -216,6 +223,9 @@ class FlubService:
         assert parent is not None  # verify refuses rank 0: it is never reserved
         state = self.table.entry(parent).state
         if state not in CONNECTED:
+            if payload.get("wait") is True:  # answered once the parent is online (unpark)
+                self.parked.setdefault(parent, []).append(request)
+                return []
             return fail(request, errno.EHOSTUNREACH, f"rank {parent} is {state}")
 
         def passed_on(reply: Message, now: float) -> list[Action]:
@@ -224,6 +234,45 @@ class FlubService:
             return [Respond(request.respond(_card(reply)))]
 
         return [self._order_authorize(rank, incarnation, key, then=passed_on)]
+
+    def unpark(self, now: float) -> list[Action]:
+        """The held key exchanges whose parent is connected now (or all of them, when the
+        instance stops), each taken through `kex` again, which orders the parent or answers
+        why not. Called after each turn of the loop; it looks only when the table changed (a
+        parent came online) or the instance stops: one look per parent waited for, not per
+        joiner."""
+        table = self.table
+        if table is None or not self.parked:
+            return []
+        stopping = self.lifecycle.stopping
+        if table.generation == self._parked_seen and not stopping:
+            return []
+        self._parked_seen = table.generation
+        due = [
+            parent for parent in self.parked if stopping or table.entry(parent).state in CONNECTED
+        ]
+        return [
+            action
+            for parent in due
+            for request in self.parked.pop(parent)
+            for action in self.kex(request, now)
+        ]
+
+    def _unpark_rank(self, rank: int, now: float) -> list[Action]:
+        """The held key exchanges for `rank`, whose reservation just ended (its lease ran out,
+        its joiner gave it back): `kex` answers each why (ESTALE)."""
+        parent = self.topology.parent(rank)
+        held = self.parked.get(parent, []) if parent is not None else []
+        ended = [r for r in held if r.payload.get("rank") == rank]
+        if not ended:
+            return []
+        assert parent is not None
+        kept = [r for r in held if r.payload.get("rank") != rank]
+        if kept:
+            self.parked[parent] = kept
+        else:
+            del self.parked[parent]
+        return [action for request in ended for action in self.kex(request, now)]
 
     def release(self, request: Message, now: float) -> list[Action]:
         """A joiner that failed before its hello gives its reservation back, on the connection
@@ -248,7 +297,7 @@ class FlubService:
             if not outcome.applied:  # verify passed, so the table's row agrees: kept as a guard
                 return fail(request, errno.EPERM, outcome.reason)
             said = f"FLUB: the joiner on {host} released rank {rank} incarnation {incarnation}"
-            return [info(said), Respond(request.respond({}))]
+            return [info(said), Respond(request.respond({})), *self._unpark_rank(rank, now)]
 
         return [Apply(Release(rank, incarnation, key), then=released, request=request)]
 
@@ -277,8 +326,15 @@ class FlubService:
         it (they stay reserved until their joiners come online, release them or they expire),
         nobody may exchange keys for them or release them without a proof any more, and its
         challenges can no longer be answered."""
-        self.held.pop(connection_of(request), None)
-        self.challenges.forget(connection_of(request))
+        gone = connection_of(request)
+        self.held.pop(gone, None)
+        self.challenges.forget(gone)
+        for parent in list(self.parked):  # nobody to answer: its key exchanges are dropped
+            kept = [r for r in self.parked[parent] if connection_of(r) != gone]
+            if kept:
+                self.parked[parent] = kept
+            else:
+                del self.parked[parent]
         return []
 
     def _not_holder(
@@ -378,7 +434,7 @@ class FlubService:
             if not outcome.applied:
                 return []
             why = f"FLUB: the reservation of rank {rank} incarnation {incarnation} for {host}"
-            return [warning(f"{why} expired")]
+            return [warning(f"{why} expired"), *self._unpark_rank(rank, now)]
 
         return said
 
