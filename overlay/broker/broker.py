@@ -32,6 +32,7 @@ from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
 from tbon.overlay.config.attributes import BrokerConfig
+from tbon.overlay.links.cards import encode_group
 from tbon.overlay.links.descriptors import raise_limit
 from tbon.overlay.services.actions import Action, Apply, ApplyAll, Foster
 from tbon.overlay.services.lifecycle import Lifecycle
@@ -227,8 +228,6 @@ class Broker:
 
     def _group_changed(self) -> None:
         """The root learned a member's card: every child hears the group with the lineage."""
-        from tbon.overlay.links.cards import encode_group
-
         if self.children is not None and self.group.leads:
             self.children.group = encode_group(self.group.group_cards())
             self.children.send_lineage()
@@ -547,8 +546,6 @@ class Broker:
                 self.report(self.children.census(), now)
             self._due = 0.0  # heartbeats to the parent start now
         if news.lineage and self.children is not None:
-            from tbon.overlay.links.cards import encode_group
-
             self.children.lineage = [*map(list, parent.lineage), self._card()]
             if not self.group.leads:  # the root's own group is what it learned itself
                 self.children.group = encode_group(parent.group)
@@ -789,8 +786,6 @@ class Broker:
         self._drop_parent = True  # once this turn's messages are out (_tick)
         self.group.lead_with(self.parent.group if self.parent is not None else ())
         if self.children is not None:
-            from tbon.overlay.links.cards import encode_group
-
             self.children.lineage = [self._card()]
             self.children.group = encode_group(self.group.group_cards())
             self.children.seeking_for = lambda now: None
