@@ -616,8 +616,10 @@ class Streams:
         else:
             self.stdin.done(rank)
             _answer(payload, self.outcome, self.as_json)
-            if inbox is not None:  # its last word: the rank may forget what it kept
-                self._credit(rank, 0, inbox)
+            if inbox is not None:
+                # Its last word, which this client's broker acknowledged for it as it handed it
+                # over ("acks": resend.Handoff): a second acknowledgement would only cross the
+                # tree again, one message per rank (issue 26: exec -r all at 1024 ranks).
                 return
         if inbox is not None and "stream" not in payload and inbox.took_free():
             self._credit(rank, 0, inbox)
