@@ -56,25 +56,49 @@ def merge(rounds: list[tuple[list[str], list[str]]]) -> list[str]:
             continue
         row = []
         for column, cell in enumerate(cells(line)):
-            match = NUMBER.match(cell) if column else None  # the first column names the row
-            if not match:
+            if column == 0:  # the first column names the row
                 row.append(cell)
                 continue
             before, after = [], []
+            words: tuple[list[str], list[str]] = ([], [])
             for before_lines, after_lines in rounds:
-                for side, lines in ((before, before_lines), (after, after_lines)):
+                for side, said, lines in (
+                    (before, words[0], before_lines),
+                    (after, words[1], after_lines),
+                ):
                     theirs = cells(lines[index]) if index < len(lines) else []
-                    found = NUMBER.match(theirs[column]) if column < len(theirs) else None
+                    mine = theirs[column] if column < len(theirs) else ""
+                    found = NUMBER.match(mine)
                     if found:
                         side.append(float(found["num"]))
-            if not before or not after:
-                row.append(cell)
+                    else:
+                        said.append(mine)
+            if not before or not after:  # no number on one side (or either)
+                row.append(_words(cell, before, after, words))
                 continue
             b, a = statistics.median(before), statistics.median(after)
             ratio = f" (x{a / b:.2f})" if b else ""
-            row.append(f"{match['pre']}{b:g} → {a:g}{match['post']}{ratio}")
+            match = NUMBER.match(cell)
+            pre, post = (match["pre"], match["post"]) if match else ("", "")
+            row.append(f"{pre}{b:g} → {a:g}{post}{ratio}")
         out.append("| " + " | ".join(row) + " |")
     return out
+
+
+def _words(
+    cell: str, before: list[float], after: list[float], words: tuple[list[str], list[str]]
+) -> str:
+    """A cell with a number on one side at most: `before → after`, each side its median number
+    or else what it said most often (a measure one side never reached, a target met on one side
+    only); the cell itself where both sides said the same."""
+    said = [
+        f"{statistics.median(numbers):g}" if numbers else max(set(texts), key=texts.count)
+        for numbers, texts in ((before, words[0]), (after, words[1]))
+        if numbers or texts
+    ]
+    if len(said) < 2 or said[0] == said[1]:
+        return cell
+    return f"{said[0]} → {said[1]}"
 
 
 def main() -> None:
