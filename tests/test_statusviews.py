@@ -168,3 +168,22 @@ def test_errors_group_by_state_and_reason_as_the_table_does() -> None:
         "6 node0: vacant: said goodbye (exit status 0)",
         "7-8: vacant: spares never held",
     ]
+
+
+def test_foster_children_and_own_children_are_not_one_run() -> None:
+    """Rank 1 lost, its four leaves fostered by rank 0, beside rank 0's own leaves 2-4: the
+    foster children are one run (`fostered, home is rank 1`), rank 0's own leaves each a line of
+    their own (fewer than MERGE_RUN): a run says only what is true of every rank in it."""
+    from tbon.overlay.state.ranktable import Lost, Online
+
+    table = RankTable(Topology("kary:4", 9), [f"node{r}" for r in range(9)], 10.0)
+    for rank in range(9):
+        table.apply(Online(rank, 1, "node", 100 + rank, None, f"key{rank}"), 11.0)
+    table.apply(Lost(1, 1, "connection dropped", parent=0), 12.0)
+    for rank in range(5, 9):
+        assert table.apply(Online(rank, 1, "node", 100 + rank, 0, f"key{rank}"), 13.0).applied
+    items = statusviews.tree(table, 14.0, 0)["items"]
+    drawn = [item.get("ranks", str(item["entry"]["rank"])) for item in items]
+    assert drawn == ["0", "1", "2", "3", "4", "5-8"]
+    lines = plain(render.tree_of(statusviews.tree(table, 14.0, 0)))
+    assert lines[-1].endswith("5-8 node: full (fostered, home is rank 1)"), lines

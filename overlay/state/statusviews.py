@@ -359,9 +359,15 @@ def _runs(
 
 
 def _look(entry: dict[str, Any]) -> object:
-    """What a leaf's line says but for its rank and clocks (a tuple of the fields drawn)."""
+    """What a leaf's line says but for its rank and clocks (a tuple of the fields drawn). Its
+    parent is drawn only when it is not the broker it hangs under (fostered, home is rank P):
+    a foster child and its foster parent's own child never read the same."""
     skip = ("rank", "since", "subtree_since", "pid", "last_pid", "expires", "parent")
-    return tuple(sorted((k, repr(v)) for k, v in entry.items() if k not in skip))
+    look = [(k, repr(v)) for k, v in entry.items() if k not in skip]
+    attached, parent = entry.get("attached_to"), entry.get("parent")
+    if attached is not None and parent is not None and attached != parent:
+        look.append(("home", repr(parent)))
+    return tuple(sorted(look))
 
 
 def _subtrees(
