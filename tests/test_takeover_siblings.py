@@ -63,6 +63,10 @@ def kill_root_and_check(inst: Instance, size: int) -> None:
     ran = tbon("exec", "-r", f"1-{size - 1}", "hostname", env={**child_env(), "TBON_URI": uris})
     assert ran.returncode == 0, ran.stderr
     assert len(ran.stdout.splitlines()) == size - 1, ran.stdout
+    summary = tbon("status", "--summary", env={**child_env(), "TBON_URI": uris})
+    assert summary.returncode == 0, summary.stderr
+    assert summary.stdout.startswith("1 ") and "(root)" in summary.stdout, summary.stdout
+    assert f"1 lost, {size - 1} online; root 1" in summary.stdout, summary.stdout
 
 
 def test_sibling_standbys_take_over_in_kary4(instance) -> None:

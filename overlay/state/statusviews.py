@@ -162,7 +162,8 @@ class Drawn:
 
 
 def summary(table: RankTable, now: float, root: int) -> dict[str, Any]:
-    """`tbon status --summary` (and `--wait`): the root's entry, how many ranks of its subtree
+    """`tbon status --summary` (and `--wait`): the root's entry (for the whole instance, that of
+    the broker that is the root now), how many ranks of its subtree
     are in each state, and which are missing (EXPECTED_MISSING; the first MISSING_NAMED)."""
     states = table.rollup.states
     if root == 0:
@@ -176,7 +177,8 @@ def summary(table: RankTable, now: float, root: int) -> dict[str, Any]:
         "size": table.size,
         "topo": table.topology.spec,
         "rank": root,
-        "entry": shown(table, root, now, children=False),
+        # the whole instance's headline is its root's line: rank 0's until a takeover (§13.4)
+        "entry": shown(table, table.root if root == 0 else root, now, children=False),
         "ranks": sum(counts.values()),
         "counts": {state.value: n for state, n in sorted(counts.items())},
         "missing": sum(counts[state] for state in EXPECTED_MISSING),
