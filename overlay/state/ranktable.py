@@ -305,8 +305,8 @@ def root_stays(table: RankTable, entry: RankEntry, event: Stimulus, now: float) 
 def taken_over(table: RankTable, entry: RankEntry, event: Stimulus) -> bool:
     """The dead root's rank marked lost by the member that took over (docs/protocol.md §13.4):
     a Lost of the root's rank naming another member of the root group, connected, as its
-    `parent`. With no
-    root group (`members` empty, tbon.standbys=0) there is none, and rank 0 stays as before."""
+    `parent`. With no root group (`members` empty, tbon.standbys=0) there is none, and rank 0
+    stays as before."""
     parent = getattr(event, "parent", None)
     return (
         entry.rank == table.root
