@@ -123,7 +123,8 @@ def register(app: typer.Typer) -> None:
         limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
         with open_client(uri) as client:
             status = fetch_status(client)
-            info = client.rpc("broker.info", nodeid=0)
+            # the root's own URI is a boot server: rank 0's, or the member's that took over
+            info = client.rpc("broker.info", nodeid=status.get("root", 0))
             wanted = _wanted(status, count, fill, ranks)
             above = vacant_ancestors(status, [r for r in wanted if r is not None])
             if above:

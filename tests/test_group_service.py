@@ -390,7 +390,10 @@ def test_status_view_shows_each_standbys_acknowledged_index_and_lag() -> None:
         "index": 3,
         "commit": 2,
         "paused": False,
-        "standbys": [{"rank": 1, "acked": 2, "lag": 1}, {"rank": 2, "acked": 0, "lag": 3}],
+        "standbys": [
+            {"rank": 1, "acked": 2, "lag": 1, "voter": True},  # its reply said so
+            {"rank": 2, "acked": 0, "lag": 3, "voter": False},  # not heard from yet
+        ],
     }
     assert group.view(T0 + 5)["paused"] is True  # type: ignore[index]  # the lease ran out
 

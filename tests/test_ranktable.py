@@ -277,20 +277,90 @@ def test_rank_zero_never_leaves(event: Event) -> None:
     assert fingerprint(result) == before
 
 
-def test_the_dead_roots_rank_is_not_handed_to_a_joiner_after_a_takeover() -> None:
-    result = started("kary:1", 4)
-    bring_up(result, [1, 2, 3])
+def taken_over_by_1(spec: str = "kary:4", size: int = 9) -> RankTable:
+    """Ranks 0 to size-1 online, group {0,1,2}, rank 0 dead and rank 1 the root; the dead
+    root's other children fostered at rank 1 (as the new root's census and fosters leave them)."""
+    result = started(spec, size)
+    bring_up(result, list(range(1, size)))
     result.members = (0, 1, 2)
     why = "the root died; rank 1 took over in term 2"
     assert result.apply(Lost(0, 1, why, parent=1), 200.0).applied
     assert result.root == 1 and states(result)[0] == "lost"
-    for asked in (None, 0):  # the lowest free rank, or rank 0 by name
-        refused = result.apply(Reserve("k" * 40, "h", asked, 30.0), 201.0)
-        assert refused.reservation is not None and not refused.reservation.granted
-        assert "rank 0 is not refilled after a takeover (rank 1 is the root)" in (
-            refused.reservation.reason
-        ) or refused.reservation.reason == "no available ranks"
-    assert states(result)[0] == "lost"
+    for rank in result.topology.children(0):
+        if rank != 1:
+            entry = result.entry(rank)
+            online = Online(rank, entry.incarnation, f"node{rank}", 1000 + rank, parent=1)
+            assert result.apply(online, 201.0).applied
+    return result
+
+
+def refill_rank0(result: RankTable, now: float = 210.0) -> int:
+    """A joiner granted rank 0 and welcomed by the root: its incarnation."""
+    granted = result.apply(Reserve("k" * 40, "newhost", 0, 30.0), now)
+    assert granted.reservation is not None and granted.reservation.granted, granted
+    incarnation = granted.reservation.incarnation
+    online = Online(0, incarnation, "newhost", 4242, parent=result.root, key="k" * 40)
+    assert result.apply(online, now + 1).applied
+    return incarnation
+
+
+def test_rank_zero_is_not_reserved_while_it_is_the_root() -> None:
+    result = started("kary:4", 5)
+    bring_up(result, [1, 2, 3, 4])
+    result.members = (0, 1, 2)
+    refused = result.apply(Reserve("k" * 40, "h", 0, 30.0), 200.0)
+    assert refused.reservation is not None and not refused.reservation.granted
+    assert result.parent_of(0) is None and result.parent_of(3) == 0
+
+
+def test_the_dead_roots_rank_is_refilled_under_the_root_that_took_over() -> None:
+    result = taken_over_by_1()
+    assert result.parent_of(0) == 1 and result.parent_of(1) is None
+    refused = result.apply(Reserve("r" * 40, "h", 1, 30.0), 202.0)  # the root's own rank
+    assert refused.reservation is not None and "rank 1 is taken" in refused.reservation.reason
+    incarnation = refill_rank0(result)
+    entry = result.entry(0)
+    assert incarnation == 2 and states(result)[0] == "online"
+    assert entry.attached_to == 1 and entry.host == "newhost" and result.reachable(0)
+    assert result.root == 1  # the role stays where it is
+
+
+def test_the_lowest_free_rank_after_a_takeover_is_the_dead_roots() -> None:
+    result = taken_over_by_1()
+    granted = result.apply(Reserve("k" * 40, "h", None, 30.0), 202.0)
+    assert granted.reservation is not None and granted.reservation.rank == 0
+
+
+def test_a_refilled_rank_zero_is_lost_by_its_parents_word_and_the_root_stays() -> None:
+    result = taken_over_by_1()
+    incarnation = refill_rank0(result)
+    assert result.apply(Lost(0, incarnation, "connection dropped", parent=1), 220.0).applied
+    assert states(result)[0] == "lost" and result.root == 1
+    # the root leaves the table only by a takeover: a Lost of it from a rank not in the group
+    assert not result.apply(Lost(1, 1, "connection dropped", parent=3), 221.0).applied
+    assert not result.apply(Lost(1, 1, "connection dropped"), 221.0).applied
+
+
+@pytest.mark.parametrize("successor", [2, 0])
+def test_the_root_that_took_over_dies_in_turn_and_what_it_held_goes_adrift(
+    successor: int,
+) -> None:
+    """The second takeover: whoever it held (the refilled rank 0, the dead root's children
+    fostered there) sits outside its own subtree; every one goes adrift, but the new root."""
+    result = taken_over_by_1()
+    incarnation = refill_rank0(result)
+    why = f"the root died; rank {successor} took over in term 3"
+    assert result.apply(Lost(1, 1, why, parent=successor), 230.0).applied
+    assert result.root == successor and states(result)[1] == "lost"
+    assert result.entry(successor).attached_to is None
+    assert result.entry(successor).adrift_until is None and result.reachable(successor)
+    held = [r for r in (0, 2, 3, 4, 5, 6, 7, 8) if r != successor]
+    for rank in held:
+        entry = result.entry(rank)
+        assert entry.state.value == "online" and entry.adrift_until is not None, (rank, entry)
+    assert result.entry(0).incarnation == incarnation
+    # the former root is not the root's: a Lost of it from another member changes nothing more
+    assert not result.apply(Lost(successor, 1, "x", parent=1), 231.0).applied
 
 
 def test_an_ended_rank_cannot_end_again_or_come_back() -> None:

@@ -39,8 +39,9 @@ def test_the_new_roots_orders_are_obeyed_a_join_and_a_retirement(instance, tmp_p
     env = {**child_env(), "TBON_URI": uris}
     os.kill(inst.pid(0), signal.SIGKILL)
     wait_taken_over(inst, uris)
-    # a FLUB join: the new root grants rank 5 and orders its parent (rank 4) to admit it
-    joiner = inst.join(boot=uris.split(","), log=tmp_path / "joiner.log")
+    # a FLUB join: the new root grants rank 5 and orders its parent (rank 4) to admit it (asked
+    # by name: the lowest free rank is the dead root's now, refilled under the root, §13.6)
+    joiner = inst.join("broker.rank=5", boot=uris.split(","), log=tmp_path / "joiner.log")
 
     def joined() -> bool:
         status = status_through(uris)

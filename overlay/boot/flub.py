@@ -155,8 +155,9 @@ class _Join:
             if self.bound is None and topology.children(rank):
                 self.bind(topology, rank)
                 self.bound = rank
-            parent = topology.parent(rank)
-            assert parent is not None  # rank 0 is never allocatable
+            parent = grant.get("parent", topology.parent(rank))  # rank 0's: the root's
+            if not isinstance(parent, int) or not 0 <= parent < topology.size:
+                raise TbonError(f"FLUB: rank {rank} was granted with no parent to join under")
             card = _card(grant.get("parent_card"))
             if card is None:
                 card = self._parent_card(client, grant, parent, keys)
@@ -165,7 +166,10 @@ class _Join:
         except BaseException:
             _release(client, rank, incarnation, self.public_key, self.timeout, keys)
             raise
-        wireup = Wireup(rank, topology.size, 0, topology, parent=card, incarnation=incarnation)
+        peer = parent if parent != topology.parent(rank) else None
+        wireup = Wireup(
+            rank, topology.size, 0, topology, parent=card, incarnation=incarnation, peer=peer
+        )
         return wireup, grant["attributes"]
 
     def _parent_card(

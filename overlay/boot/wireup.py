@@ -48,6 +48,9 @@ class Wireup:
     parent: BusinessCard | None = None
     hosts: list[str] = field(default_factory=list)
     incarnation: int = FIRST_INCARNATION
+    # the parent's rank where it is not the topology's: a rank 0 refilled after a takeover
+    # joins under the root that took over (docs/protocol.md §13.6)
+    peer: int | None = None
 
 
 def instance_size(requested: int | None, launched: int, by_pmi: bool = True) -> int:

@@ -85,7 +85,10 @@ class Broker:
         self.reattach_timeout = config.reattach_timeout or config.timeout or 60.0
         # the term fence (docs/protocol.md §13.3), shared by the router and the links: rank 0
         # leads term 1 from the start; a takeover raises it (Terms.lead), and only there
-        self.terms = Terms(self.rank, leading=self.rank == 0)
+        # the root from the start: rank 0 as bootstrap made it, not one refilled by FLUB after a
+        # takeover (that one joins under the root as a member: docs/protocol.md §13.6)
+        self.founding = self.rank == 0 and links.parent is None
+        self.terms = Terms(self.rank, leading=self.founding)
         self.parent: Uplink | None = None
         if links.parent is not None:
             from tbon.overlay.links.parent import ParentLink
@@ -104,7 +107,7 @@ class Broker:
         self.table: RankTable | None = None
         self.late_hosts: LateHosts | None = None  # rank 0: PMI open for hosts not yet known
         self.path: RankPath | None = None
-        if self.rank == 0:
+        if self.founding:
             from tbon.overlay.services.rankpath import RankPath
 
             grace = (config.timeout or 60.0) + self.reattach_timeout
@@ -125,7 +128,7 @@ class Broker:
                 self.group.cards = {self.rank: self._own_card()}
         if self.children is not None:
             self.children.terms = self.terms
-            self.children.lineage = [self._card()] if self.rank == 0 else []
+            self.children.lineage = [self._card()] if self.founding else []
             if self.parent is not None:  # a child welcomed while this broker seeks is told so
                 self.children.seeking_for = self.parent.seeking_for
         self.exit_code: int | None = None
@@ -144,7 +147,7 @@ class Broker:
         self._build_services()
         self.group.on_root = self._take_over
         self.group.on_superseded = self._superseded
-        if self.rank == 0:
+        if self.founding:
             self.perform([Apply(Online(0, 1, config.hostname, os.getpid()))])
             assert self.table is not None
             if self.booted.pmi is not None and not self.table.up():
@@ -163,7 +166,7 @@ class Broker:
         from tbon.overlay.state.standbys import kept_standbys
 
         members: tuple[int, ...] = ()
-        if self.rank == 0:
+        if self.founding:
             standbys, fewer = kept_standbys(self.topology, self.config.standbys)
             if fewer is not None:
                 log.warning("%s", fewer)
@@ -790,7 +793,7 @@ class Broker:
             self.children.group = encode_group(self.group.group_cards())
             self.children.seeking_for = lambda now: None
             self.children.send_lineage()
-        dead = self.table.entry(0)
+        dead = self.table.entry(self.table.root)  # rank 0, or a root that took over before
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)
         # what its children said while it had no parent goes to its table, after the dead
@@ -800,7 +803,7 @@ class Broker:
             held += self.parent.take_reports()
         if self.children is not None:
             held += self.children.census()
-        lost = Apply(Lost(0, dead.incarnation, why, parent=self.rank))
+        lost = Apply(Lost(dead.rank, dead.incarnation, why, parent=self.rank))
         return [lost, ApplyAll(held)] if held else [lost]
 
     def _end_search(self) -> None:

@@ -287,7 +287,7 @@ def open_links(booted: Booted, context: zmq.Context, now: float) -> Links:
                 (booted.public, booted.secret),
                 (wireup.parent.endpoint, wireup.parent.public_key),
                 now,
-                peer=wireup.topology.parent(wireup.rank),
+                peer=wireup.topology.parent(wireup.rank) if wireup.peer is None else wireup.peer,
                 shared_key=booted.by_config,
             )
     except BaseException:

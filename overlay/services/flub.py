@@ -161,8 +161,8 @@ class FlubService:
                     f"{host} (key {fingerprint(str(key))})"
                 )
             )
-        parent = self.topology.parent(grant.rank)
-        assert parent is not None  # rank 0 is never reserved
+        parent = self.table.parent_of(grant.rank)
+        assert parent is not None  # the root's rank is never reserved
 
         def answer(card: Card | None, now: float) -> list[Action]:
             assert self.table is not None
@@ -219,8 +219,8 @@ class FlubService:
             ]
         if self.lifecycle.stopping:
             return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
-        parent = self.topology.parent(rank)
-        assert parent is not None  # verify refuses rank 0: it is never reserved
+        parent = self.table.parent_of(rank)
+        assert parent is not None  # verify refuses the root's rank: it is never reserved
         state = self.table.entry(parent).state
         if state not in CONNECTED:
             if payload.get("wait") is True:  # answered once the parent is online (unpark)
@@ -261,7 +261,7 @@ class FlubService:
     def _unpark_rank(self, rank: int, now: float) -> list[Action]:
         """The held key exchanges for `rank`, whose reservation just ended (its lease ran out,
         its joiner gave it back): `kex` answers each why (ESTALE)."""
-        parent = self.topology.parent(rank)
+        parent = self.table.parent_of(rank) if self.table is not None else None
         held = self.parked.get(parent, []) if parent is not None else []
         ended = [r for r in held if r.payload.get("rank") == rank]
         if not ended:
@@ -407,7 +407,8 @@ class FlubService:
         key: str,
         then: Callable[[Message, float], list[Action]],
     ) -> Call:
-        parent = self.topology.parent(rank)
+        assert self.table is not None
+        parent = self.table.parent_of(rank)  # rank 0 after a takeover: the root (§13.6)
         assert parent is not None
         order = {"rank": rank, "incarnation": incarnation, "public_key": key}
         return Call(Message(Kind.REQUEST, "flub.authorize", order, nodeid=parent), then)
@@ -470,11 +471,19 @@ class FlubService:
         if not (is_int(rank) and is_int(incarnation) and isinstance(key, str) and is_key(key)):
             return fail(request, errno.EINVAL, "flub.authorize needs rank, incarnation, key")
         assert isinstance(rank, int) and isinstance(incarnation, int)
-        if not 0 < rank < self.topology.size or self.topology.parent(rank) != self.rank:
+        if not 0 <= rank < self.topology.size or self._parent_of(rank) != self.rank:
             return fail(request, errno.EPERM, f"rank {rank} is not a child of rank {self.rank}")
         if self.lifecycle.stopping:
             return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         return [Authorize(rank, incarnation, key), Respond(request.respond(self.card))]
+
+    def _parent_of(self, rank: int) -> int | None:
+        """Who admits `rank`'s joiner: its topology parent; for rank 0, the root that took over
+        (this broker, if it holds the table: docs/protocol.md §13.6)."""
+        if rank == 0:
+            table = self.table
+            return table.parent_of(0) if table is not None and table.root == self.rank else None
+        return self.topology.parent(rank)
 
     def revoke(self, request: Message, now: float) -> list[Action]:
         """The root voided an incarnation of a child: cut it off (one-way: nothing to answer)."""
@@ -482,7 +491,8 @@ class FlubService:
             return refused
         payload = request.payload
         rank, incarnation = payload.get("rank"), payload.get("incarnation")
-        if not (is_int(rank) and is_int(incarnation)) or not self.topology.children(self.rank):
+        holds = self.topology.children(self.rank) or self._parent_of(0) == self.rank
+        if not (is_int(rank) and is_int(incarnation)) or not holds:
             return []
         assert isinstance(rank, int) and isinstance(incarnation, int)
         return [Revoke(rank, incarnation, str(payload.get("reason", "revoked")))]

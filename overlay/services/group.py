@@ -218,7 +218,9 @@ class GroupService:
         above = from_above(request, message.sender)  # a member above this one (§13.4)
         if not (down or above or from_member(request, message.sender)):
             return [warning(f"ignored a {request.topic} not from a member of the root group")]
-        if self.member is None and (not down or not self._stand_by(request, now)):
+        # a member refilled at rank 0 after a takeover hears first from the root above it
+        first = down or (above and self.rank == 0)
+        if self.member is None and (not first or not self._stand_by(request, now)):
             return [warning(f"ignored a {request.topic}: this rank is not in the root group")]
         assert self.member is not None
         if self.leads:
@@ -247,9 +249,11 @@ class GroupService:
     ) -> list[Action]:
         assert self.member is not None
         if self.path is None and message.prev == 0:
-            self.path = _replica(self.topology, request.payload.get("origin"))
+            origin = request.payload.get("origin")
+            self.path = _replica(self.topology, origin)
             if self.path is None:
                 return [warning("ignored a group.append without the table's origin")]
+            self.origin = origin  # sent on in turn, should this member lead (a refill's start)
             self.path.table.members = self.members
         # with no copy yet, an append after entry 0 finds no match: the answer (no, hint 0)
         # makes the root step back to the log's start, sent with the origin
@@ -398,6 +402,7 @@ class GroupService:
             return None
         role = member.role
         match = getattr(role, "match", {})
+        voting = getattr(role, "voting", {})
         last = member.log.last
         return {
             "term": member.term,
@@ -405,7 +410,12 @@ class GroupService:
             "commit": member.log.commit,
             "paused": not member.may_acknowledge(now),
             "standbys": [
-                {"rank": p, "acked": match.get(p, 0), "lag": last - match.get(p, 0)}
+                {
+                    "rank": p,
+                    "acked": match.get(p, 0),
+                    "lag": last - match.get(p, 0),
+                    "voter": voting.get(p, False),
+                }
                 for p in member.peers
             ],
         }

@@ -171,8 +171,8 @@ class RankPath:
         and the one it is attached to. The parents report nothing of it, so an incarnation the
         table still shows connected ends there too (Void): status never shows a broker that its
         parent has cut off."""
-        if self.topology.parent(rank) is None:
-            return []
+        if self.table.parent_of(rank) is None and self.topology.parent(rank) is None:
+            return []  # rank 0 as the root: no parent admits it
         also = {at} if at is not None else set()
         attached = self.table.entry(rank).attached_to
         if attached is not None:
@@ -203,7 +203,7 @@ class RankPath:
         return [
             Send(Message(Kind.REQUEST, "flub.revoke", dict(notice), nodeid=parent))
             for parent in sorted(parents)
-            if may_admit(self.topology, parent, rank)
+            if may_admit(self.topology, parent, rank) or parent == self.table.parent_of(rank)
         ]
 
     # --- steps 4 and 5: healing ---------------------------------------------------------------

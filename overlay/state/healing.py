@@ -29,7 +29,9 @@ The rules:
    reattach timeout.
 4. **Going home.** When a rank is online again, its children that live under a foster parent,
    or still seek one, go home to it (`away_from_home`); a rank that came online under a foster
-   parent while its own parent is there goes home itself (`goes_home`).
+   parent while its own parent is there goes home itself (`goes_home`). One exception: a rank 0
+   refilled after a takeover (docs/protocol.md §13.6) is a foster child of the root, which is
+   its own topology child; nothing goes home to it (the root would hang below it).
 5. **Admissions and their withdrawal.** A foster admission is used once its rank is attached,
    as that incarnation, to the parent told; it is moot once that incarnation is no longer
    connected, or its rank is attached to another broker that reaches rank 0; else it stays open
@@ -107,7 +109,11 @@ def cut_off_below(table: RankTable, rank: int) -> list[Admission]:
     whose key rank 0 does not know (one that came online before keys were reported) is left to
     its reattach timeout."""
     found: list[Admission] = []
-    for below in table.topology.descendants(rank):
+    # a root that died held ranks anywhere in the tree (§13.4): every one is looked at
+    whole = rank in table.former_roots and rank != 0
+    for below in range(table.size) if whole else table.topology.descendants(rank):
+        if below == rank:
+            continue
         entry = table.entries.peek(below)
         if entry.state not in CONNECTED or table.reachable(below):
             continue
@@ -122,8 +128,11 @@ def cut_off_below(table: RankTable, rank: int) -> list[Admission]:
 
 
 def away_from_home(table: RankTable, rank: int) -> list[Admission]:
-    """The children of `rank` (online again) that are connected but not attached to it."""
+    """The children of `rank` (online again) that are connected but not attached to it; none
+    for a rank 0 that is not the root (refilled after a takeover: rule 4)."""
     found: list[Admission] = []
+    if rank == 0 and table.root != 0:
+        return found
     for child in table.topology.children(rank):
         entry = table.entries.peek(child)
         if entry.state not in CONNECTED or entry.attached_to == rank:

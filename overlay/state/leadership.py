@@ -313,6 +313,7 @@ class Leading(Generic[P]):
     match: dict[int, int]  # member -> index it holds up to (this incarnation)
     acked_at: dict[int, float]  # member -> latest send time it answered in this term
     promoted: set[int] = field(default_factory=set)  # told it is a voter
+    voting: dict[int, bool] = field(default_factory=dict)  # member -> its last reply's `voter`
     pending: dict[int, P] = field(default_factory=dict)  # own proposals not yet acknowledged
     snapshot_sent: dict[int, float] = field(default_factory=dict)  # member -> when, unanswered
 
@@ -716,6 +717,7 @@ def replied(m: Member[Any], s: AppendReply, now: float) -> list[Instruction]:
     role = m.role
     assert isinstance(role, Leading)
     peer = s.sender
+    role.voting[peer] = s.voter  # shown in status (a refilled member: once promoted)
     if s.voter:  # a new incarnation may not know the term its predecessor promised quiet in
         role.acked_at[peer] = max(role.acked_at.get(peer, -math.inf), s.sent_at)
     if s.sent_at > role.snapshot_sent.get(peer, math.inf) and (s.ok or s.match < m.log.base):

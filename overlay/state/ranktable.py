@@ -95,7 +95,14 @@ they were: a repeat, or the torpid flag.
   Then the rank: the one asked for, or else the lowest whose row allows Reserve and whose guard
   passes. Lost, vacant and retired ranks may be reserved unless their parent is retiring; the
   rank takes a new incarnation and becomes open, whoever held it before. Rank 0, lost only by a
-  takeover, is not reserved (refilling it is not built yet).
+  takeover, is reserved like any lost rank: its parent is then the member that took over
+  (`parent_of`), whose foster child the new broker is; the root's own rank is never reserved.
+- Special case: the root after a takeover (docs/protocol.md §13.4, §13.6). `root` is the rank
+  whose broker holds the table: rank 0, until a Lost of the root names another member of the
+  root group as its `parent` (the one that took over; `taken_over`). Only the root cannot be
+  lost but so (`root_stays`); a refilled rank 0 is a member like the others, attached to the
+  root, lost by its parent's word as any rank is. When a root that took over dies in turn, the
+  ranks attached to it sit anywhere in the tree, so the walk of `cut_below` covers the whole.
 
 Reasons. `tbon status` tells why a rank is not online: each row that moves a rank words why
 (its `why`). A Lost carries its parent's words ("connection dropped", "silent for 5.0s"); a Void
@@ -287,22 +294,35 @@ def on_its_link(table: RankTable, entry: RankEntry, event: Stimulus, now: float)
 
 
 def root_stays(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -> str | None:
-    """Rank 0 keeps the table: it cannot be lost or leave it, but by a takeover."""
-    if entry.rank != 0 or taken_over(table, entry, event):
+    """The root keeps the table: it cannot be lost or leave it, but by a takeover."""
+    if entry.rank != table.root or taken_over(table, entry, event):
         return None
-    return "rank 0 cannot leave its own table"
+    if entry.rank == 0:
+        return "rank 0 cannot leave its own table"
+    return f"rank {entry.rank} is the root: it cannot leave its own table"
 
 
 def taken_over(table: RankTable, entry: RankEntry, event: Stimulus) -> bool:
-    """The dead root's rank marked lost by the standby that took over (docs/protocol.md §13.4):
-    a Lost of rank 0 naming a member of the root group as its `parent`. With no root group
-    (`members` empty, tbon.standbys=0) there is none, and rank 0 stays as before."""
+    """The dead root's rank marked lost by the member that took over (docs/protocol.md §13.4):
+    a Lost of the root's rank naming another member of the root group, connected, as its
+    `parent`. With no root group (`members` empty, tbon.standbys=0) there is none, and rank 0
+    stays as before."""
     parent = getattr(event, "parent", None)
-    return entry.rank == 0 and isinstance(event, Lost) and parent in table.members[1:]
+    return (
+        entry.rank == table.root
+        and isinstance(event, Lost)
+        and parent in table.members
+        and parent != entry.rank
+        and table.entries.peek(parent).state in CONNECTED  # not a former root, dead
+    )
 
 
 def root_not_retired(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:
-    return "rank 0 cannot retire: shut the instance down instead" if entry.rank == 0 else None
+    if entry.rank == 0:
+        return "rank 0 cannot retire: shut the instance down instead"
+    if entry.rank == table.root:
+        return f"rank {entry.rank} is the root: it cannot retire (shut the instance down instead)"
+    return None
 
 
 def children_idle(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:
@@ -344,15 +364,15 @@ def parent_not_retiring(
     return None
 
 
-def not_the_dead_root(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> str | None:
-    """The dead root's rank is not handed out yet: a broker at rank 0 would have no parent, and
-    joining the root group as a follower with an empty log is not built (protocol §13.6)."""
-    if entry.rank != 0:
+def not_the_root(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> str | None:
+    """The root's rank is its own broker's. Rank 0 is reserved once it is lost, which only a
+    takeover makes it (protocol §13.6): its joiner hangs under the root that took over."""
+    if entry.rank != table.root:
         return None
-    return f"rank 0 is not refilled after a takeover (rank {table.root} is the root)"
+    return f"rank {entry.rank} is the root"
 
 
-RESERVABLE = (parent_not_retiring, not_the_dead_root)
+RESERVABLE = (parent_not_retiring, not_the_root)
 """The guards of every Reserve: the rows differ only in the phase a rank is taken from."""
 
 
@@ -490,9 +510,13 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
     than start a new grace, so a dead subtree reads lost one grace after its root, not one grace
     per level."""
     grace_ends = now + table.reattach_grace
+    top = entry.rank
     if taken_over(table, entry, event):
         assert isinstance(event, Lost) and event.parent is not None
         table.root = event.parent  # the member that took over
+        if entry.rank not in table.former_roots:
+            table.former_roots += (entry.rank,)
+        top = 0  # what the dead root held may sit anywhere: its foster children too
     if entry.adrift_until is not None:
         grace_ends = min(grace_ends, entry.adrift_until)
     if isinstance(event, Lost):
@@ -505,9 +529,14 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
     changed: list[int] = []
     # (rank, whether its parent is connected): the walk covers the whole subtree, since a
     # foster child attached to the rank that ended may sit anywhere below it
-    stack = [(child, False) for child in table.topology.children(entry.rank)]
+    stack = [(child, False) for child in table.topology.children(top)]
+    if top != entry.rank:
+        stack.append((top, False))
     while stack:
         rank, parent_there = stack.pop()
+        if rank == entry.rank:  # the dead root, met in the walk of the whole: its subtree
+            stack.extend((child, False) for child in table.topology.children(rank))
+            continue
         below = table.entries.peek(rank)  # a spare is neither connected nor orphaned
         connected = below.state in CONNECTED
         if connected and entry.rank in below.other_links:
@@ -728,6 +757,7 @@ class RankTable:
         self.generation = 0
         self.members: tuple[int, ...] = ()  # the root group (rank 0 first), with standbys
         self.root = 0  # the rank whose broker holds the table: a member, after a takeover
+        self.former_roots: tuple[int, ...] = ()  # the roots that died, each taken over
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
@@ -740,6 +770,13 @@ class RankTable:
     @property
     def size(self) -> int:
         return self.topology.size
+
+    def parent_of(self, rank: int) -> int | None:
+        """The rank a broker of `rank` joins under: its topology parent; for rank 0, once
+        another member took over, that root (protocol §13.6); None for the root itself."""
+        if rank == self.root:
+            return None
+        return self.root if rank == 0 else self.topology.parent(rank)
 
     def entry(self, rank: int) -> RankEntry:
         """`rank`'s entry, to read: only the table's rules change entries."""
