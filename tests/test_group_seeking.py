@@ -12,6 +12,7 @@ from tbon.overlay.links.cards import MAX_GROUP, BadCards, decode_group, encode_g
 from tbon.overlay.links.parent import _group
 from tbon.overlay.links.upward import (
     Exit,
+    GoingHome,
     LineageChanged,
     LineageSaid,
     LinkLost,
@@ -245,3 +246,34 @@ def test_the_new_root_holds_a_sibling_and_nobody_else_does() -> None:
     assert table.entry(2).attached_to == 1 and table.reachable(9)
     cousin = Online(3, table.entry(3).incarnation, "node3", 1003, parent=2, key="")
     assert not table.apply(cousin, 103.0).applied  # rank 2 is no ancestor of 3, nor the root
+
+
+def test_a_member_left_under_another_member_goes_to_the_root_once_known() -> None:
+    """K=4: rank 3, seeking, was welcomed by member 2 first; once rank 1 is known to lead, rank
+    3 goes to it as a rank goes home (the table would not believe rank 2's word on rank 3)."""
+    group = (card(0), card(1), card(2), card(3), card(4))
+    m = welcomed_under_rank0(3, group)
+    out = m.handle(LinkLost(0, "dropped"), 1.0)
+    link2 = next(i.link for i in out if isinstance(i, Open) and i.card[0] == 2)
+    m.handle(Welcomed(link2, 2, 1, (card(2),), group), 1.1)
+    assert m.peer == 2
+    assert opened(m.handle(RootKnown(1), 1.5)) == [1]
+    home = m.state
+    assert isinstance(home, GoingHome) and home.card == card(1)
+    again = m.handle(Welcomed(home.trying, 1, 1, (card(1),), group), 1.6)
+    assert m.peer == 1 and not opened(again)
+    assert m.handle(RootKnown(1), 1.7) == []  # under the root already
+
+
+def test_a_non_member_or_a_member_under_the_root_stays() -> None:
+    group = (card(0), card(1), card(2), card(3), card(4))
+    five = welcomed_under_rank0(5, group)  # no member: the new root fosters it, as ever
+    out = five.handle(LinkLost(0, "dropped"), 1.0)
+    link2 = next(i.link for i in out if isinstance(i, Open) and i.card[0] == 2)
+    five.handle(Welcomed(link2, 2, 1, (card(2),), group), 1.1)
+    assert five.handle(RootKnown(1), 1.5) == []
+    two = welcomed_under_rank0(2, group)
+    out = two.handle(LinkLost(0, "dropped"), 1.0)
+    link1 = next(i.link for i in out if isinstance(i, Open) and i.card[0] == 1)
+    two.handle(Welcomed(link1, 1, 1, (card(1),), group), 1.1)
+    assert two.handle(RootKnown(1), 1.5) == []

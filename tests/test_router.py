@@ -254,3 +254,16 @@ def test_an_answer_for_the_dead_roots_own_client_goes_nowhere() -> None:
         reply.route = list(route)
         assert not setup.router.respond(reply, "c3")
     assert setup.local.sent == [] and setup.children.sent == []
+
+
+def test_a_member_that_moved_here_is_reached_directly_not_by_the_way_it_came_up_before() -> None:
+    """Rank 1 took over. Rank 5's requests once came up by rank 2 (5 hung under member 2 across
+    the dead root), so rank 2 was its way down; then rank 5 moved and is attached here itself:
+    that link wins over the older news (a request sent to 2 would find no way to 5 there)."""
+    router, children = fostering_router(1, attached={2}, fosters={2})
+    router.parent = None
+    router._learn_across(["s", "c5", "c2"])
+    assert router._link_toward(5) == "c2"
+    children.attached_ranks.add(5)
+    children.fosters.add(5)
+    assert router._link_toward(5) == "c5"

@@ -235,18 +235,23 @@ class Broker:
             self.children.group = encode_group(self.group.group_cards())
             self.children.send_lineage()
 
-    def _admit_members(self, now: float) -> None:
+    def _admit_members(self, now: float, every: bool = False) -> None:
         """A member whose parent is lost (the root died, perhaps) admits at once the members
         ranked above it, which may seek it (upward.group_seeks), so that the group can elect
         over its links: their keys from the cards the root sent, nothing else; their
         incarnations from its copy of the table (§13.4). As a foster parent admits, for the
-        reattach grace."""
+        reattach grace. A member elected admits `every` other member: one ranked below it,
+        whose child it was, seeks it once it hears of its term, and the new root's first
+        commit needs that member's answer when the group is three (admitting a key is no
+        transition of the table, so it waits for no commit)."""
         parent, path, group = self.parent, self.group.path, self.group
         if parent is None or path is None or group.member is None or self.children is None:
             return
         admitted = []
         for rank, _endpoint, key in parent.group:
-            if rank <= self.rank or rank not in group.members:
+            if rank == self.rank or (rank < self.rank and not every):
+                continue
+            if rank not in group.members:
                 continue
             entry = path.table.entry(rank)
             if entry.key == key and entry.state in CONNECTED:
@@ -788,6 +793,7 @@ class Broker:
         self.services.heal.leads = True  # it fosters what the dead root held, siblings too
         self._drop_parent = True  # once this turn's messages are out (_tick)
         self.group.lead_with(self.parent.group if self.parent is not None else ())
+        self._admit_members(now, every=True)  # while the parent link still names the cards
         if self.children is not None:
             self.children.lineage = [self._card()]
             self.children.group = encode_group(self.group.group_cards())

@@ -206,21 +206,22 @@ class Router:
             self._across[sender] = via
 
     def _attached_across(self, target: int) -> int | None:
-        """The foster child attached here on `target`'s way up though not below this broker: a
-        root group member fostered by another across the dead root (docs/protocol.md §13.4), or
-        the rank itself, or the one `target`'s own requests came up by. None if there is none
-        (then the parent is the way)."""
+        """The foster child attached here on `target`'s way up though not below this broker: the
+        rank itself or an ancestor of it, attached here; else the one `target`'s own requests
+        came up by (a root group member fostered by another across the dead root,
+        docs/protocol.md §13.4), which is older news: the member may have moved here since.
+        None if there is none (then the parent is the way)."""
         children = self.children
         if children is None or not children.fosters:
             return None
-        via = self._across.get(target)
-        if via is not None and children.attached(via):
-            return via
         current: int | None = target
-        while current is not None:
+        while current is not None:  # attached here itself, or by an ancestor: that link first
             if children.attached(current) and not is_below(self.topology, current, self.rank):
                 return current
             current = self.topology.parent(current)
+        via = self._across.get(target)  # learned while it hung under another member: may be old
+        if via is not None and children.attached(via):
+            return via
         return None
 
     def _attached_toward(self, target: int, hop: int) -> int:

@@ -34,7 +34,9 @@ Rules.
   (`RootKnown`, from the term fence or the member's own machine) if that is not itself. So no
   two members ever seek each other, and no cycle forms: a member is sought only by higher
   members, by non-members, or as the root, which seeks nobody. A root learned while seeking is
-  asked at once.
+  asked at once; a member fostered by another member that is not that root goes to the root
+  as a rank goes home (`GoingHome`, the root's card in place of home's), since the table holds
+  a member only under its parent or the root.
 - While seeking, the first candidate to welcome it is its parent; every other candidate is
   dismissed (below). A candidate that refused the key at the handshake is
   asked again after RETRY_AFTER_KEY (rank 0's admission reaches it within a round trip); one
@@ -635,6 +637,22 @@ def home_order(m: Upward, s: HomeOrder, role: str, now: float) -> list[Instructi
     return [*out, opened]
 
 
+def _to_the_root(m: Upward, state: Fostered, root: int) -> list[Instruction]:
+    """A member that the dead root's death left under another member (with K=4 the members
+    seek the members below them, and the first to welcome wins, §13.4) moves under the root
+    once it knows it, as a rank goes home: the rank table holds a member only under its own
+    parent or the root, so its word on this link would not be believed, and the member it
+    hangs under reports on nobody outside its own subtree."""
+    cards = {card[0]: card for card in m.group}
+    if m.stopping or m.rank not in cards or root not in cards:
+        return []
+    if root in (m.rank, state.peer) or state.peer not in cards:
+        return []
+    opened = m._open(cards[root])
+    m.state = GoingHome(state.link, state.peer, cards[root], opened.link, None, state.parent_until)
+    return [opened]
+
+
 def declined(reason: str) -> Handler:
     def decline(m: Upward, s: HomeOrder, role: str, now: float) -> list[Instruction]:
         return [Decline(reason)]
@@ -675,9 +693,12 @@ def home_retry(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]:
 
 
 def root_known(m: Upward, s: RootKnown, role: str, now: float) -> list[Instruction]:
-    """A later term's root: remembered; a search under way asks it at once if it may."""
+    """A later term's root: remembered; a search under way asks it at once if it may, and a
+    member fostered by another member that is not the root goes to the root (`_to_the_root`)."""
     m.root = s.rank
     state = m.state
+    if isinstance(state, Fostered):
+        return _to_the_root(m, state, s.rank)
     if not isinstance(state, Seeking):
         return []
     asked = {*state.candidates, *state.retries}
