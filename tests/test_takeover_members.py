@@ -167,8 +167,10 @@ def test_a_dead_standby_does_not_stop_grants_and_its_refill_stands_by_again(
     inst.wait_status(standing_by, "the refilled rank 2 to hold the whole log")
     with inst.client() as client:  # its replica equals the root's
         wait_for(
-            lambda: client.rpc("group.state", nodeid=2)["digest"]
-            == client.rpc("group.state", nodeid=0)["digest"],
+            lambda: (
+                client.rpc("group.state", nodeid=2)["digest"]
+                == client.rpc("group.state", nodeid=0)["digest"]
+            ),
             "rank 2's replica to equal the root's",
         )
     # and it is a standby in earnest: with the root killed now, a takeover still happens
