@@ -27,6 +27,7 @@ from tbon.cli.common import URI_HELP, duration, interactive, print_json, python_
 from tbon.errors import RankError, TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
+from tbon.overlay.parse.numbers import is_int
 
 BOOT_SERVERS = 4
 """How many of the instance's URIs a new broker is given as broker.boot-server, tried in order
@@ -123,8 +124,9 @@ def register(app: typer.Typer) -> None:
         limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
         with open_client(uri) as client:
             status = fetch_status(client)
-            # the root's own URI is a boot server: rank 0's, or the member's that took over
-            info = client.rpc("broker.info", nodeid=status.get("root", 0))
+            # the root's broker, a boot server: rank 0's, or the member's that took over (§13.4)
+            root = status.get("root")
+            info = client.rpc("broker.info", nodeid=root if is_int(root) else 0)
             wanted = _wanted(status, count, fill, ranks)
             above = vacant_ancestors(status, [r for r in wanted if r is not None])
             if above:
@@ -145,7 +147,7 @@ def register(app: typer.Typer) -> None:
             else:
                 joiners = _launch(boot, info, wanted, setattr_)
             try:
-                _follow(client, joiners, limit)
+                _follow(client, joiners, limit, uri)
             finally:
                 for joiner in joiners:
                     if joiner.pending and joiner.process.poll() is None:
@@ -223,9 +225,10 @@ def _boot_servers(
     client: Any, status: dict[str, Any], info: dict[str, Any], remote: bool
 ) -> list[str]:
     """Every URI by which a new broker may reach the instance, best first: the one this command
-    was given, rank 0's, then up to two other online brokers' (this host's first, lowest ranks
-    first), BOOT_SERVERS in all. A broker on this host is named by its local:// URI, one on
-    another by the ssh:// form; joiners on other hosts (`remote`) get ssh:// forms only."""
+    was given, the root's (rank 0's, or its successor's), then up to two other online brokers'
+    (this host's first, lowest ranks first), BOOT_SERVERS in all. A broker on this host is
+    named by its local:// URI, one on another by the ssh:// form; joiners on other hosts
+    (`remote`) get ssh:// forms only."""
     from tbon.overlay.connectors.uri import reach, to_remote
 
     given = client.uri
@@ -354,8 +357,12 @@ def _launch_remote(
     return joiners
 
 
-def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
-    """Watch rank 0's pushed status and our processes until each joiner is online or gone."""
+def _follow(client: Any, joiners: list[Joiner], limit: float | None, uri: str | None) -> None:
+    """Watch the root's pushed status and our processes until each joiner is online or gone.
+    Given a URI list (`uri`, or $TBON_URI), the watch outlives the broker it went through: a
+    root that died and was taken over (docs/protocol.md §13.4) is watched again through the
+    list's first entry that answers, and the joiners, which boot through the same brokers,
+    are followed to their end rather than killed with the connection."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -379,16 +386,12 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
     )
     with progress if interactive() else nullcontext():
         task = progress.add_task("join", total=len(joiners))
-        from tbon.overlay.state.heldtable import HeldPages, said
+        from tbon.overlay.state.heldtable import said
 
-        tag = client.send("status.watch", {"view": "held"}, nodeid=0)  # the ranks that joined
-        pages = HeldPages()
+        watch = _Watch(client, uri)
         while any(j.pending for j in joiners) and time.monotonic() < deadline:
-            reply = client.receive(0.1)
-            if reply is not None and reply.tag == tag:
-                if reply.errnum:
-                    raise TbonError(f"status stream ended: {reply.errstr}")
-                view = pages.take(reply.payload)
+            view = watch.receive(0.1, deadline)
+            if view is not None:
                 for entry in said(view) if view is not None else []:
                     joiner = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
                     if joiner is None or entry["state"] != "online" or not joiner.pending:
@@ -400,6 +403,66 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None) -> None:
                     joiner.exit_code = joiner.process.returncode
                     joiner.reason = _last_line(joiner.log)
             progress.update(task, completed=sum(not j.pending for j in joiners))
+        watch.close()
+
+
+RECONNECT_PAUSE = 0.2
+"""Seconds between attempts to watch again through a URI list, while no root answers yet."""
+
+
+class _Watch:
+    """The root's pushed held view, as one stream of tables: across a lost connection or an
+    ended stream, started again through a URI list (none: the error is the command's)."""
+
+    def __init__(self, client: Any, uri: str | None) -> None:
+        from tbon.overlay.connectors.uri import parse_uri_list
+        from tbon.overlay.state.heldtable import HeldPages
+
+        self.client, self.owned = client, False  # the first client is the caller's to close
+        text = uri or os.environ.get("TBON_URI") or ""
+        self.listed = text if len(parse_uri_list(text)) > 1 else None
+        self.pages = HeldPages()
+        self.tag = client.send("status.watch", {"view": "held"}, nodeid=0)
+
+    def receive(self, timeout: float, deadline: float) -> dict[str, Any] | None:
+        """The next whole table pushed, or None."""
+        if self.client is None:  # no URI of the list answered at the last attempt
+            self._again(deadline)
+            return None
+        try:
+            reply = self.client.receive(timeout)
+            if reply is None or reply.tag != self.tag:
+                return None
+            if reply.errnum:
+                raise TbonError(f"status stream ended: {reply.errstr}")
+            return self.pages.take(reply.payload)
+        except TbonError:
+            if self.listed is None:
+                raise
+            self._again(deadline)
+            return None
+
+    def _again(self, deadline: float) -> None:
+        from tbon.overlay.connectors.client import connect
+        from tbon.overlay.state.heldtable import HeldPages
+
+        assert self.listed is not None
+        self.close()
+        time.sleep(RECONNECT_PAUSE)  # a paced retry while the takeover runs, not a wait
+        try:
+            self.client, self.owned = connect(self.listed), True
+            self.tag = self.client.send("status.watch", {"view": "held"}, nodeid=0)
+            self.pages = HeldPages()
+        except TbonError:
+            self.close()
+            self.client = None
+            if time.monotonic() >= deadline:
+                raise
+
+    def close(self) -> None:
+        if self.owned and self.client is not None:
+            self.client.close()
+        self.owned = False
 
 
 def _log_level(extra: list[str]) -> list[str]:

@@ -95,7 +95,7 @@ class Services:
         rank = me.rank
         card = {"endpoint": me.endpoint, "public_key": me.public_key, "hostname": me.hostname}
         attributes = flub_attributes(
-            config.heartbeat, config.torpid, config.timeout, config.join_timeout
+            config.heartbeat, config.torpid, config.timeout, config.join_timeout, config.standbys
         )
         heal = HealService(rank, topology, card)
         status = None

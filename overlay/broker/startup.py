@@ -24,6 +24,8 @@ from tbon.overlay.boot.singleton import singleton_wireup
 from tbon.overlay.boot.wireup import Wireup
 from tbon.overlay.config.attributes import BrokerConfig, host_address
 from tbon.overlay.links.local import LocalServer
+from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.state.standbys import MAX_STANDBYS
 from tbon.overlay.state.topology import Topology
 
 if TYPE_CHECKING:
@@ -194,13 +196,19 @@ def check_files(config: BrokerConfig) -> None:
 
 
 def adopt(config: BrokerConfig, attributes: dict[str, Any]) -> BrokerConfig:
-    """A joiner takes the instance's liveness settings, so that both ends of each link agree."""
+    """A joiner takes the instance's liveness settings, so that both ends of each link agree,
+    and its tbon.standbys (an older root's grant has none: the joiner's own is kept), so that
+    one refilling a standby's rank binds its endpoint with no children (`_stands_by`)."""
+    standbys = attributes.get("tbon.standbys", config.standbys)
+    if not (is_int(standbys) and 0 <= standbys <= MAX_STANDBYS):
+        standbys = config.standbys
     return dataclasses.replace(
         config,
         heartbeat=float(attributes["tbon.heartbeat"]),
         torpid=float(attributes["tbon.torpid"]),
         timeout=float(attributes["tbon.timeout"]),
         join_timeout=float(attributes["broker.join-timeout"]),
+        standbys=standbys,
     )
 
 

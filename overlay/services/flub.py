@@ -531,11 +531,16 @@ def _card(reply: Message) -> Card:
     }
 
 
-def flub_attributes(heartbeat: float, torpid: float, timeout: float, join: float) -> dict[str, Any]:
-    """The settings a joiner takes from the instance, so that both ends of each link agree."""
+def flub_attributes(
+    heartbeat: float, torpid: float, timeout: float, join: float, standbys: int = 0
+) -> dict[str, Any]:
+    """The settings a joiner takes from the instance, so that both ends of each link agree,
+    and tbon.standbys, so that a joiner refilling a standby's rank binds its endpoint even with
+    no children: the other members must reach it across a dead root (protocol §13.4)."""
     return {
         "tbon.heartbeat": heartbeat,
         "tbon.torpid": torpid,
         "tbon.timeout": timeout,
         "broker.join-timeout": join,
+        "tbon.standbys": standbys,
     }
