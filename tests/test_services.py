@@ -844,11 +844,10 @@ def test_exec_sends_one_copy_down_each_branch_and_starts_here_if_targeted() -> N
     assert of_type(actions, StartJob)
     down = forwards[0]
     assert down.message.route == ["l01"] and down.message.tag == 7
-    assert all(
-        r.message.payload["error"].endswith("is not connected")
-        for r in down.otherwise
-        if isinstance(r, Respond)
-    )
+    assert callable(down.otherwise)  # made only if the child is not connected
+    missing = of_type(down.otherwise(), Respond)
+    assert [r.message.payload["rank"] for r in missing] == list(down.message.payload["targets"])
+    assert all(r.message.payload["error"].endswith("is not connected") for r in missing)
 
 
 def test_exec_answers_targets_outside_its_subtree_and_refuses_bad_ones() -> None:
@@ -888,7 +887,8 @@ def test_exec_at_a_root_that_took_over_sends_every_other_target_toward_its_broke
     }
     assert of_type(actions, StartJob) and of_type(actions, Respond) == []
     [dead] = [f for f in forwards if f.child == 0]
-    [said] = of_type(list(dead.otherwise), Respond)
+    assert callable(dead.otherwise)
+    [said] = of_type(dead.otherwise(), Respond)
     assert said.message.payload == {"rank": 0, "error": "rank 0 is not connected"}
 
 

@@ -142,7 +142,7 @@ class Performer:
                 self.loop.wake()  # a new deadline: its answer's
             case Forward(child, message, otherwise):
                 if not self.router.send_down(child, message):
-                    self.perform(otherwise)
+                    self.perform(otherwise() if callable(otherwise) else otherwise)
             case Log(level, text):
                 log.log(level, "%s", text)
             case Report(event):

@@ -181,13 +181,16 @@ class ExecService:
             route=list(request.route),
             data=request.data,
         )
-        otherwise: tuple[Action, ...] = ()
-        if request.topic == "exec.start":  # every target answers, if only to say it is missing
-            otherwise = tuple(
+        if request.topic != "exec.start":
+            return Forward(child, copy)
+
+        def missing() -> list[Action]:  # every target answers, if only to say it is missing
+            return [
                 _answer(request, {"rank": rank, "error": unreachable(rank, child)})
                 for rank in ranks
-            )
-        return Forward(child, copy, otherwise)
+            ]
+
+        return Forward(child, copy, missing)
 
     def _here(self, request: Message) -> list[Action]:
         payload = request.payload
