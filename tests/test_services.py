@@ -14,7 +14,9 @@ from tables import bring_up, started
 
 from tbon import exitcodes
 from tbon.keys.cert import generate_keypair
+from tbon.overlay.services import exec as exec_service
 from tbon.overlay.services.actions import (
+    AbandonJob,
     Action,
     Authorize,
     Call,
@@ -933,10 +935,25 @@ def test_a_vanished_clients_jobs_are_killed_everywhere() -> None:
     service.started_by("l0a", start_request([0, 3]))
     [send] = service.client_gone("l0a")
     assert send.message.topic == "exec.signal"
-    assert send.message.payload == {"id": "j1", "signal": int(signal.SIGKILL), "targets": [0, 3]}
+    kill = {"id": "j1", "signal": int(signal.SIGKILL), "targets": [0, 3], "gone": True}
+    assert send.message.payload == kill
     assert service.client_gone("l0a") == []
     gone = service.disconnect(request("client.disconnect", route=["l0a", "c1"]), NOW)
     assert gone == [KillJobsFrom(("l0a", "c1"))]
+    # at each target: killed, and nothing kept for the client (no acknowledgement will come)
+    assert AbandonJob("j1") in service.handle(request("exec.signal", kill), NOW)
+
+
+def test_only_a_rank_s_last_word_to_a_gone_client_needs_no_disconnect() -> None:
+    """The last word ends that rank's stream, and the client's broker told the ranks still
+    running to keep nothing (`gone`): a duplicate exit resent after the client left is dropped
+    where it meets the gone client. Anything else still asks its rank to stop."""
+    start = start_request([0, 3])
+    assert exec_service.last_word(last_word(start, 3))
+    assert exec_service.last_word(last_word(start, 3, error="rank 3 is not connected"))
+    assert not exec_service.last_word(start.respond({"rank": 3, "stream": "stdout"}, True))
+    watch = request("dmesg.follow", {}).respond({"rank": 3, "records": []}, streaming=True)
+    assert not exec_service.last_word(watch)
 
 
 def last_word(start: Message, rank: int, **said: Any) -> Message:

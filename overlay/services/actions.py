@@ -241,6 +241,16 @@ class SignalJob(Record):
         self.signum = signum
 
 
+class AbandonJob(Record):
+    """Kill a job (SIGKILL) and keep nothing of its answers: its client has gone (exec.signal's
+    `gone`, from the client's broker)."""
+
+    __slots__ = __match_args__ = ("job_id",)
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+
 class KillJobsFrom(Record):
     """Kill the jobs whose answers travel along `route`: their client has gone."""
 
@@ -307,6 +317,7 @@ Action = (
     | WriteStdin
     | GrantCredit
     | SignalJob
+    | AbandonJob
     | KillJobsFrom
     | KillAllJobs
     | ForgetWatches

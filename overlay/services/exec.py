@@ -20,6 +20,7 @@ from typing import Any
 from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
+    AbandonJob,
     Action,
     Forward,
     GrantCredit,
@@ -201,6 +202,8 @@ class ExecService:
             return [GrantCredit(job_id, 0, 0, resend=True)]
         if request.topic == "exec.signal":
             signum = payload.get("signal")
+            if payload.get("gone") is True:  # its client has gone (client_gone, below)
+                return [AbandonJob(job_id)]
             if is_int(signum) and 0 < signum < signal.NSIG:
                 return [SignalJob(job_id, signum)]
             return []
@@ -304,10 +307,16 @@ class ExecService:
 
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,
-        wherever they still run."""
+        wherever they still run, and have them keep nothing for it (`gone`): so that a rank's
+        last word that finds the client gone needs no client.disconnect (`last_word`)."""
         actions: list[Action] = []
         for job in self._client_jobs.pop(hop, {}).values():
-            kill = {"id": job.id, "signal": int(signal.SIGKILL), "targets": sorted(job.running)}
+            kill = {
+                "id": job.id,
+                "signal": int(signal.SIGKILL),
+                "targets": sorted(job.running),
+                "gone": True,
+            }
             actions.append(Send(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0)))
         return actions
 
@@ -315,6 +324,15 @@ class ExecService:
         """client.disconnect: the client whose answers travel along this route has gone. Its
         jobs here are killed."""
         return [KillJobsFrom(tuple(request.route))]
+
+
+def last_word(reply: Message) -> bool:
+    """Whether `reply` is a rank's last answer to an exec.start (its exit, or why it could not
+    run). One that finds its client gone needs no client.disconnect: that rank's stream is over,
+    and the client's broker told the ranks it had not heard the end from to keep nothing (the
+    `gone` of its exec.signal). So a duplicate resent after the client left (a heal, a prompt)
+    is dropped where it meets the gone client, not answered with a request to its rank."""
+    return reply.topic == "exec.start" and ("exit" in reply.payload or "error" in reply.payload)
 
 
 def unreachable(target: int, hop: int) -> str:
