@@ -951,7 +951,8 @@ def test_only_a_rank_s_last_word_to_a_gone_client_needs_no_disconnect() -> None:
     start = start_request([0, 3])
     assert exec_service.last_word(last_word(start, 3))
     assert exec_service.last_word(last_word(start, 3, error="rank 3 is not connected"))
-    assert not exec_service.last_word(start.respond({"rank": 3, "stream": "stdout"}, streaming=True))
+    output = start.respond({"rank": 3, "stream": "stdout"}, streaming=True)
+    assert not exec_service.last_word(output)
     watch = request("dmesg.follow", {}).respond({"rank": 3, "records": []}, streaming=True)
     assert not exec_service.last_word(watch)
 
