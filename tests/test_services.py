@@ -981,6 +981,32 @@ def test_a_client_that_leaves_early_kills_only_the_ranks_still_running() -> None
     assert send.message.payload["targets"] == [0, 4]
 
 
+def test_last_words_handed_to_the_client_are_acknowledged_together_once_a_turn() -> None:
+    """The client's broker acknowledges each rank's last word for its client: not with one
+    exec.credit to each rank, but with one exec.taken per job and turn, fanned out to those
+    ranks, each of which then keeps nothing of that job. Other answers still go one by one."""
+    service = exec_at(0)
+    start = request(
+        "exec.start",
+        {"id": "j1", "argv": ["true"], "targets": [0, 3, 4], "acks": True, "window": 4096},
+    )
+    service.started_by("l0a", start)
+    numbered = start.respond({"rank": 4, "stream": "stdout", "seq": 0}, streaming=True)
+    numbered.data = b"x" * 9000  # a quarter of the window and more: acknowledged at once
+    [credit] = of_type(service.answered("l0a", numbered), Send)
+    assert credit.message.topic == "exec.credit" and credit.message.payload["seq"] == 1
+    for rank, seq in ((3, 0), (0, 0), (4, 1)):
+        said = {"rank": rank, "exit": 0, "seq": seq}
+        assert service.answered("l0a", start.respond(said, streaming=True)) == []
+    [taken] = of_type(service.flush(), Send)
+    assert taken.message.topic == "exec.taken" and taken.message.nodeid == 0
+    assert taken.message.payload == {"id": "j1", "targets": [3, 0, 4]}
+    assert service.flush() == []
+    actions = service.handle(request("exec.taken", taken.message.payload), NOW)
+    assert GrantCredit("j1", 0, exec_service.ALL) in actions  # rank 0's own: keep nothing
+    assert [f.child for f in of_type(actions, Forward)] == [1]  # ranks 3 and 4 are below 1
+
+
 def test_a_refused_exec_start_leaves_nothing_to_kill() -> None:
     service, start = exec_at(0), start_request([0, 3])
     service.started_by("l0a", start)

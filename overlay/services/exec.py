@@ -38,8 +38,11 @@ from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN
 from tbon.overlay.wire.message import Kind, Message
 from tbon.overlay.wire.resend import Handoff
 
-EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend")
+EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
+
+ALL = 2**62
+"""An acknowledgement of every answer a job sent (exec.taken: its last one was taken)."""
 
 
 def os_text(value: object) -> bool:
@@ -136,6 +139,8 @@ class ExecService:
         self.lifecycle = lifecycle
         # a local client's hop -> the tag of each exec.start it sent -> that job
         self._client_jobs: dict[str, dict[int, ClientJob]] = {}
+        # job id -> the ranks whose last answer was handed to its client since the last flush
+        self._taken: dict[str, list[int]] = {}
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
         # whether this broker is the root (the broker's term fence says; set by broker.py): a
@@ -200,6 +205,8 @@ class ExecService:
             return [WriteStdin(job_id, request.data, bool(payload.get("eof")))]
         if request.topic == "exec.resend":  # a heal is over: what the client has not taken
             return [GrantCredit(job_id, 0, 0, resend=True)]
+        if request.topic == "exec.taken":  # its last answer reached the client: keep nothing
+            return [GrantCredit(job_id, 0, ALL)]
         if request.topic == "exec.signal":
             signum = payload.get("signal")
             if payload.get("gone") is True:  # its client has gone (client_gone, below)
@@ -302,8 +309,23 @@ class ExecService:
         upto = handoff.handed(seq, len(reply.data) + MESSAGE_COST, last)
         if upto is None:
             return []
+        if last and upto == seq + 1:  # its last word, in order: with the others' (flush)
+            self._taken.setdefault(str(job.id), []).append(rank)
+            return []
         ack = {"id": job.id, "bytes": 0, "seq": upto}
         return [Send(Message(Kind.REQUEST, "exec.credit", ack, nodeid=rank))]
+
+    def flush(self) -> list[Action]:
+        """Acknowledge together the last answers handed over since the last flush (once per
+        turn of the broker's loop): one exec.taken per job, fanned out like exec.start, rather
+        than one exec.credit to each rank (1024 at once for `tbon exec -r all true`)."""
+        if not self._taken:
+            return []
+        taken, self._taken = self._taken, {}
+        return [
+            Send(Message(Kind.REQUEST, "exec.taken", {"id": i, "targets": ranks}, nodeid=0))
+            for i, ranks in taken.items()
+        ]
 
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,
