@@ -236,16 +236,38 @@ def test_a_silent_rank_is_asked_again_less_and_less_often_and_a_heard_one_not_at
     prompts = Prompts(0.0)
     pending = {1, 2}
     assert prompts.ask(pending, QUIET_S - 0.1) == []
+    prompts.heard(1, 0.5)
     prompts.heard(2, QUIET_S - 0.1)
-    assert prompts.ask(pending, QUIET_S) == [1]
-    asked = [t for t in range(0, 200) if prompts.ask({1}, QUIET_S + t * 0.5)]
+    assert prompts.ask(pending, QUIET_S) == []
+    assert prompts.ask(pending, QUIET_S + 1) == [1]  # silent since 0.5
+    asked = [t for t in range(0, 200) if prompts.ask({1}, QUIET_S + 1 + t * 0.5)]
+    quiet = Prompts(0.0)  # nothing heard at all: the fan-out may still be on its way
+    assert quiet.ask({1}, QUIET_MAX_S - 1.5) == [] and quiet.ask({1}, QUIET_MAX_S) == [1]
     gaps = [(b - a) * 0.5 for a, b in itertools.pairwise(asked)]
     assert gaps[0] == 2 * QUIET_S and max(gaps) <= QUIET_MAX_S + 1 and gaps == sorted(gaps)
     assert prompts.ask({2}, 200.0) == [2]  # silent since: asked too
 
 
+def test_a_rank_not_heard_from_waits_while_answers_flow_but_not_past_the_longest_interval() -> (
+    None
+):
+    prompts = Prompts(0.0)
+    pending = {2, 3}  # rank 1 is done: its answers came (say, its exit)
+    for now in (1.0, 2.5, 4.0, 5.5):  # a slow fan-out: one rank's answer after another
+        prompts.heard(1, now)
+        assert prompts.ask(pending, now + 0.1) == []
+    assert prompts.ask(pending, 5.5 + QUIET_S) == [2, 3]  # the answers stopped: asked
+    late = Prompts(0.0)
+    for tick in range(40):  # answers never stop: the ranks unheard are asked all the same
+        late.heard(1, tick * 0.5)
+        if asked := late.ask({2}, tick * 0.5):
+            break
+    assert asked == [2] and tick * 0.5 == QUIET_MAX_S
+
+
 def test_a_status_change_brings_a_long_interval_back_to_the_short_one() -> None:
     prompts = Prompts(0.0)
+    prompts.heard(1, 0.0)  # and silent since
     for now in (2.0, 6.0, 14.0):  # asked at 2, 6 (4 s later), 14 (8 s later)
         assert prompts.ask({1}, now) == [1]
     assert prompts.ask({1}, 20.0) == []  # next due at 30

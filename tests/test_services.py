@@ -14,7 +14,9 @@ from tables import bring_up, started
 
 from tbon import exitcodes
 from tbon.keys.cert import generate_keypair
+from tbon.overlay.services import exec as exec_service
 from tbon.overlay.services.actions import (
+    AbandonJob,
     Action,
     Authorize,
     Call,
@@ -844,11 +846,10 @@ def test_exec_sends_one_copy_down_each_branch_and_starts_here_if_targeted() -> N
     assert of_type(actions, StartJob)
     down = forwards[0]
     assert down.message.route == ["l01"] and down.message.tag == 7
-    assert all(
-        r.message.payload["error"].endswith("is not connected")
-        for r in down.otherwise
-        if isinstance(r, Respond)
-    )
+    assert callable(down.otherwise)  # made only if the child is not connected
+    missing = of_type(down.otherwise(), Respond)
+    assert [r.message.payload["rank"] for r in missing] == list(down.message.payload["targets"])
+    assert all(r.message.payload["error"].endswith("is not connected") for r in missing)
 
 
 def test_exec_answers_targets_outside_its_subtree_and_refuses_bad_ones() -> None:
@@ -888,7 +889,8 @@ def test_exec_at_a_root_that_took_over_sends_every_other_target_toward_its_broke
     }
     assert of_type(actions, StartJob) and of_type(actions, Respond) == []
     [dead] = [f for f in forwards if f.child == 0]
-    [said] = of_type(list(dead.otherwise), Respond)
+    assert callable(dead.otherwise)
+    [said] = of_type(dead.otherwise(), Respond)
     assert said.message.payload == {"rank": 0, "error": "rank 0 is not connected"}
 
 
@@ -933,10 +935,26 @@ def test_a_vanished_clients_jobs_are_killed_everywhere() -> None:
     service.started_by("l0a", start_request([0, 3]))
     [send] = service.client_gone("l0a")
     assert send.message.topic == "exec.signal"
-    assert send.message.payload == {"id": "j1", "signal": int(signal.SIGKILL), "targets": [0, 3]}
+    kill = {"id": "j1", "signal": int(signal.SIGKILL), "targets": [0, 3], "gone": True}
+    assert send.message.payload == kill
     assert service.client_gone("l0a") == []
     gone = service.disconnect(request("client.disconnect", route=["l0a", "c1"]), NOW)
     assert gone == [KillJobsFrom(("l0a", "c1"))]
+    # at each target: killed, and nothing kept for the client (no acknowledgement will come)
+    assert AbandonJob("j1") in service.handle(request("exec.signal", kill), NOW)
+
+
+def test_only_a_rank_s_last_word_to_a_gone_client_needs_no_disconnect() -> None:
+    """The last word ends that rank's stream, and the client's broker told the ranks still
+    running to keep nothing (`gone`): a duplicate exit resent after the client left is dropped
+    where it meets the gone client. Anything else still asks its rank to stop."""
+    start = start_request([0, 3])
+    assert exec_service.last_word(last_word(start, 3))
+    assert exec_service.last_word(last_word(start, 3, error="rank 3 is not connected"))
+    output = start.respond({"rank": 3, "stream": "stdout"}, streaming=True)
+    assert not exec_service.last_word(output)
+    watch = request("dmesg.follow", {}).respond({"rank": 3, "records": []}, streaming=True)
+    assert not exec_service.last_word(watch)
 
 
 def last_word(start: Message, rank: int, **said: Any) -> Message:
@@ -961,6 +979,32 @@ def test_a_client_that_leaves_early_kills_only_the_ranks_still_running() -> None
     service.answered("l0b", last_word(start, 0))  # another client's: not this job's
     [send] = service.client_gone("l0a")
     assert send.message.payload["targets"] == [0, 4]
+
+
+def test_last_words_handed_to_the_client_are_acknowledged_together_once_a_turn() -> None:
+    """The client's broker acknowledges each rank's last word for its client: not with one
+    exec.credit to each rank, but with one exec.taken per job and turn, fanned out to those
+    ranks, each of which then keeps nothing of that job. Other answers still go one by one."""
+    service = exec_at(0)
+    start = request(
+        "exec.start",
+        {"id": "j1", "argv": ["true"], "targets": [0, 3, 4], "acks": True, "window": 4096},
+    )
+    service.started_by("l0a", start)
+    numbered = start.respond({"rank": 4, "stream": "stdout", "seq": 0}, streaming=True)
+    numbered.data = b"x" * 9000  # a quarter of the window and more: acknowledged at once
+    [credit] = of_type(service.answered("l0a", numbered), Send)
+    assert credit.message.topic == "exec.credit" and credit.message.payload["seq"] == 1
+    for rank, seq in ((3, 0), (0, 0), (4, 1)):
+        said = {"rank": rank, "exit": 0, "seq": seq}
+        assert service.answered("l0a", start.respond(said, streaming=True)) == []
+    [taken] = of_type(service.flush(), Send)
+    assert taken.message.topic == "exec.taken" and taken.message.nodeid == 0
+    assert taken.message.payload == {"id": "j1", "targets": [3, 0, 4]}
+    assert service.flush() == []
+    actions = service.handle(request("exec.taken", taken.message.payload), NOW)
+    assert GrantCredit("j1", 0, exec_service.ALL) in actions  # rank 0's own: keep nothing
+    assert [f.child for f in of_type(actions, Forward)] == [1]  # ranks 3 and 4 are below 1
 
 
 def test_a_refused_exec_start_leaves_nothing_to_kill() -> None:

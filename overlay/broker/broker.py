@@ -436,6 +436,7 @@ class Broker:
         finish."""
         if self.exit_code is not None:
             return
+        self.perform(self.services.exec.flush())  # last answers taken this turn, in one message
         if self._drop_parent:
             self._end_search()
         if self.parent is not None and self.parent.overflow is not None:

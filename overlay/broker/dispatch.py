@@ -53,6 +53,7 @@ ONE_WAY_TOPICS = frozenset(
         "exec.stdin",
         "exec.signal",
         "exec.resend",
+        "exec.taken",
         "exec.credit",
         "status.ack",
         "dmesg.ack",

@@ -413,6 +413,16 @@ class JobRunner:
         self._answer(job.request, job.outbox, answer)
         self._keep_tail(job.id, job.request, job.outbox)
 
+    def abandon(self, job_id: str) -> None:
+        """Its client has gone: kill the job, and keep nothing of what it says (no
+        acknowledgement will come)."""
+        self.tails.pop(job_id, None)
+        job = self.jobs.get(job_id)
+        if job is not None:
+            log.info("exec %s: its client went away, killing it", job.id)
+            job.outbox.stop_keeping()
+            self.send_signal(job.id, signal.SIGKILL, by_broker=True)
+
     def kill_from(self, route: tuple[str, ...]) -> None:
         """Kill the jobs whose answers travel along `route`: their client has gone. What their
         finished jobs kept for it is dropped."""

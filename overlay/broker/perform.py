@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, assert_never
 
 from tbon.overlay.broker.router import Router
 from tbon.overlay.services.actions import (
+    AbandonJob,
     Action,
     Apply,
     ApplyAll,
@@ -94,6 +95,7 @@ class Jobs(Protocol):
     def acknowledge(self, job_id: str, upto: int) -> None: ...
     def resend(self, job_id: str | None = None, start: int = 0) -> None: ...
     def send_signal(self, job_id: str, signum: int) -> None: ...
+    def abandon(self, job_id: str) -> None: ...
     def kill_from(self, route: tuple[str, ...]) -> None: ...
     def kill_all(self, signum: int, note: str = "") -> None: ...
 
@@ -142,7 +144,7 @@ class Performer:
                 self.loop.wake()  # a new deadline: its answer's
             case Forward(child, message, otherwise):
                 if not self.router.send_down(child, message):
-                    self.perform(otherwise)
+                    self.perform(otherwise() if callable(otherwise) else otherwise)
             case Log(level, text):
                 log.log(level, "%s", text)
             case Report(event):
@@ -205,6 +207,8 @@ class Performer:
                     self.jobs.resend(job_id, seq)
             case SignalJob(job_id, signum):
                 self.jobs.send_signal(job_id, signum)
+            case AbandonJob(job_id):
+                self.jobs.abandon(job_id)
             case KillJobsFrom(route):
                 self.jobs.kill_from(route)
             case KillAllJobs(signum, note):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
-from tbon.overlay.services.exec import EXEC_TOPICS, unreachable
+from tbon.overlay.services.exec import EXEC_TOPICS, last_word, unreachable
 from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.ranktable import CONNECTED, RankTable
@@ -331,7 +331,7 @@ class Router:
             if self.local.send(hop, reply):
                 self.on_local_response(hop, reply)
                 return True
-            if reply.streaming:
+            if reply.streaming and not last_word(reply):
                 self.client_gone(hop, reply.nodeid)
         return False
 

@@ -52,11 +52,17 @@ class Call(Record):
 
 class Forward(Record):
     """Send a copy of a request down to one child; if that child is not connected, do
-    `otherwise` instead."""
+    `otherwise` instead: actions, or what a function returns, made only then (exec.start's
+    answer for each target below that child: thousands at rank 0, almost never needed)."""
 
     __slots__ = __match_args__ = ("child", "message", "otherwise")
 
-    def __init__(self, child: int, message: Message, otherwise: tuple[Action, ...] = ()) -> None:
+    def __init__(
+        self,
+        child: int,
+        message: Message,
+        otherwise: tuple[Action, ...] | Callable[[], list[Action]] = (),
+    ) -> None:
         self.child = child
         self.message = message
         self.otherwise = otherwise
@@ -235,6 +241,16 @@ class SignalJob(Record):
         self.signum = signum
 
 
+class AbandonJob(Record):
+    """Kill a job (SIGKILL) and keep nothing of its answers: its client has gone (exec.signal's
+    `gone`, from the client's broker)."""
+
+    __slots__ = __match_args__ = ("job_id",)
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+
 class KillJobsFrom(Record):
     """Kill the jobs whose answers travel along `route`: their client has gone."""
 
@@ -301,6 +317,7 @@ Action = (
     | WriteStdin
     | GrantCredit
     | SignalJob
+    | AbandonJob
     | KillJobsFrom
     | KillAllJobs
     | ForgetWatches

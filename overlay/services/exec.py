@@ -20,6 +20,7 @@ from typing import Any
 from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
+    AbandonJob,
     Action,
     Forward,
     GrantCredit,
@@ -37,8 +38,11 @@ from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN
 from tbon.overlay.wire.message import Kind, Message
 from tbon.overlay.wire.resend import Handoff
 
-EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend")
+EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
+
+ALL = 2**62
+"""An acknowledgement of every answer a job sent (exec.taken: its last one was taken)."""
 
 
 def os_text(value: object) -> bool:
@@ -135,6 +139,8 @@ class ExecService:
         self.lifecycle = lifecycle
         # a local client's hop -> the tag of each exec.start it sent -> that job
         self._client_jobs: dict[str, dict[int, ClientJob]] = {}
+        # job id -> the ranks whose last answer was handed to its client since the last flush
+        self._taken: dict[str, list[int]] = {}
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
         # whether this broker is the root (the broker's term fence says; set by broker.py): a
@@ -181,13 +187,16 @@ class ExecService:
             route=list(request.route),
             data=request.data,
         )
-        otherwise: tuple[Action, ...] = ()
-        if request.topic == "exec.start":  # every target answers, if only to say it is missing
-            otherwise = tuple(
+        if request.topic != "exec.start":
+            return Forward(child, copy)
+
+        def missing() -> list[Action]:  # every target answers, if only to say it is missing
+            return [
                 _answer(request, {"rank": rank, "error": unreachable(rank, child)})
                 for rank in ranks
-            )
-        return Forward(child, copy, otherwise)
+            ]
+
+        return Forward(child, copy, missing)
 
     def _here(self, request: Message) -> list[Action]:
         payload = request.payload
@@ -196,8 +205,12 @@ class ExecService:
             return [WriteStdin(job_id, request.data, bool(payload.get("eof")))]
         if request.topic == "exec.resend":  # a heal is over: what the client has not taken
             return [GrantCredit(job_id, 0, 0, resend=True)]
+        if request.topic == "exec.taken":  # its last answer reached the client: keep nothing
+            return [GrantCredit(job_id, 0, ALL)]
         if request.topic == "exec.signal":
             signum = payload.get("signal")
+            if payload.get("gone") is True:  # its client has gone (client_gone, below)
+                return [AbandonJob(job_id)]
             if is_int(signum) and 0 < signum < signal.NSIG:
                 return [SignalJob(job_id, signum)]
             return []
@@ -296,15 +309,36 @@ class ExecService:
         upto = handoff.handed(seq, len(reply.data) + MESSAGE_COST, last)
         if upto is None:
             return []
+        if last and upto == seq + 1:  # its last word, in order: with the others' (flush)
+            self._taken.setdefault(str(job.id), []).append(rank)
+            return []
         ack = {"id": job.id, "bytes": 0, "seq": upto}
         return [Send(Message(Kind.REQUEST, "exec.credit", ack, nodeid=rank))]
 
+    def flush(self) -> list[Action]:
+        """Acknowledge together the last answers handed over since the last flush (once per
+        turn of the broker's loop): one exec.taken per job, fanned out like exec.start, rather
+        than one exec.credit to each rank (1024 at once for `tbon exec -r all true`)."""
+        if not self._taken:
+            return []
+        taken, self._taken = self._taken, {}
+        return [
+            Send(Message(Kind.REQUEST, "exec.taken", {"id": i, "targets": ranks}, nodeid=0))
+            for i, ranks in taken.items()
+        ]
+
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,
-        wherever they still run."""
+        wherever they still run, and have them keep nothing for it (`gone`): so that a rank's
+        last word that finds the client gone needs no client.disconnect (`last_word`)."""
         actions: list[Action] = []
         for job in self._client_jobs.pop(hop, {}).values():
-            kill = {"id": job.id, "signal": int(signal.SIGKILL), "targets": sorted(job.running)}
+            kill = {
+                "id": job.id,
+                "signal": int(signal.SIGKILL),
+                "targets": sorted(job.running),
+                "gone": True,
+            }
             actions.append(Send(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0)))
         return actions
 
@@ -312,6 +346,15 @@ class ExecService:
         """client.disconnect: the client whose answers travel along this route has gone. Its
         jobs here are killed."""
         return [KillJobsFrom(tuple(request.route))]
+
+
+def last_word(reply: Message) -> bool:
+    """Whether `reply` is a rank's last answer to an exec.start (its exit, or why it could not
+    run). One that finds its client gone needs no client.disconnect: that rank's stream is over,
+    and the client's broker told the ranks it had not heard the end from to keep nothing (the
+    `gone` of its exec.signal). So a duplicate resent after the client left (a heal, a prompt)
+    is dropped where it meets the gone client, not answered with a request to its rank."""
+    return reply.topic == "exec.start" and ("exit" in reply.payload or "error" in reply.payload)
 
 
 def unreachable(target: int, hop: int) -> str:

@@ -164,12 +164,22 @@ class Prompts:
     """The client's side of answers that never come: which of the ranks still running to ask
     to send again, and when (QUIET_S). Hearing from a rank resets its clock; a rank asked is
     asked again only after its interval doubled. The ranks are looked over once a second at
-    most, not at every answer (an exec may have many thousands)."""
+    most, not at every answer (an exec may have many thousands).
+
+    A rank not heard from yet is not silent while answers of other ranks still come in: at
+    thousands of ranks the first answers take seconds to arrive through a busy rank 0, and
+    asking then only doubles its load (each rank asked sends its answers again, and they arrive
+    as duplicates). Its clock starts from the last answer of any rank, but never waits past
+    QUIET_MAX_S from the start: a rank whose first answers died in a heal is asked for them
+    even while others stream on. Before any answer at all it waits QUIET_MAX_S: the fan-out
+    may still be on its way down (on a loaded machine, seconds at a thousand ranks), and a
+    heal that took every answer shows in the status table, which asks at once (heal_over)."""
 
     start: float  # when the job started: the clock of a rank not heard from yet
     due: dict[int, float] = field(default_factory=dict)  # rank -> when to ask it, if still silent
     interval: dict[int, float] = field(default_factory=dict)  # rank -> its interval, once asked
     scan: float = 0.0  # when to look the ranks over next
+    flowing: float | None = None  # when any rank was last heard from
 
     def __post_init__(self) -> None:
         self.scan = self.start + QUIET_S
@@ -177,6 +187,7 @@ class Prompts:
     def heard(self, rank: int, now: float) -> None:
         self.due[rank] = now + QUIET_S
         self.interval.pop(rank, None)
+        self.flowing = now if self.flowing is None else max(self.flowing, now)
 
     def soon(self, now: float) -> None:
         """Something changed (a status table came): a rank asked before is due QUIET_S after
@@ -192,8 +203,11 @@ class Prompts:
             return []
         self.scan = now + SCAN_S
         asked = []
+        unheard = self.start + QUIET_MAX_S
+        if self.flowing is not None:
+            unheard = min(self.flowing + QUIET_S, unheard)
         for rank in pending:
-            if self.due.get(rank, self.start + QUIET_S) <= now:
+            if self.due.get(rank, unheard) <= now:
                 interval = min(QUIET_MAX_S, 2 * self.interval.get(rank, QUIET_S / 2))
                 self.interval[rank] = interval
                 self.due[rank] = now + interval
