@@ -23,8 +23,8 @@ def uris_of(inst: Instance) -> str:
 def wait_moved(
     inst: Instance, uris: str, before: dict[int, int], members: range = range(1, 3)
 ) -> dict:
-    """Wait until the URI list answers with a member of `members` as the root, rank 0 lost and every other
-    rank online with the pid it had."""
+    """Wait until the URI list answers with a member of `members` as the root, rank 0 lost
+    and every other rank online with the pid it had."""
     seen: dict = {}
     dead_roots_children = [r for r in before if 1 <= r <= 4]  # kary:4, or 5 ranks of kary:32
 
