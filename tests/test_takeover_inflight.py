@@ -103,12 +103,13 @@ def test_the_root_killed_with_joins_and_a_retirement_in_flight(instance) -> None
             if status is not None:
                 seen.clear()
                 seen.update(status)
-            return (
-                status is not None and status["root"] == 1 and status["ranks"][0]["state"] == "lost"
-            )
+            if status is None or status["root"] not in (1, 2):  # either standby may win
+                return False
+            zero = status["ranks"][0]  # lost, or already refilled by one of the joiners
+            return zero["state"] == "lost" or zero["incarnation"] > 1
 
         try:
-            wait_for(taken_over, "rank 1 to take over")
+            wait_for(taken_over, "a standby to take over")
         except AssertionError as error:
             tail = "\n".join(inst.stderr().splitlines()[-40:])
             raise AssertionError(f"{error}; last {seen} {FAILED}; stderr:\n{tail}") from None
@@ -165,7 +166,8 @@ def test_the_root_killed_with_joins_and_a_retirement_in_flight(instance) -> None
     else:
         assert retired["state"] == "online" and retired["pid"] == before[RETIRED], retired
 
-    # a second expand after the takeover fills what is vacant (rank 0 is not refilled, §13.6)
+    # a second expand after the takeover fills what is vacant (rank 0 left out: a joiner of
+    # the first expands may have refilled it already, §13.6, or not)
     holes = [
         r["rank"]
         for r in final["ranks"]
@@ -183,4 +185,7 @@ def test_the_root_killed_with_joins_and_a_retirement_in_flight(instance) -> None
     assert not one_broker_per_rank(after, ours), one_broker_per_rank(after, ours)
     if gone:  # never back once retired
         assert after["ranks"][RETIRED]["pid"] != before[RETIRED], after["ranks"][RETIRED]
-    assert after["ranks"][0]["state"] == "lost" and after["root"] == 1, after
+    # the root role stays where it went; rank 0 is lost, or a new incarnation that joined
+    zero = after["ranks"][0]
+    assert after["root"] == seen["root"], after
+    assert zero["state"] == "lost" or (zero["state"] == "online" and zero["incarnation"] > 1), zero
