@@ -84,7 +84,7 @@ from tbon.overlay.links.hello import (
 )
 from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.liveness import Liveness, Verdict
-from tbon.overlay.links.sessions import ChildSession, Connected, Ended, Expected
+from tbon.overlay.links.sessions import ChildSession, Connected, Ended, Expected, Standings
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.ranktable import Departed, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.topology import Topology
@@ -438,8 +438,10 @@ class Downward:
         ]
 
     def parent_view(self) -> Parent:
-        """This parent as the hello judge sees it."""
-        children = {rank: session.standing() for rank, session in self.sessions.items()}
+        """This parent as the hello judge sees it: each child's standing is built only if the
+        judge asks for it (sessions.py's Standings), so a hello costs the same however many
+        children this parent has."""
+        children = Standings(self.sessions)
         return Parent(self.rank, self.topology, children, self.retired, self.shutting_down)
 
     def verdict_due(self, now: float) -> bool:

@@ -147,7 +147,7 @@ class ParentLink:
 
     def drain_monitor(self) -> LinkEnded | None:
         while self.monitor.poll(0):
-            event, _fd = read_event(self.monitor.recv_multipart())
+            event, value = read_event(self.monitor.recv_multipart())
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshaken = True
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -156,7 +156,12 @@ class ParentLink:
                 )
             if event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                 level = logging.DEBUG if self.quiet else logging.WARNING
-                log.log(level, "CURVE handshake with the parent at %s failed", self.endpoint)
+                log.log(
+                    level,
+                    "CURVE handshake with the parent at %s failed: %s",
+                    self.endpoint,
+                    _why(event, value),
+                )
             elif event == zmq.EVENT_DISCONNECTED and self.welcomed:
                 return LinkEnded(exitcodes.LOST, "lost the connection to the parent")
         return None
@@ -302,3 +307,12 @@ def _group(value: Any) -> tuple[Card, ...] | None:
     except BadCards as error:
         log.warning("ignored the root group's cards from the parent: %s", error)
         return None
+
+
+def _why(event: int, value: int) -> str:
+    """What a failed handshake's monitor value says: libzmq's protocol error, or the errno of a
+    connection that ended during it (ECONNRESET, EPIPE: the parent closed it, which it does to a
+    handshake not done within its broker.handshake-timeout)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return f"protocol error {value:#x}"
+    return os.strerror(value) if value else "no detail"

@@ -4,6 +4,7 @@ rank 0 said of it. Plain data: downward.py decides every change of phase.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from tbon import exitcodes
@@ -103,3 +104,30 @@ class ChildSession:
         """When its silence is next judged, if it is connected."""
         phase = self.phase
         return phase.liveness.deadline() if isinstance(phase, Connected) else None
+
+
+class Standings(Mapping[int, Standing]):
+    """The sessions' standings as the hello judge reads them, each built the first time it is
+    asked for: a hello is judged on its own rank's session, so the judge's view of a parent
+    costs the same with 1 child as with 1024. A view of one moment: built per judgement."""
+
+    __slots__ = ("_built", "_sessions")
+
+    def __init__(self, sessions: Mapping[int, ChildSession]) -> None:
+        self._sessions = sessions
+        self._built: dict[int, Standing] = {}
+
+    def __getitem__(self, rank: int) -> Standing:
+        standing = self._built.get(rank)
+        if standing is None:
+            standing = self._built[rank] = self._sessions[rank].standing()
+        return standing
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._sessions
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)

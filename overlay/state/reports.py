@@ -65,10 +65,25 @@ def decode_events(payload: dict[str, Any]) -> list[Reported]:
 
 def decode_event(payload: dict[str, Any]) -> Reported:
     """The event in a report payload, or MessageError if any field is missing or mistyped."""
+    if type(payload) is dict and payload.get("event") == "online":
+        # the event rank 0 reads once for every rank: its checks inline, without calls.
+        # `type(x) is int` is is_int of a value JSON decoded (an int, or a bool, which it
+        # refuses); anything this does not accept is judged below, which names the fault
+        rank, incarnation = payload.get("rank"), payload.get("incarnation")
+        host, pid, parent = payload.get("host"), payload.get("pid"), payload.get("parent")
+        key = payload.get("key", "")
+        if (
+            type(rank) is int
+            and type(incarnation) is int
+            and (parent is None or type(parent) is int)
+            and type(host) is str
+            and type(pid) is int
+            and type(key) is str
+            and len(key) in (0, 40)
+        ):
+            return Online(rank, incarnation, host, pid, parent, key)
     if not isinstance(payload, dict):
         raise MessageError("report with an event that is not an object")
-    # `type(x) is int` is is_int of a value JSON decoded (an int, or a bool, which it refuses),
-    # without the calls: rank 0 decodes every rank's Online once
     try:
         kind, rank, incarnation = payload["event"], payload["rank"], payload["incarnation"]
         _require(type(rank) is int and type(incarnation) is int, "rank and incarnation")
