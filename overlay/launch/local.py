@@ -47,17 +47,20 @@ from tbon.proctitle import name_broker
 
 PROG = "tbon start"
 FORKED_BROKERS_NEED = (
+    "encodings.idna",  # socket.gethostbyname, when a broker with children binds
     "shlex",
     "subprocess",
     "tbon.overlay.boot.pmi",
     "tbon.overlay.links.children",
     "tbon.overlay.links.parent",
     "tbon.overlay.links.uplink",
+    "tbon.overlay.services.rankpath",
     "tbon.overlay.services.status",
 )
 """Modules a broker loads only once it needs them (so that one started on its own stays small:
 tests/test_broker_imports.py), which brokers of `tbon start` do need: jobs, PMI, links, rank 0's
-status. The launcher loads them before it forks, once, rather than each broker after."""
+status and rank path, the IDNA codec a bind's host lookup loads. The launcher loads them before
+it forks, once, rather than each broker after."""
 _PR_SET_PDEATHSIG = 1
 
 
