@@ -135,6 +135,7 @@ class Broker:
         self.final_code = 0  # the instance's exit status: its initial program's
         self.stop_deadline: float | None = None
         self._cut = False
+        self._alone_since: float | None = None  # a root stepped down with nothing attached
         self._drop_parent = False  # a standby that took over: its uplink closes after this turn
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.reports = Batcher()  # what goes up to the parent, a report per short interval
@@ -427,9 +428,43 @@ class Broker:
                 self._uplink_news(self.parent.learn_root(root, now), now)
         self.router.expire(now)
         self.perform(self.group.tick(now))
+        self._leave_if_abandoned(now)
         if self.table is not None:
             self.perform(self.services.flub.expire(now))
             self.report(self.table.adrift(now), now)
+
+    def _leave_if_abandoned(self, now: float) -> None:
+        """A root that stepped down (its lease lapsed: no majority answers it) with no parent
+        and no broker attached has nothing left to serve, and no link on which to hear of a
+        successor: the members dropped their links to it when they elected one (a root
+        stopped past tbon.timeout and woken, docs/protocol.md §13.5). After
+        broker.reattach-timeout so, it leaves with 75, as a broker no ancestor takes back,
+        rather than answer status from a table that stopped when it did."""
+        group, children = self.group, self.children
+        alone = (
+            group.member is not None
+            and group.leads  # it served the table ...
+            and not group.member.is_root  # ... and its member leads no more
+            and self.parent is None
+            and not self.lifecycle.stopping
+            and (children is None or not children.connected())
+        )
+        if not alone:
+            self._alone_since = None
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+            log.warning("stepped down as the root, and no broker is attached")
+            return
+        if now - self._alone_since < self.reattach_timeout:
+            return
+        log.error(
+            "stepped down as the root, no member of the root group answers and no broker is "
+            "attached: leaving (a later root may exist)"
+        )
+        self.program.terminate()
+        self.exit_code = exitcodes.LOST
+        self._cut = True
 
     def _tick(self, now: float) -> None:
         """After every batch of input: push status changes and log records, start the program,
