@@ -315,6 +315,19 @@ class Soak:
             )
         joined = [(e["rank"], e["pid"]) for e in report["joined"]]
         self.log("expanded", f"exit {expand.returncode}: joined {joined}, failed {failed}")
+        if joined:
+            self.refresh_uris()
+
+    def refresh_uris(self) -> None:
+        """A refilled standby's socket is its joiner's, not the launched broker's: as a user
+        would, take `tbon uri --all` again (through the list we have), the new root and
+        standbys first, then the URIs we knew (at most 16)."""
+        listed = tbon("uri", "--all", self.uris)
+        if listed.returncode != 0:
+            return
+        fresh = listed.stdout.strip().split(",")
+        known = [u for u in self.uris.split(",") if u not in fresh]
+        self.uris = ",".join([*fresh, *known][:16])
 
     # --- the end ------------------------------------------------------------------------------
 

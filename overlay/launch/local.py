@@ -62,6 +62,8 @@ tests/test_broker_imports.py), which brokers of `tbon start` do need: jobs, PMI,
 status and rank path, the IDNA codec a bind's host lookup loads. The launcher loads them before
 it forks, once, rather than each broker after."""
 _PR_SET_PDEATHSIG = 1
+SHUTDOWN_ASK_S = 3.0
+"""How long a launcher whose rank 0 is gone waits for the root to agree to shut down."""
 
 
 @functools.cache
@@ -239,13 +241,31 @@ class Launch:
                 os.kill(broker.pid, signum)
 
     def terminate(self, now: float) -> None:
-        """Shut the instance down through rank 0, which takes its subtree down leaves first."""
+        """Shut the instance down through rank 0, which takes its subtree down leaves first.
+        After a takeover (rank 0 gone, standbys kept) the root may be a broker this launcher did
+        not start (a refilled standby): the lowest-ranked broker still running is asked to send
+        `instance.shutdown` to the root (routed there, docs/protocol.md §13.4), and only if that
+        fails is it sent SIGTERM, which a broker that is not the root takes as its own leave."""
         running = sorted((b for b in self.brokers.values() if b.running), key=lambda b: b.rank)
         root = running[0] if running and (running[0].rank == 0 or self.failover) else None
-        if root is not None:
+        if root is not None and (root.rank == 0 or not self._shutdown_through(root.rank)):
             os.kill(root.pid, signal.SIGTERM)
         # Rank 0 may take its shutdown timeout to bring the tree down, leaves first.
         self.end(now, grace=self.config.shutdown_timeout)
+
+    def _shutdown_through(self, rank: int) -> bool:
+        """`instance.shutdown` sent to the root through rank `rank`'s local socket; whether the
+        root agreed within SHUTDOWN_ASK_S."""
+        from tbon.errors import TbonError
+        from tbon.overlay.connectors.client import Client
+
+        uri = f"local://{os.path.join(self.rundir, str(rank), 'local')}"
+        try:
+            with Client(uri) as client:
+                client.rpc("instance.shutdown", {}, 0, timeout=SHUTDOWN_ASK_S, quiet=True)
+        except (TbonError, OSError):
+            return False
+        return True
 
     def running(self) -> bool:
         return any(broker.running for broker in self.brokers.values())
