@@ -58,7 +58,7 @@ def wait_moved(
     return seen
 
 
-def kill_root_and_check(inst: Instance, size: int, standbys: int = 2) -> None:
+def kill_root_and_check(inst: Instance, size: int, standbys: int = 2) -> str:
     """Kill -9 rank 0: a standby takes over (rank 1, whose canvass comes first, unless the
     machine's load delays it past the next one's: any member elected is right), every other
     rank online with its pid, exec on all of them, and the summary names the new root."""
@@ -77,6 +77,7 @@ def kill_root_and_check(inst: Instance, size: int, standbys: int = 2) -> None:
     assert summary.returncode == 0, summary.stderr
     assert summary.stdout.startswith(f"{root} ") and "(root)" in summary.stdout, summary.stdout
     assert f"1 lost, {size - 1} online; root {root}" in summary.stdout, summary.stdout
+    return uris
 
 
 def test_sibling_standbys_take_over_in_kary4(instance) -> None:
@@ -112,3 +113,16 @@ def test_the_root_and_its_first_standby_killed_together_end_the_instance_in_time
     assert "no live ancestor took this broker back in time" in err, err
     assert "status 75" in err, err
     assert "took over" not in err, err
+
+
+def test_after_a_takeover_tbon_shutdown_ends_the_instance_through_the_new_root(instance) -> None:
+    """`tbon shutdown` asks the root where its socket is: after a takeover, the member that
+    leads, not the lost rank 0 (which it asked before, and failed)."""
+    inst = instance(5, "tbon.standbys=2", "tbon.timeout=30s")
+    uris = kill_root_and_check(inst, 5)
+    status = status_through(uris)
+    assert status is not None, FAILED
+    pids = [r["pid"] for r in status["ranks"] if r["pid"] and r["state"] == "online"]
+    done = tbon("shutdown", env={**child_env(), "TBON_URI": uris})
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: all(process_gone(p) for p in pids), "every broker to leave", 30)
