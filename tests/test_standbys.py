@@ -119,21 +119,32 @@ def test_the_root_group_is_odd(asked: int, kept: tuple[int, ...]) -> None:
 
 
 def test_roles_at_the_largest_size(instance) -> None:
-    """262,144 ranks, 4 launched, 4 standbys asked for: three brokers and a spare stand by;
-    the views and the paged JSON say so without the table being sent whole."""
+    """262,144 ranks, 4 launched, 4 standbys asked for: a spare never stands by (it has no
+    broker, and would count against every majority), so ranks 1-3 could, and the group kept
+    odd makes it 1 and 2; the views and the paged JSON say so without the table sent whole."""
     from tbon.limits import MAX_SIZE
 
     inst = instance(4, f"size={MAX_SIZE}", "tbon.standbys=4")
     summary = tbon("status", inst.uri, "--summary").stdout
     assert re.fullmatch(
         rf"0 \S+: partial \(root\) \({MAX_SIZE} ranks: 4 online, {MAX_SIZE - 4} vacant; "
-        r"root 0, standbys 1-4\)\n",
+        r"root 0, standbys 1-2\)\n",
         summary,
     ), summary
     tree = tbon("status", inst.uri, "--depth", "1").stdout.splitlines()
     assert re.fullmatch(r"0 \S+: partial \(root\)", tree[0]), tree
-    for rank in (1, 2, 3):  # their spares below are hidden by --depth
+    for rank in (1, 2):  # their spares below are hidden by --depth
         assert re.fullmatch(rf"├─ {rank} \S+: partial \(standby\) \.\.\.", tree[rank]), tree
+    assert re.fullmatch(r"├─ 3 \S+: partial \.\.\.", tree[3]), tree
     shown = tbon("status", inst.uri, "--json", timeout=120)
     head = shown.stdout[:200]
-    assert head.startswith(f'{{"size":{MAX_SIZE},"topo":"kary:32","root":0,"standbys":[1,2,3,4],')
+    assert head.startswith(f'{{"size":{MAX_SIZE},"topo":"kary:32","root":0,"standbys":[1,2],')
+
+
+def test_a_spare_never_stands_by() -> None:
+    """Only launched ranks are standbys: with 2 launched, 2 asked, none (a group of two adds
+    no failover); with 4 launched, 4 asked, 1 and 2 (3 could, and the group is kept odd)."""
+    assert kept_standbys(Topology("kary:4", 64), 2, launched=2)[0] == ()
+    ranks, note = kept_standbys(Topology("kary:4", 64), 4, launched=4)
+    assert ranks == (1, 2) and note is not None and "(3 in 4 launched ranks)" in note
+    assert kept_standbys(Topology("kary:4", 64), 4, launched=64) == ((1, 2, 3, 4), None)

@@ -53,17 +53,20 @@ def stop_the_root_until_taken_over(inst: Instance, uris: str, tmp_path) -> tuple
     """SIGSTOP rank 0 past tbon.timeout until rank 1 has taken over; a FLUB join through the
     new root (rank 9) granted meanwhile, and a joiner of the stopped root's URI only (rank 10)
     started; then SIGCONT. Returns the old root's pid and the two joiners."""
-    old_root_uri, new_root_uri = uris.split(",")[:2]
+    old_root_uri = uris.split(",")[0]
     old = inst.pid(0)
     os.kill(old, signal.SIGSTOP)
     try:
-        taken = wait_through(
+        taken = wait_through(  # rank 1 canvasses first; under load rank 2 may win: right too
             inst,
             uris,
-            lambda s: s["root"] == 1 and state(s, 0) == "lost",
-            "rank 1 to take over from the stopped root",
+            lambda s: s["root"] in (1, 2) and state(s, 0) == "lost",
+            "a standby to take over from the stopped root",
         )
-        assert "the root died; rank 1 took over in term " in taken["ranks"][0]["reason"], taken
+        root = taken["root"]
+        new_root_uri = uris.split(",")[root]
+        why = f"the root died; rank {root} took over in term "
+        assert why in taken["ranks"][0]["reason"], taken
         joiner = inst.join("broker.rank=9", boot=[new_root_uri], log=tmp_path / "joiner.log")
         try:
             wait_through(inst, uris, lambda s: state(s, 9) == "online", "rank 9 granted")
@@ -99,7 +102,7 @@ def test_a_stopped_root_among_sibling_standbys_grants_nothing_once_woken(
         lambda s: all(state(s, r) == "online" for r in range(1, 10)),
         "ranks 1 to 9 online under the new root",
     )
-    assert status["root"] == 1 and state(status, 0) == "lost", status
+    assert status["root"] in (1, 2) and state(status, 0) == "lost", status
     assert state(status, 10) == "vacant", status["ranks"][10]  # the old root granted nothing
     assert all(status["ranks"][r]["pid"] == pid for r, pid in before.items() if r), status
     assert joiner.poll() is None and status["ranks"][9]["pid"] == joiner.pid
@@ -121,7 +124,7 @@ def test_a_stopped_root_among_sibling_standbys_leaves_once_woken(instance, tmp_p
     assert "stepped down as the root, no member of the root group answers" in err, err
     assert f"rank 0 (pid {old}) exited with status 75" in err, err
     status = wait_through(
-        inst, uris, lambda s: s["root"] == 1, "the URI list to answer from the new root"
+        inst, uris, lambda s: s["root"] in (1, 2), "the URI list to answer from the new root"
     )
     assert state(status, 10) == "vacant", status["ranks"][10]  # the old root granted nothing
 
@@ -178,7 +181,7 @@ def test_a_dead_standby_does_not_stop_grants_and_its_refill_stands_by_again(
     uris = uris_of(inst)
     os.kill(inst.pid(0), signal.SIGKILL)
     taken = wait_through(
-        inst, uris, lambda s: s["root"] == 1 and state(s, 0) == "lost", "a takeover by rank 1"
+        inst, uris, lambda s: s["root"] in (1, 2) and state(s, 0) == "lost", "a takeover"
     )
     assert taken["ranks"][2]["pid"] == new_pid and state(taken, 2) == "online", taken
     ran = tbon("exec", "-r", "1-4", "true", env={**child_env(), "TBON_URI": uris})

@@ -168,7 +168,8 @@ class Broker:
 
         members: tuple[int, ...] = ()
         if self.founding:
-            standbys, fewer = kept_standbys(self.topology, self.config.standbys)
+            launched = self.booted.wireup.launched
+            standbys, fewer = kept_standbys(self.topology, self.config.standbys, launched)
             if fewer is not None:
                 log.warning("%s", fewer)
             members = (0, *standbys) if standbys else ()

@@ -27,18 +27,26 @@ MAX_STANDBYS = 4
 before it acknowledges a change of its table."""
 
 
-def kept_standbys(topology: Topology, asked: int) -> tuple[tuple[int, ...], str | None]:
+def kept_standbys(
+    topology: Topology, asked: int, launched: int | None = None
+) -> tuple[tuple[int, ...], str | None]:
     """The standbys an instance keeps for tbon.standbys=`asked`, and a line to log if that is
-    fewer than asked. First clamped to the ranks there are; then the root group (root and
-    standbys) must be odd, since a takeover needs a majority of it (docs/protocol.md §13.1):
-    an even group buys nothing (with one standby, both members make the majority, so the
-    standby could never take over, and its death would stop every grant). So 1 runs as 0 and
-    3 as 2."""
+    fewer than asked. First clamped to the ranks there are, and to those `launched` at the
+    start (a spare has no broker: a member that is a spare would count against every majority
+    from the start, and with it one more loss would pause every grant, the one that would fill
+    it included); then the root group (root and standbys) must be odd, since a takeover needs a
+    majority of it (docs/protocol.md §13.1): an even group buys nothing (with one standby, both
+    members make the majority, so the standby could never take over, and its death would stop
+    every grant). So 1 runs as 0 and 3 as 2."""
     ranks = standby_ranks(topology, asked)
+    if launched is not None:
+        ranks = tuple(rank for rank in ranks if rank < launched)
     kept = ranks[: len(ranks) - len(ranks) % 2]
     if len(kept) == len(ranks):
         return kept, None
-    clamped = f" ({len(ranks)} in a size of {topology.size})" if len(ranks) < asked else ""
+    spares = launched is not None and launched < topology.size
+    where = f"{launched} launched ranks" if spares else f"a size of {topology.size}"
+    clamped = f" ({len(ranks)} in {where})" if len(ranks) < asked else ""
     return kept, (
         f"tbon.standbys={asked}{clamped} adds no failover (the root group must be odd): "
         f"running with {len(kept)}"
