@@ -278,7 +278,11 @@ class Instance:
             or "Traceback" in line
             or re.search(r"request '.*' failed", line)
         ]
-        assert not crashed, f"a broker of this instance failed: {crashed}"
+        if crashed:  # the traceback itself, to tell what failed from the report alone
+            text = self._stderr_text
+            start = text.find("Traceback")
+            shown = text[start : start + 3000] if start >= 0 else "\n".join(crashed)
+            raise AssertionError(f"a broker of this instance failed: {crashed}\n{shown}")
         return code
 
 

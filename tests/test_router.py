@@ -267,3 +267,14 @@ def test_a_member_that_moved_here_is_reached_directly_not_by_the_way_it_came_up_
     children.attached_ranks.add(5)
     children.fosters.add(5)
     assert router._link_toward(5) == "c5"
+
+
+def test_exec_fan_out_at_a_new_root_finds_a_member_hung_under_another_member() -> None:
+    """Rank 1 took over; rank 2's requests came up by rank 5, attached here across the dead
+    root: exec's fan-out (hop_down) sends rank 2's copy there, as a request is routed, not to
+    the dead rank 0 (`rank 0 is not connected`)."""
+    router, _ = fostering_router(1, attached={5}, fosters={5})
+    router.parent = None
+    router._learn_across(["s", "c2", "c5"])
+    assert router.hop_down(2) == 5 == int(router._link_toward(2)[1:])
+    assert router.hop_down(3) == 3  # below it: the topology's child, as ever

@@ -190,9 +190,15 @@ class Router:
         parent.send(message)
 
     def hop_down(self, target: int) -> int:
-        """The broker attached here that a message for `target` (in this broker's subtree) goes
-        to: the deepest on the way that is attached here, else the child the topology names."""
-        return self._attached_toward(target, self.topology.next_hop(self.rank, target))
+        """The broker attached here that a message for `target` goes to: the deepest on the
+        way that is attached here, else the child the topology names. For a rank not below
+        this broker (a root that took over, exec's fan-out), as `route` finds it: a foster
+        child across the dead root, or the way its requests came up (§13.4)."""
+        hop = self.topology.next_hop(self.rank, target)
+        if hop == self.topology.parent(self.rank):
+            across = self._attached_across(target)
+            return hop if across is None else across
+        return self._attached_toward(target, hop)
 
     def _learn_across(self, route: list[str]) -> None:
         """A broker's own request that came up by a child not below this broker (a member
