@@ -37,8 +37,10 @@ from conftest import TBON, Instance, child_env, tbon
 
 from tbon.errors import TbonError
 from tbon.overlay.connectors.client import connect
+from tbon.overlay.state.topology import Topology
 
 SIZE = 13
+KARY4 = Topology("kary:4", SIZE)  # the instance's tree: whose ancestors a rank has
 MEMBERS = (0, 1, 2)
 TIMEOUT_S = 2.0
 REATTACH_S = 2.0
@@ -64,14 +66,6 @@ MAX_EVER = 60
 POLL_S = 0.25
 EXPAND_TIMEOUT = "15s"
 END_DEADLINE_S = 20.0
-
-
-def kary4_ancestors(rank: int) -> set[int]:
-    found = set()
-    while rank > 0:
-        rank = (rank - 1) // 4
-        found.add(rank)
-    return found
 
 
 @dataclass
@@ -162,7 +156,7 @@ class Soak:
                 )
             return
         death = self.died.setdefault(pid, self.now())
-        above = kary4_ancestors(rank)
+        above = set(KARY4.ancestors(rank))
         adrift = any(r in above and when >= death - ADRIFT_GRACE_S for when, r in self.killed)
         grace = ADRIFT_GRACE_S if adrift else DEAD_GRACE_S
         if self.now() - death > grace:

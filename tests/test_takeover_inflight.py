@@ -13,7 +13,7 @@ import subprocess
 from typing import Any
 
 from brokers import alive, claimed_rank, instance_brokers, instance_rundir
-from conftest import TBON, Instance, child_env, tbon, wait_for
+from conftest import Instance, start_tbon, tbon, wait_for
 from test_takeover import FAILED, status_through
 
 SIZE = 9
@@ -29,17 +29,6 @@ ATTRIBUTES = (
     "broker.join-timeout=10s",
 )
 ASK_AGAIN = {75, 69}  # a joiner's documented ends without a rank: ask again, no rank
-
-
-def background(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [TBON, *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
@@ -89,8 +78,8 @@ def test_the_root_killed_with_joins_and_a_retirement_in_flight(instance) -> None
         inst.broker_pids.update(found)  # reaped and checked at the instance's stop
         return found
 
-    expands = [background("expand", "-n", "2", "--json", "--timeout", "40s", uris) for _ in "ab"]
-    retire = background("retire", uris, str(RETIRED))
+    expands = [start_tbon("expand", "-n", "2", "--json", "--timeout", "40s", uris) for _ in "ab"]
+    retire = start_tbon("retire", uris, str(RETIRED))
     try:
         # in flight: the joiners started (brokers beyond the instance's own) and asking
         wait_for(lambda: len(brokers()) > SIZE, "expand's joiners to start")

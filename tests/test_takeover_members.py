@@ -11,18 +11,10 @@ import signal
 from typing import Any
 
 from conftest import DEADLINE, Instance, child_env, process_gone, tbon, wait_for
-from test_takeover import FAILED, status_through
+from test_takeover import FAILED, all_uris, status_through
 
 SIBLINGS = ("tbon.standbys=2", "tbon.topo=kary:4")
 SHORT = ("tbon.heartbeat=200ms", "tbon.torpid=0", "tbon.timeout=2s")
-
-
-def uris_of(inst: Instance) -> str:
-    listed = tbon("uri", "--all", inst.uri)
-    assert listed.returncode == 0, listed.stderr
-    uris = listed.stdout.strip()
-    assert len(uris.split(",")) == 3, uris  # the root and its two standbys
-    return uris
 
 
 def wait_through(inst: Instance, uris: str, ok: Any, what: str, timeout: float = DEADLINE) -> dict:
@@ -86,7 +78,7 @@ def test_a_stopped_root_among_sibling_standbys_grants_nothing_once_woken(
     instance, tmp_path
 ) -> None:
     inst = instance(9, *STOPPED)
-    uris = uris_of(inst)
+    uris = all_uris(inst)
     before = {r["rank"]: r["pid"] for r in inst.status()["ranks"] if r["pid"]}
     _, joiner, stale_joiner = stop_the_root_until_taken_over(inst, uris, tmp_path)
     # the woken root has no lease: its joiner is refused (75: grants paused, ask again)
@@ -114,7 +106,7 @@ def test_a_stopped_root_among_sibling_standbys_leaves_once_woken(instance, tmp_p
     its lease lapses, finds nothing attached, and leaves with 75 one reattach grace later,
     instead of answering status from its table as of the stop (docs/protocol.md §13.5)."""
     inst = instance(9, *STOPPED)
-    uris = uris_of(inst)
+    uris = all_uris(inst)
     old, _, stale_joiner = stop_the_root_until_taken_over(inst, uris, tmp_path)
     try:
         wait_for(lambda: process_gone(old), "the woken root to leave", 30)
@@ -178,7 +170,7 @@ def test_a_dead_standby_does_not_stop_grants_and_its_refill_stands_by_again(
             "rank 2's replica to equal the root's",
         )
     # and it is a standby in earnest: with the root killed now, a takeover still happens
-    uris = uris_of(inst)
+    uris = all_uris(inst)
     os.kill(inst.pid(0), signal.SIGKILL)
     taken = wait_through(
         inst, uris, lambda s: s["root"] in (1, 2) and state(s, 0) == "lost", "a takeover"
