@@ -32,9 +32,10 @@ from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
 from tbon.overlay.config.attributes import BrokerConfig
+from tbon.overlay.links.asker import Asker
 from tbon.overlay.links.cards import encode_group
 from tbon.overlay.links.descriptors import raise_limit
-from tbon.overlay.services.actions import Action, Apply, ApplyAll, Foster
+from tbon.overlay.services.actions import Action, Apply, ApplyAll, Foster, Revoke
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
@@ -136,6 +137,14 @@ class Broker:
         self.stop_deadline: float | None = None
         self._cut = False
         self._alone_since: float | None = None  # a root stepped down with nothing attached
+        self.asker = Asker(  # such a root asks the members whether a later term exists
+            self.rank,
+            lambda card: self._open_link(card, self.incarnation),
+            self._watch_asking,
+            self._unwatch_link,
+            self.terms,
+            self._term_news,
+        )
         self._drop_parent = False  # a standby that took over: its uplink closes after this turn
         self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.reports = Batcher()  # what goes up to the parent, a report per short interval
@@ -302,6 +311,13 @@ class Broker:
         self._poller.register(link.monitor, zmq.POLLIN)
         self._due = 0.0
 
+    def _watch_asking(self, link: ParentLink, on_ready: Callable[[float], None]) -> None:
+        """A link of the asker's (links/asker.py): its socket and monitor, read by `on_ready`."""
+        for sock in (link.socket, link.monitor):
+            self._handlers[sock] = on_ready
+            self._poller.register(sock, zmq.POLLIN)
+        self._due = 0.0
+
     def _unwatch_link(self, link: ParentLink) -> None:
         for sock in (link.socket, link.monitor):
             if self._handlers.pop(sock, None) is not None:
@@ -390,6 +406,7 @@ class Broker:
                 # deadlines wait for it (the commit wakes the loop): asked again, they would spin
                 self.table.next_expiry() if self.table and not self.group.waiting else None,
                 self.group.next_deadline(),
+                self.asker.next_deadline(),
                 self.late_hosts.next_deadline() if self.late_hosts else None,
                 self.services.heal.next_deadline(),
                 self.draining.next_deadline() if self.draining else None,
@@ -429,20 +446,21 @@ class Broker:
                 self._uplink_news(self.parent.learn_root(root, now), now)
         self.router.expire(now)
         self.perform(self.group.tick(now))
-        self._leave_if_abandoned(now)
+        alone = self._stepped_down_alone()
+        self.asker.tick(alone, self.group.group_cards() if alone else (), now)
+        if self.exit_code is not None:
+            return
+        self._leave_if_abandoned(alone, now)
         if self.table is not None:
             self.perform(self.services.flub.expire(now))
             self.report(self.table.adrift(now), now)
 
-    def _leave_if_abandoned(self, now: float) -> None:
+    def _stepped_down_alone(self) -> bool:
         """A root that stepped down (its lease lapsed: no majority answers it) with no parent
-        and no broker attached has nothing left to serve, and no link on which to hear of a
-        successor: the members dropped their links to it when they elected one (a root
-        stopped past tbon.timeout and woken, docs/protocol.md §13.5). After
-        broker.reattach-timeout so, it leaves with 75, as a broker no ancestor takes back,
-        rather than answer status from a table that stopped when it did."""
+        and no broker attached: the members dropped their links to it when they elected another
+        (a root stopped past tbon.timeout and woken, docs/protocol.md §13.5)."""
         group, children = self.group, self.children
-        alone = (
+        return (
             group.member is not None
             and group.leads  # it served the table ...
             and not group.member.is_root  # ... and its member leads no more
@@ -450,6 +468,13 @@ class Broker:
             and not self.lifecycle.stopping
             and (children is None or not children.connected())
         )
+
+    def _leave_if_abandoned(self, alone: bool, now: float) -> None:
+        """A root stepped down and alone asks the members whether a later term exists (the
+        asker: a successor's refusal makes it leave with 77). If none answers so within
+        broker.reattach-timeout (all dead, or none took over), it leaves with 75, as a broker
+        no ancestor takes back, rather than answer status from a table that stopped when it
+        did."""
         if not alone:
             self._alone_since = None
             return
@@ -839,6 +864,18 @@ class Broker:
         dead = self.table.entry(self.table.root)  # rank 0, or a root that took over before
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)
+        if self.children is not None and dead.key:
+            # the dead root may only have been stopped: woken, it asks the members whether a
+            # later term exists (links/successor.py). Admitted and revoked at once, its key is
+            # heard, and its hello refused 77 with this root's term (docs/protocol.md §13.5)
+            until = now + self.reattach_timeout
+            superseded = f"superseded: rank {self.rank} is the root in term {term}"
+            self.perform(
+                [
+                    Foster(((dead.rank, dead.incarnation, dead.key),), until),
+                    Revoke(dead.rank, dead.incarnation, superseded),
+                ]
+            )
         # what its children said while it had no parent goes to its table, after the dead
         # root's Lost (before it, a member fostered here would not be held by the root)
         held = [event for batch in self.reports.take(now, True) for event in batch]
@@ -881,6 +918,7 @@ class Broker:
             self.jobs.wait_all()
         self.jobs.close()
         self.program.wait(timeout=2)
+        self.asker.close()
         self.links.close(linger=self.parent is not None and self.parent.welcomed and not self._cut)
 
 

@@ -444,7 +444,11 @@ class Children:
                 if (left := self.seeking_for(now)) is not None:  # docs/protocol.md §5.6
                     self._send_raw(routing_id, _control("seeking", **{"for": left}))
             case downward.SendRefuse(routing_id, reason, exit_code):
-                self._send_raw(routing_id, _control("refuse", reason=reason, exit_code=exit_code))
+                # with the root of this broker's term where known: a former root asking the
+                # group learns its successor from it (docs/protocol.md §13.5)
+                named = {} if self.terms.root is None else {"root": self.terms.root}
+                refuse = _control("refuse", reason=reason, exit_code=exit_code, **named)
+                self._send_raw(routing_id, refuse)
             case downward.SendControl(routing_id, topic, payload):
                 message = HEARTBEAT_FRAMES if topic == "heartbeat" else _control(topic, **payload)
                 if not self._send_raw(routing_id, message):

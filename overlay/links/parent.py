@@ -73,6 +73,7 @@ class ParentInbound:
     ended: LinkEnded | None = None
     messages: list[Message] = field(default_factory=list)
     term: object = None  # the header term of the control message read (state/terms.py)
+    root: object = None  # a `refuse`'s root of that term, where its sender named it
 
 
 class ParentLink:
@@ -212,6 +213,7 @@ class ParentLink:
             code = code if code in (exitcodes.SHUTDOWN, exitcodes.LOST) else exitcodes.REFUSED
             reason = str(message.payload.get("reason", "refused"))
             inbound.ended = LinkEnded(code, f"refused by the parent: {reason}")
+            inbound.root = message.payload.get("root")
         elif message.topic == "shutdown":
             inbound.shutdown = True
         elif message.topic == "retire":

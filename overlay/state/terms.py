@@ -39,9 +39,10 @@ MAX_TERM = 2**63 - 1
 """The highest term a broker accepts: a leadership a second, for longer than the age of the
 universe, stays far below it, and a larger number is a bug or an attack, not a term."""
 
-TERMED_CONTROLS = frozenset({"welcome", "lineage", "retire", "shutdown"})
+TERMED_CONTROLS = frozenset({"welcome", "lineage", "retire", "shutdown", "refuse"})
 """The control messages a parent stamps with its term: `retire` and `shutdown` are orders (the
-root's, passed down), fenced by the child; a welcome and a lineage only raise its fence."""
+root's, passed down), fenced by the child; a welcome and a lineage only raise its fence; a
+`refuse` tells a former root that asks the root group whether a later term exists (§13.5)."""
 
 UNTERMED = 1
 """The term of a message without one (an older broker's): its instance has only the first."""
