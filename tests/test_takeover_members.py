@@ -86,8 +86,8 @@ def test_a_stopped_root_among_sibling_standbys_grants_nothing_once_woken(
     assert stale_joiner.stderr is not None
     said = stale_joiner.stderr.read()
     assert code == 75, (code, said)
-    # asked through the new root's URI: while the woken root stays (the gap below), it is the
-    # first live entry of the list, and answers from its own table, as of its pause
+    # asked through the new root's URI: until the woken root has left (superseded, the test
+    # below), it is the first live entry of the list, and answers from its table as of its pause
     status = wait_through(
         inst,
         uris.split(",")[1],
@@ -100,11 +100,13 @@ def test_a_stopped_root_among_sibling_standbys_grants_nothing_once_woken(
     assert joiner.poll() is None and status["ranks"][9]["pid"] == joiner.pid
 
 
-def test_a_stopped_root_among_sibling_standbys_leaves_once_woken(instance, tmp_path) -> None:
-    """Woken with no link to any member (they all dropped it on electing rank 1), the old root
-    cannot hear of the later term, so it cannot know to exit 77 (superseded); it steps down when
-    its lease lapses, finds nothing attached, and leaves with 75 one reattach grace later,
-    instead of answering status from its table as of the stop (docs/protocol.md §13.5)."""
+def test_a_stopped_root_among_sibling_standbys_leaves_superseded_once_woken(
+    instance, tmp_path
+) -> None:
+    """Woken with no link to any member (they all dropped it on electing another), the old root
+    steps down when its lease lapses, finds nothing attached, and asks the members whose cards
+    it holds: the one that took over refuses it with its term, and it leaves superseded (77),
+    having granted nothing (docs/protocol.md §13.5)."""
     inst = instance(9, *STOPPED)
     uris = all_uris(inst)
     old, _, stale_joiner = stop_the_root_until_taken_over(inst, uris, tmp_path)
@@ -113,12 +115,13 @@ def test_a_stopped_root_among_sibling_standbys_leaves_once_woken(instance, tmp_p
     finally:
         stale_joiner.wait(timeout=60)
     err = inst.stderr()
-    assert "stepped down as the root, no member of the root group answers" in err, err
-    assert f"rank 0 (pid {old}) exited with status 75" in err, err
+    assert "superseded: rank " in err and " is the root in term " in err, err
+    assert f"rank 0 (pid {old}) exited with status 77" in err, err
     status = wait_through(
         inst, uris, lambda s: s["root"] in (1, 2), "the URI list to answer from the new root"
     )
     assert state(status, 10) == "vacant", status["ranks"][10]  # the old root granted nothing
+    assert all(state(status, r) == "online" for r in range(1, 10)), status["ranks"]
 
 
 def test_a_dead_standby_does_not_stop_grants_and_its_refill_stands_by_again(

@@ -864,7 +864,8 @@ class Broker:
         dead = self.table.entry(self.table.root)  # rank 0, or a root that took over before
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)
-        if self.children is not None and dead.key:
+        card = self.group.cards.get(dead.rank)  # a root's key is in its card, not the table
+        if self.children is not None and card is not None:
             # the dead root may only have been stopped: woken, it asks the members whether a
             # later term exists (links/successor.py). Admitted and revoked at once, its key is
             # heard, and its hello refused 77 with this root's term (docs/protocol.md §13.5)
@@ -872,7 +873,7 @@ class Broker:
             superseded = f"superseded: rank {self.rank} is the root in term {term}"
             self.perform(
                 [
-                    Foster(((dead.rank, dead.incarnation, dead.key),), until),
+                    Foster(((dead.rank, dead.incarnation, card[2]),), until),
                     Revoke(dead.rank, dead.incarnation, superseded),
                 ]
             )
