@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from test_children_judge import ACCEPTED, bare_children, hello_message, public_key
 
+from tbon import exitcodes
+from tbon.overlay.links.children import Inbound
+from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.successor import RETRY_AFTER, Ask, Asking, Hang, named_root
-from tbon.overlay.state.terms import Superseded, Terms
+from tbon.overlay.state.terms import TERMED_CONTROLS, Superseded, Terms
+from tbon.overlay.state.topology import Topology
 
 KEY = "k" * 40
 CARDS = tuple((rank, f"tcp://127.0.0.1:{5000 + rank}", KEY) for rank in (0, 1, 2))
@@ -84,3 +89,22 @@ def test_a_refusal_of_the_same_term_or_of_no_term_says_nothing() -> None:
 def test_a_root_is_a_rank() -> None:
     assert named_root(3) == 3 and named_root(0) == 0
     assert named_root(True) is None and named_root(-1) is None and named_root("1") is None
+
+
+def test_the_root_that_took_over_refuses_the_dead_roots_hello_naming_itself() -> None:
+    """At the takeover the new root admits the dead root's key and revokes it at once
+    (broker.py `_take_over`): the woken root's hello is heard, refused 77, and the refusal
+    names the root of the term it is stamped with."""
+    children, sent = bare_children(Topology("kary:4", 9), 1)
+    children.terms = Terms(1, leading=False)
+    children.terms.lead(2)
+    children.authorize(0, 1, public_key(0), foster_until=1e9)
+    children.revoke(0, 1, "superseded: rank 1 is the root in term 2")
+    children._connection_event(ACCEPTED, 11)
+    inbound = Inbound()
+    children._hello(b"old", 11, Identity(0, 1), hello_message(Identity(0, 1)), 1.0, inbound)
+    assert inbound.reports == []  # never welcomed
+    (refuse,) = sent
+    assert refuse.topic == "refuse" and "refuse" in TERMED_CONTROLS  # stamped with term 2
+    assert refuse.payload["exit_code"] == exitcodes.REFUSED and refuse.payload["root"] == 1
+    assert "superseded: rank 1 is the root in term 2" in refuse.payload["reason"]
