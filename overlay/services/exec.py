@@ -384,7 +384,8 @@ class ExecService:
             return [PassOn(reply), *self._sent_on(flushes)] if flushes else None
         before = self.merge.next_deadline()
         actions = self._sent_on(self.merge.take(key, exits, now) or [])
-        if self.merge.next_deadline() != before:
+        after = self.merge.next_deadline()
+        if after is not None and (before is None or after < before):
             actions.append(Wake())  # a hold began: the loop's next deadline is sooner
         return actions
 
