@@ -3,7 +3,9 @@ kill what a vanished client started.
 
 One `exec.start` reaches every target: each broker acts on it if it is a target itself and
 sends one copy to each child whose subtree holds targets. Answers travel back along the
-request's route, so rank 0 never talks to more than its own children. The processes themselves
+request's route, so rank 0 never talks to more than its own children; the ranks' exits go up
+merged, a subtree's in one answer (`gather`, state/exitmerge.py), so neither rank 0 nor the
+client reads one message per rank at the end. The processes themselves
 are started and watched by the broker's job runner (overlay/broker/jobs.py), once this service
 has checked the request: a bad one is refused here, before anything is started.
 """
