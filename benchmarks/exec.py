@@ -99,6 +99,8 @@ SECTIONS = ("latency", "throughput", "flux", "scale")
 # (what, instance size, the command after `tbon`, with URI for the instance's, target in s)
 SCALE_CASES = [
     ("`tbon exec -r all URI true`", 64, ["exec", "-r", "all", "URI", "true"], 0.124),
+    # between the two, to see how the cost grows (the 1024 target, as a bound)
+    ("`tbon exec -r all URI true`", 256, ["exec", "-r", "all", "URI", "true"], 1.5),
     ("`tbon exec -r all URI true`", 1024, ["exec", "-r", "all", "URI", "true"], 1.5),
     ("`tbon status --json URI`", 2048, ["status", "--json", "URI"], 0.2),
 ]

@@ -382,6 +382,7 @@ def _run(
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
     Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
     from tbon.overlay.state.heldtable import HeldPages, said
+    from tbon.overlay.wire.exits import answers_of
     from tbon.overlay.wire.flow import StdinRoom, output_window
 
     job_id = uuid.uuid4().hex
@@ -394,6 +395,7 @@ def _run(
         "targets": targets,
         "window": window,
         "acks": True,  # each rank keeps what this client has not acknowledged (resend.py)
+        "merge": True,  # exits may come many ranks to a message (wire/exits.py)
     }
     if job.noinput:
         start["eof"] = True
@@ -434,11 +436,12 @@ def _run(
                 stdin = streams.pass_stdin(stdin)
             while outcome.pending and (reply := client.receive(0)) is not None:
                 if reply.tag == tag:
-                    if watcher is not None:
-                        watcher.heard(reply.payload.get("rank"))
-                    if isinstance(rank := reply.payload.get("rank"), int):
-                        prompts.heard(rank, time.monotonic())
-                    streams.answer(reply)
+                    for one in answers_of(reply.payload):  # a merged answer: each rank's
+                        if watcher is not None:
+                            watcher.heard(one.get("rank"))
+                        if isinstance(rank := one.get("rank"), int):
+                            prompts.heard(rank, time.monotonic())
+                        streams.answer(one, reply.data)
                 elif reply.tag == watch and not reply.errnum:
                     if (view := pages.take(reply.payload)) is None:
                         continue
@@ -594,8 +597,8 @@ class Streams:
     inboxes: dict[int, Inbox] = field(default_factory=dict)  # each rank's numbered answers
     eof_sent: bool = False
 
-    def answer(self, reply: Any) -> None:
-        payload = reply.payload
+    def answer(self, payload: dict[str, Any], data: bytes | memoryview) -> None:
+        """One rank's answer (a merged answer is split before: wire/exits.py)."""
         rank = payload.get("rank")
         if not isinstance(rank, int) or rank not in self.outcome.pending:
             return
@@ -606,7 +609,7 @@ class Streams:
             if not self._in_order(rank, inbox, seq):
                 return
         if "stream" in payload:
-            self._write(rank, str(payload["stream"]), reply.data)
+            self._write(rank, str(payload["stream"]), data)
         elif "stdin" in payload:
             amount = payload["stdin"]
             if isinstance(amount, int):

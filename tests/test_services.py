@@ -998,10 +998,10 @@ def test_last_words_handed_to_the_client_are_acknowledged_together_once_a_turn()
     for rank, seq in ((3, 0), (0, 0), (4, 1)):
         said = {"rank": rank, "exit": 0, "seq": seq}
         assert service.answered("l0a", start.respond(said, streaming=True)) == []
-    [taken] = of_type(service.flush(), Send)
+    [taken] = of_type(service.flush(0.0), Send)
     assert taken.message.topic == "exec.taken" and taken.message.nodeid == 0
     assert taken.message.payload == {"id": "j1", "targets": [3, 0, 4]}
-    assert service.flush() == []
+    assert service.flush(0.0) == []
     actions = service.handle(request("exec.taken", taken.message.payload), NOW)
     assert GrantCredit("j1", 0, exec_service.ALL) in actions  # rank 0's own: keep nothing
     assert [f.child for f in of_type(actions, Forward)] == [1]  # ranks 3 and 4 are below 1

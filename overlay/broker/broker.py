@@ -224,6 +224,7 @@ class Broker:
         self.router.on_terms = self._term_news
         self.services.exec.toward = self.router.hop_down
         self.services.exec.leads = lambda: self.terms.root == self.rank  # rank 0, or a new root
+        self.router.gather = self.services.exec.gather
         self.router.on_local_response = lambda hop, reply: self.perform(
             self.services.exec.answered(hop, reply)
         )
@@ -412,6 +413,7 @@ class Broker:
                 self.draining.next_deadline() if self.draining else None,
                 self.reports.deadline(),
                 self.router.next_deadline(),
+                self.services.exec.next_deadline(),
                 self.stop_deadline,
             )
             if d is not None
@@ -497,7 +499,7 @@ class Broker:
         finish."""
         if self.exit_code is not None:
             return
-        self.perform(self.services.exec.flush())  # last answers taken this turn, in one message
+        self.perform(self.services.exec.flush(now))  # exits held, last answers taken: together
         if self._drop_parent:
             self._end_search()
         if self.parent is not None and self.parent.overflow is not None:

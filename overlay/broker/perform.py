@@ -33,6 +33,7 @@ from tbon.overlay.services.actions import (
     KillJobsFrom,
     Leave,
     Log,
+    PassOn,
     Readmit,
     Report,
     Respond,
@@ -137,6 +138,8 @@ class Performer:
         match action:
             case Respond(message):
                 self.router.respond(message)
+            case PassOn(message):
+                self.router.respond(message, gather=False)
             case Send(message):
                 self.router.send(message)
             case Call(request, then):

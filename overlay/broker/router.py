@@ -105,6 +105,9 @@ class Router:
         self.to_the_root = root_topics | TABLE_REQUESTS | frozenset(EXEC_TOPICS)
         self.perform = perform
         self.on_local_request = on_local_request
+        # takes an answer to exec.start on its way up from here to hold it, and says what to
+        # do instead of sending it on (services/exec.py's gather: exits merged up the tree)
+        self.gather: Callable[[Message, float], list[Action] | None] = lambda reply, now: None
         # sees each response delivered to a local client, with the client's hop
         self.on_local_response: Callable[[str, Message], None] = lambda hop, reply: None
         self.call_timeout = call_timeout
@@ -304,11 +307,23 @@ class Router:
         """Send a one-way request of this broker's own: no tag, no answer awaited."""
         self.route(request, "s", time.monotonic())
 
-    def respond(self, reply: Message, came_from: str = HERE) -> bool:
+    def respond(self, reply: Message, came_from: str = HERE, gather: bool = True) -> bool:
         """Send `reply` one hop back along its route; False if that hop is gone. `came_from`
-        is the link a response arrived by (HERE: made by this broker)."""
+        is the link a response arrived by (HERE: made by this broker). An answer to exec.start
+        on its way up (made here, or from a child) may be held instead, to go on merged with
+        others (`gather`; False for what was merged here)."""
         if not reply.route:
             return False
+        if (
+            gather
+            and reply.streaming
+            and reply.topic == "exec.start"
+            and (came_from == HERE or came_from.startswith("c"))
+        ):
+            instead = self.gather(reply, time.monotonic())
+            if instead is not None:
+                self.perform(instead)
+                return True
         hop = reply.route.pop()
         if hop == "s":
             pending = self._pending.get(reply.tag)

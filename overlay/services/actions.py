@@ -31,6 +31,16 @@ class Respond(Record):
         self.message = message
 
 
+class PassOn(Record):
+    """Send a response on along its route from here, as it is: exec's exits merged here
+    (services/exec.py), which this broker must not take to merge again."""
+
+    __slots__ = __match_args__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+
 class Send(Record):
     """Route a one-way request of this broker's own (no answer is awaited)."""
 
@@ -298,6 +308,7 @@ class Leave(Record):
 
 Action = (
     Respond
+    | PassOn
     | Send
     | Call
     | Forward

@@ -3,7 +3,9 @@ kill what a vanished client started.
 
 One `exec.start` reaches every target: each broker acts on it if it is a target itself and
 sends one copy to each child whose subtree holds targets. Answers travel back along the
-request's route, so rank 0 never talks to more than its own children. The processes themselves
+request's route, so rank 0 never talks to more than its own children; the ranks' exits go up
+merged, a subtree's in one answer (`gather`, state/exitmerge.py), so neither rank 0 nor the
+client reads one message per rank at the end. The processes themselves
 are started and watched by the broker's job runner (overlay/broker/jobs.py), once this service
 has checked the request: a bad one is refused here, before anything is started.
 """
@@ -25,15 +27,19 @@ from tbon.overlay.services.actions import (
     Forward,
     GrantCredit,
     KillJobsFrom,
+    PassOn,
     Respond,
     Send,
     SignalJob,
     StartJob,
+    Wake,
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.topology import Topology
+from tbon.overlay.wire.exits import BadExits, answers_of, decode, encode, exit_of
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
 from tbon.overlay.wire.message import Kind, Message
 from tbon.overlay.wire.resend import Handoff
@@ -117,6 +123,8 @@ def start_problem(payload: dict[str, Any]) -> str | None:
         return "exec.start: eof must be true or false"
     if not isinstance(payload.get("acks", False), bool):
         return "exec.start: acks must be true or false"
+    if not isinstance(payload.get("merge", False), bool):
+        return "exec.start: merge must be true or false"
     return None
 
 
@@ -147,6 +155,8 @@ class ExecService:
         # root that took over (docs/protocol.md §13.4) serves ranks the topology puts in the
         # dead root's other subtrees, fostered here, or answers for them
         self.leads: Callable[[], bool] = lambda: rank == 0
+        # the exits of the jobs fanned out from here, held to go up together (exitmerge.py)
+        self.merge = ExitMerge()
 
     def handle(self, request: Message, now: float) -> list[Action]:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
@@ -171,10 +181,17 @@ class ExecService:
         if self.rank in targets:
             actions += self._here(request)
         if request.topic == "exec.start":  # every target answers, if only to say it is missing
+            if request.payload.get("merge") is True:
+                key = (request.tag, tuple(request.route))
+                mine = [t for t in targets if t not in astray]
+                job = str(request.payload.get("id"))
+                self.merge.open(key, job, mine, request.nodeid, now)
             why = f"not below rank {self.rank}, which this request was sent to"
             actions += [
                 _answer(request, {"rank": r, "error": f"rank {r} is {why}"}) for r in sorted(astray)
             ]
+        elif request.topic == "exec.signal" and request.payload.get("gone") is True:
+            self.merge.gone(str(request.payload.get("id")))
         return actions
 
     def _copy_down(self, request: Message, child: int, ranks: list[int]) -> Forward:
@@ -279,34 +296,39 @@ class ExecService:
         why it could not run) means nothing is left to kill there, and a job that every rank
         has ended is forgotten, so that a client that leaves after its jobs is no cause for an
         exec.signal to every rank. A numbered answer handed over is acknowledged for the client
-        (resend.Handoff): its rank need not keep it for a heal any more."""
+        (resend.Handoff): its rank need not keep it for a heal any more. A merged answer
+        (wire/exits.py) is each of the ranks' exits it stands for."""
         jobs = self._client_jobs.get(hop)
         if reply.topic != "exec.start" or jobs is None or reply.tag not in jobs:
             return []
         job = jobs[reply.tag]
-        rank, last = reply.payload.get("rank"), "exit" in reply.payload
         actions: list[Action] = []
         if reply.errnum or not reply.streaming:
             job.running.clear()  # the request itself failed
         else:
-            actions = self._acknowledge(job, reply, last)
-            if (last or "error" in reply.payload) and is_int(rank):
-                job.running.discard(rank)
-                job.handoffs.pop(rank, None)
+            cost = len(reply.data) + MESSAGE_COST
+            for said in answers_of(reply.payload, self.topology.size):
+                rank, last = said.get("rank"), "exit" in said
+                actions += self._acknowledge(job, said, cost, last)
+                if (last or "error" in said) and is_int(rank):
+                    job.running.discard(rank)
+                    job.handoffs.pop(rank, None)
         if not job.running:
             del jobs[reply.tag]
             if not jobs:
                 del self._client_jobs[hop]
         return actions
 
-    def _acknowledge(self, job: ClientJob, reply: Message, last: bool) -> list[Action]:
-        rank, seq = reply.payload.get("rank"), reply.payload.get("seq")
+    def _acknowledge(
+        self, job: ClientJob, said: dict[str, Any], cost: int, last: bool
+    ) -> list[Action]:
+        rank, seq = said.get("rank"), said.get("seq")
         if not job.acks or not is_int(rank) or rank not in job.running or not is_int(seq):
             return []
         handoff = job.handoffs.get(rank)
         if handoff is None:
             handoff = job.handoffs[rank] = Handoff(job.window)
-        upto = handoff.handed(seq, len(reply.data) + MESSAGE_COST, last)
+        upto = handoff.handed(seq, cost, last)
         if upto is None:
             return []
         if last and upto == seq + 1:  # its last word, in order: with the others' (flush)
@@ -315,17 +337,76 @@ class ExecService:
         ack = {"id": job.id, "bytes": 0, "seq": upto}
         return [Send(Message(Kind.REQUEST, "exec.credit", ack, nodeid=rank))]
 
-    def flush(self) -> list[Action]:
-        """Acknowledge together the last answers handed over since the last flush (once per
-        turn of the broker's loop): one exec.taken per job, fanned out like exec.start, rather
-        than one exec.credit to each rank (1024 at once for `tbon exec -r all true`)."""
+    def flush(self, now: float) -> list[Action]:
+        """Once per turn of the broker's loop: the exits held long enough go up (exitmerge.py),
+        and the last answers handed over since the last flush are acknowledged together: one
+        exec.taken per job, fanned out like exec.start, rather than one exec.credit to each rank
+        (1024 at once for `tbon exec -r all true`)."""
+        actions: list[Action] = []
+        deadline = self.merge.next_deadline()
+        if deadline is not None and now >= deadline:
+            actions += self._sent_on(self.merge.due(now))
         if not self._taken:
-            return []
+            return actions
         taken, self._taken = self._taken, {}
-        return [
+        return actions + [
             Send(Message(Kind.REQUEST, "exec.taken", {"id": i, "targets": ranks}, nodeid=0))
             for i, ranks in taken.items()
         ]
+
+    def next_deadline(self) -> float | None:
+        """When held exits are due to go up without the rest of their subtree's."""
+        return self.merge.next_deadline()
+
+    # --- exits merged on their way up -------------------------------------------------------
+
+    def gather(self, reply: Message, now: float) -> list[Action] | None:
+        """A streaming answer to exec.start on its way up from here (a child's, or this
+        broker's own): what to do instead of sending it on, or None to send it on as it is. A
+        rank's exit, or a merged answer, of a job that merges here is held (exitmerge.py); an
+        error counts its rank as done; anything else goes on at once."""
+        payload = reply.payload
+        if "stream" in payload or not self.merge.jobs:
+            return None
+        key = (reply.tag, tuple(reply.route))
+        if not self.merge.merges(key):
+            return None
+        if "exits" in payload:
+            try:
+                exits = decode(payload["exits"], self.topology.size)
+            except BadExits:
+                return None  # sent on: the client drops it as it drops any answer it cannot read
+        elif (one := exit_of(payload)) is not None:
+            exits = [one]
+        else:
+            rank = payload.get("rank")
+            if "error" not in payload or not is_int(rank):
+                return None
+            flushes = self.merge.passed(key, rank, now)  # it goes on as it came, and first
+            return [PassOn(reply), *self._sent_on(flushes)] if flushes else None
+        before = self.merge.next_deadline()
+        actions = self._sent_on(self.merge.take(key, exits, now) or [])
+        after = self.merge.next_deadline()
+        if after is not None and (before is None or after < before):
+            actions.append(Wake())  # a hold began: the loop's next deadline is sooner
+        return actions
+
+    def _sent_on(self, flushes: list[Flush]) -> list[Action]:
+        actions: list[Action] = []
+        for flush in flushes:
+            tag, route = flush.key
+            for groups in encode(flush.exits):
+                merged = Message(
+                    Kind.RESPONSE,
+                    "exec.start",
+                    {"exits": groups},
+                    nodeid=flush.origin,
+                    tag=tag,
+                    route=list(route),
+                    streaming=True,
+                )
+                actions.append(PassOn(merged))
+        return actions
 
     def client_gone(self, hop: str) -> list[Action]:
         """A client of this broker's socket closed its connection: kill the jobs it started,
@@ -354,7 +435,8 @@ def last_word(reply: Message) -> bool:
     and the client's broker told the ranks it had not heard the end from to keep nothing (the
     `gone` of its exec.signal). So a duplicate resent after the client left (a heal, a prompt)
     is dropped where it meets the gone client, not answered with a request to its rank."""
-    return reply.topic == "exec.start" and ("exit" in reply.payload or "error" in reply.payload)
+    said = reply.payload
+    return reply.topic == "exec.start" and ("exit" in said or "error" in said or "exits" in said)
 
 
 def unreachable(target: int, hop: int) -> str:
