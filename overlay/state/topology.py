@@ -118,10 +118,10 @@ class Topology:
 
     def children(self, rank: int) -> tuple[int, ...]:
         """`rank`'s children in ascending order: arithmetic, except for a `parents:` tree."""
-        k = self._k
-        if k and 0 <= rank < self.size:
-            first = rank * k + 1
-            return tuple(range(first, min(first + k, self.size)))
+        arity = self._k
+        if arity and 0 <= rank < self.size:
+            first = rank * arity + 1
+            return tuple(range(first, min(first + arity, self.size)))
         self._check(rank)
         k = self._fanout
         if k is None:
