@@ -140,14 +140,20 @@ host name or a reason is a string of any length."""
 
 def weight(event: Event) -> int:
     """A bound on the bytes `event` takes in a report: its fields' JSON with room for the names
-    (a string may grow sixfold as JSON escapes, "\\u0001")."""
+    (a string may grow sixfold as JSON escapes, "\\u0001"; a character beyond the BMP, one
+    of a Python string's length, twelvefold: "\\ud800\\udc00")."""
     strings = 0
     match event:
         case Online(host=host, key=key):
-            strings = len(host) + len(key)
+            strings = _escaped(host) + _escaped(key)
         case Lost(reason=reason) | Dropped(reason=reason):
-            strings = len(reason)
-    return 160 + 6 * strings
+            strings = _escaped(reason)
+    return 160 + strings
+
+
+def _escaped(text: str) -> int:
+    """A bound on the length of `text` as JSON escapes it (ensure_ascii)."""
+    return 6 * len(text) if text.isascii() else 12 * len(text)
 
 
 class Batcher:

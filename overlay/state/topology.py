@@ -100,13 +100,28 @@ class Topology:
         if not 0 <= rank < self.size:
             raise ValueError(f"rank {rank} is not in 0..{self.size - 1}")
 
+    @cached_property
+    def _k(self) -> int:
+        """K of `kary:K` for K >= 2 (a parent is one division away); 0 for every other shape.
+        Rank 0 asks `parent` and `is_ancestor` a few times for each event it applies: the usual
+        shape is answered inline, without the calls of `_check` and `_parent_of`."""
+        k = self._fanout
+        return k if k is not None and k >= 2 else 0
+
     def parent(self, rank: int) -> int | None:
         """The parent of `rank`, or None for the root."""
+        k = self._k
+        if k and 0 < rank < self.size:
+            return (rank - 1) // k
         self._check(rank)
         return None if rank == 0 else self._parent_of(rank)
 
     def children(self, rank: int) -> tuple[int, ...]:
         """`rank`'s children in ascending order: arithmetic, except for a `parents:` tree."""
+        arity = self._k
+        if arity and 0 <= rank < self.size:
+            first = rank * arity + 1
+            return tuple(range(first, min(first + arity, self.size)))
         self._check(rank)
         k = self._fanout
         if k is None:
@@ -181,6 +196,13 @@ class Topology:
         """Whether `ancestor` is above `rank`: a loop, not `ancestors`, since rank 0 asks it of
         every event it applies, most often of the rank's parent, found at the first step."""
         self._check(rank)
+        k = self._k
+        if k:
+            while rank != 0:
+                rank = (rank - 1) // k
+                if rank == ancestor:
+                    return True
+            return False
         while rank != 0:
             rank = self._parent_of(rank)
             if rank == ancestor:

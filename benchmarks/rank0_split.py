@@ -1,0 +1,134 @@
+"""Where rank 0's CPU goes at wire-up, without a profiler's overhead: a few functions timed.
+
+    flock /work/wt/heavy.lock .venv/bin/python benchmarks/rank0_split.py --size 1024
+
+Like profile_rank0.py, runs the launcher of `tbon start` in this process and wraps functions of
+the forked rank 0 only, from outside (nothing of tbon changes): each wrapped function's own
+thread CPU (time.thread_time) is summed, nested calls counted once in their outermost wrapper,
+and printed when rank 0 starts its initial program (every rank online), with rank 0's CPU by
+thread (utime + stime from /proc, 10 ms steps). A split, not a profile: what the wrapped
+functions do not cover is shown as the rest of the main thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from common import progress
+
+# (module, attribute path): the parts of rank 0's work at wire-up
+PARTS = [
+    ("tbon.overlay.broker.broker", "boot"),
+    ("tbon.overlay.broker.broker", "Broker.__init__"),
+    ("tbon.overlay.services.rankpath", "RankPath.handle_all"),
+    ("tbon.overlay.links.children", "Children._report"),
+    ("tbon.overlay.links.children", "Children._hello"),
+    ("tbon.overlay.links.children", "Children.drain_monitor"),
+    ("tbon.overlay.links.children", "decode_frames"),
+    ("tbon.overlay.links.children", "Children.read"),
+    ("tbon.overlay.broker.broker", "Broker.perform"),
+    ("tbon.overlay.broker.broker", "Broker._read_zap"),
+    ("tbon.overlay.broker.broker", "Broker._read_children"),
+    ("tbon.overlay.broker.broker", "Broker._timers"),
+    ("tbon.overlay.broker.broker", "Broker._tick"),
+    ("tbon.overlay.broker.broker", "Broker._next_deadline"),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("-S", "--setattr", action="append", default=[])
+    args = parser.parse_args()
+
+    import importlib
+
+    from tbon.overlay.broker import program
+    from tbon.overlay.launch import local
+
+    out = tempfile.mkdtemp(prefix="tbon-split-")
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    depth = [0]
+
+    def wrap(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            depth[0] += 1
+            start = time.thread_time()
+            try:
+                return function(*a, **k)
+            finally:
+                depth[0] -= 1
+                spent[name] += time.thread_time() - start
+                calls[name] += 1
+
+        return timed
+
+    for module_name, path in PARTS:
+        owner: Any = importlib.import_module(module_name)
+        *outer, last = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        setattr(owner, last, wrap(path, getattr(owner, last)))
+    original_start = program.InitialProgram.start
+    import gc
+
+    collecting = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting[0] = time.thread_time()
+        else:
+            spent[f"gc gen {info['generation']}"] += time.thread_time() - collecting[0]
+            calls[f"gc gen {info['generation']}"] += 1
+
+
+    def start(self):  # type: ignore[no-untyped-def]
+        lines = [f"{'part':32} {'calls':>6} {'ms (nested included)':>20}"]
+        names = [n for _, n in PARTS] + sorted(n for n in spent if n.startswith("gc "))
+        lines += [f"{n:32} {calls[n]:6d} {spent[n] * 1e3:20.1f}" for n in names]
+        for tid in sorted(os.listdir("/proc/self/task")):
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                text = stat.read()
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text.rsplit(")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])
+            lines.append(f"thread {name:25} {ticks * 1000 // os.sysconf('SC_CLK_TCK'):6d} ms")
+        lines.append(f"main thread CPU {time.thread_time() * 1e3:.1f} ms")
+        with open(os.path.join(out, "split"), "w") as report:
+            report.write("\n".join(lines) + "\n")
+        return original_start(self)
+
+    program.InitialProgram.start = start  # type: ignore[method-assign]
+    original_run = local.run_broker
+
+    def run_broker(config, command):  # type: ignore[no-untyped-def]
+        if command:  # rank 0: the only broker with the initial program
+            gc.callbacks.append(on_gc)
+        return original_run(config, command)
+
+    local.run_broker = run_broker
+    rundir = tempfile.mkdtemp(prefix="tbon-start-")
+    argv = ["--size", str(args.size), "--rundir", rundir, "--force"]
+    for assignment in args.setattr:
+        argv += ["-S", assignment]
+    progress(f"split: {args.size} brokers, rank 0's parts timed")
+    code = local.main([*argv, "true"])
+    path = os.path.join(out, "split")
+    if not os.path.exists(path):
+        print(f"rank 0 never started its program (launcher exit {code})", file=sys.stderr)
+        return 1
+    with open(path) as report:
+        print(report.read(), end="")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
