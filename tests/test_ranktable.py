@@ -47,6 +47,7 @@ from tbon.overlay.state.ranktable import (
     SubtreeStatus,
     Torpid,
     Void,
+    root_once_applied,
 )
 from tbon.overlay.state.snapshot import snapshot as status_json
 from tbon.overlay.state.topology import Topology
@@ -361,6 +362,47 @@ def test_the_root_that_took_over_dies_in_turn_and_what_it_held_goes_adrift(
     assert result.entry(0).incarnation == incarnation
     # the former root is not the root's: a Lost of it from another member changes nothing more
     assert not result.apply(Lost(successor, 1, "x", parent=1), 231.0).applied
+
+
+def test_the_root_once_applied_follows_each_takeover_in_the_log() -> None:
+    """A member elected root reckons whom it replaces from its log's unapplied entries too."""
+    result = started("kary:4", 9)
+    bring_up(result, list(range(1, 9)))
+    result.members = (0, 1, 2, 3)
+    first = Lost(0, 1, "the root died; rank 1 took over in term 2", parent=1)
+    second = Lost(1, 1, "the root died; rank 2 took over in term 3", parent=2)
+    assert root_once_applied(result, []) == 0
+    assert root_once_applied(result, [first]) == 1
+    assert root_once_applied(result, [first, second]) == 2
+    assert root_once_applied(result, [Lost(2, 1, "x", parent=1)]) == 0  # not the root
+    assert root_once_applied(result, [Lost(0, 1, "x", parent=5)]) == 0  # not a member
+    assert root_once_applied(result, [second]) == 0  # rank 1 is no root yet
+
+
+def test_a_root_elected_over_an_uncommitted_takeover_replaces_its_root_not_rank_0() -> None:
+    """Rank 1 took over (term 2) and stalled before its Lost of rank 0 was committed; rank 3,
+    elected in term 3 with that entry in its log, commits it first. Its own takeover must name
+    rank 1 (root_once_applied): a Lost of rank 0 again changes nothing, the table's root stays
+    the stalled rank 1, and the members rank 3 admits are voided as outside its subtree."""
+    stale = started("kary:4", 13)
+    bring_up(stale, list(range(1, 13)))
+    stale.members = (0, 1, 2, 3, 4)
+    uncommitted = [Lost(0, 1, "the root died; rank 1 took over in term 2", parent=1)]
+    assert stale.apply(uncommitted[0], 200.0).applied  # committed with term 3's first entry
+    wrong = Lost(0, 1, "the root died; rank 3 took over in term 3", parent=3)
+    assert not stale.apply(wrong, 201.0).applied and stale.root == 1
+    assert not stale.apply(Online(2, 1, "node2", 1002, parent=3), 202.0).applied
+
+    result = started("kary:4", 13)
+    bring_up(result, list(range(1, 13)))
+    result.members = (0, 1, 2, 3, 4)
+    dead = root_once_applied(result, uncommitted)
+    assert dead == 1
+    assert result.apply(uncommitted[0], 200.0).applied
+    why = "the root died; rank 3 took over in term 3"
+    assert result.apply(Lost(dead, 1, why, parent=3), 201.0).applied
+    assert result.root == 3 and states(result)[1] == "lost"
+    assert result.apply(Online(2, 1, "node2", 1002, parent=3), 202.0).applied
 
 
 def test_an_ended_rank_cannot_end_again_or_come_back() -> None:

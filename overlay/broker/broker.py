@@ -48,6 +48,7 @@ from tbon.overlay.state.ranktable import (
     Located,
     Online,
     RankTable,
+    root_once_applied,
 )
 from tbon.overlay.state.reports import Batcher, encode_events
 from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
@@ -207,6 +208,7 @@ class Broker:
         self.services = Services.build(
             me, self.config, self.topology, self.table, self.lifecycle, self._whole, self.group
         )
+        self.services.ping.adrift = self._adrift
         links = (self.parent, self.children, self.local)
         handlers = self.services.handlers()
         self.router = Router(
@@ -470,6 +472,20 @@ class Broker:
             and not self.lifecycle.stopping
             and (children is None or not children.connected())
         )
+
+    def _adrift(self, now: float) -> str | None:
+        """Why a request for the table sent here now would not reach the current root's (None
+        if it would): this broker has no parent and is not a root serving its table (a root
+        stepped down, or woken with its lease over; a broker seeking an ancestor). A URI list
+        passes over it (docs/protocol.md §13.4)."""
+        if self.parent is not None:
+            return None
+        member = self.group.member
+        if self.table is not None and (member is None or member.serves(now)):
+            return None
+        if self.table is not None:
+            return "not the root now: no majority of the root group answers it"
+        return "no parent now: seeking a live ancestor"
 
     def _leave_if_abandoned(self, alone: bool, now: float) -> None:
         """A root stepped down and alone asks the members whether a later term exists (the
@@ -863,7 +879,10 @@ class Broker:
             self.children.group = encode_group(self.group.group_cards())
             self.children.seeking_for = lambda now: None
             self.children.send_lineage()
-        dead = self.table.entry(self.table.root)  # rank 0, or a root that took over before
+        # rank 0, or a root that took over before: the one this root's log names once applied
+        # whole, entries of earlier terms not yet committed included (they are committed with
+        # this term's first, before anything this root proposes; docs/protocol.md §13.4)
+        dead = self.table.entry(root_once_applied(self.table, self.group.unapplied()))
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)
         card = self.group.cards.get(dead.rank)  # a root's key is in its card, not the table

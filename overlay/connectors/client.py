@@ -388,9 +388,13 @@ def connect(uri: str | None, progress: Progress | None = None) -> Client:
 def first_answering(uris: list[Uri], progress: Progress | None = None) -> Client:
     """A client of the first of `uris` whose broker answers a ping (broker.ping, answered by
     that broker itself) within LIST_WAIT seconds of the attempt, so that a list that names
-    the root first and its standbys after serves a command after the root is gone. Those that
-    failed are said only if all did: one line naming each and why (exit 1)."""
+    the root first and its standbys after serves a command after the root is gone. A broker
+    that says it is adrift (no way to the current root's table: a root that stepped down, or
+    one seeking an ancestor) is passed over for a later one, and used only if no later one
+    answers. Those that failed are said only if all did: one line naming each and why (exit
+    1)."""
     failures: list[str] = []
+    adrift: Client | None = None
     for uri in uris:
         started = time.monotonic()
         try:
@@ -400,12 +404,22 @@ def first_answering(uris: list[Uri], progress: Progress | None = None) -> Client
             continue
         left = max(0.1, LIST_WAIT - (time.monotonic() - started))
         try:
-            client.rpc("broker.ping", {}, ANY_RANK, timeout=left, quiet=True)
+            answer = client.rpc("broker.ping", {}, ANY_RANK, timeout=left, quiet=True)
         except TbonError as error:
             client.abandon()
             failures.append(_failure(error, uri))
             continue
+        if isinstance(answer, dict) and answer.get("adrift"):
+            if adrift is None:
+                adrift = client
+            else:
+                client.abandon()
+            continue
+        if adrift is not None:
+            adrift.abandon()
         return client
+    if adrift is not None:
+        return adrift
     raise TbonError(f"no URI of the list answered: {'; '.join(failures)}")
 
 

@@ -56,7 +56,8 @@ from tbon.overlay.state.leadership import (
 )
 from tbon.overlay.state.leadership import Apply as Committed
 from tbon.overlay.state.leadership import Send as SendTo
-from tbon.overlay.state.ranktable import RankTable
+from tbon.overlay.state.rankevents import Reserve
+from tbon.overlay.state.ranktable import Event, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError
 from tbon.overlay.wire.route import from_above, from_member, from_rank0
@@ -260,6 +261,15 @@ class GroupService:
         return self._carry_out(self.member.handle(message, now), now)
 
     # --- the members' cards -------------------------------------------------------------------
+
+    def unapplied(self) -> list[Event | Reserve]:
+        """The table events this member's log holds past what its table applied, in order: a
+        member elected root commits them with its term's first entry (docs/protocol.md §13.4)."""
+        member = self.member
+        if member is None:
+            return []
+        entries = member.log.between(member.applied + 1, member.log.last)
+        return [entry.payload.event for entry in entries if entry.payload is not None]
 
     def group_cards(self) -> tuple[Card, ...]:
         """The members' cards this root knows, its own included, in rank order."""

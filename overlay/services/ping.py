@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,9 @@ class PingService:
     def __init__(self, me: Whoami, topology: Topology) -> None:
         self.me = me
         self.topology = topology
+        # why this broker cannot reach the current root's table now (None: it can), said on
+        # every ping so that a client given a URI list passes over it (connectors/client.py)
+        self.adrift: Callable[[float], str | None] = lambda now: None
 
     def identity(self) -> dict[str, Any]:
         return {"rank": self.me.rank, "hostname": self.me.hostname, "pid": self.me.pid}
@@ -34,7 +38,10 @@ class PingService:
     def ping(self, request: Message, now: float) -> list[Action]:
         """Echo the payload with who answered and how many brokers it crossed."""
         hops = len(request.route) - 1
-        return [Respond(request.respond({**request.payload, **self.identity(), "hops": hops}))]
+        answer = {**request.payload, **self.identity(), "hops": hops}
+        if (why := self.adrift(now)) is not None:
+            answer["adrift"] = why
+        return [Respond(request.respond(answer))]
 
     def info(self, request: Message, now: float) -> list[Action]:
         rank = self.me.rank

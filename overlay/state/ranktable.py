@@ -127,7 +127,7 @@ the guards and effects its rows name are meant to be read side by side. The even
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,6 +315,20 @@ def taken_over(table: RankTable, entry: RankEntry, event: Stimulus) -> bool:
         and parent != entry.rank
         and table.entries.peek(parent).state in CONNECTED  # not a former root, dead
     )
+
+
+def root_once_applied(table: RankTable, pending: Iterable[Event | Reserve]) -> int:
+    """The table's root once `pending` (events not yet applied, in order) are: each takeover
+    among them (a Lost of the root naming another member, `taken_over`) names the next. A
+    member elected root reckons the root it replaces by this, since the entries of an earlier
+    term its log holds are committed and applied before anything it proposes (§13.4)."""
+    root = table.root
+    for event in pending:
+        parent = getattr(event, "parent", None)
+        taken = isinstance(event, Lost) and event.rank == root != parent
+        if taken and parent in table.members:
+            root = parent
+    return root
 
 
 def root_not_retired(table: RankTable, entry: RankEntry, event: Retire, now: float) -> str | None:

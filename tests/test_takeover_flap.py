@@ -1,0 +1,54 @@
+"""A root that took over is itself stopped past tbon.timeout while the other members elect
+another (K=4, docs/protocol.md §13.4, §13.5): its subtree moves to the root of the later term
+with every pid kept; woken, it is passed over by a URI list (it says it is adrift) and leaves
+superseded (77)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from conftest import child_env, process_gone, tbon, wait_for
+from test_takeover import status_through
+from test_takeover_members import state, wait_through
+
+FOUR = ("tbon.standbys=4", "tbon.topo=kary:4", "tbon.heartbeat=200ms", "tbon.torpid=0")
+
+
+def test_a_stalled_root_that_is_replaced_keeps_its_subtree(instance) -> None:
+    inst = instance(13, *FOUR, "tbon.timeout=3s")
+    listed = tbon("uri", "--all", inst.uri)
+    assert listed.returncode == 0, listed.stderr
+    uris = listed.stdout.strip()
+    os.kill(inst.pid(0), signal.SIGKILL)
+    taken = wait_through(inst, uris, lambda s: s["root"] not in (None, 0), "a first takeover")
+    first = taken["root"]
+    pid = {r["rank"]: r["pid"] for r in taken["ranks"] if r["pid"]}
+    os.kill(pid[first], signal.SIGSTOP)
+    try:
+        wait_through(
+            inst, uris, lambda s: s["root"] not in (None, 0, first), "a second root elected"
+        )
+    finally:
+        os.kill(pid[first], signal.SIGCONT)
+    # woken with its lease long over, the old root says it is adrift: the list passes over it
+    # to a broker that reaches the root of the later term, never to its stale table
+    woken = status_through(uris)
+    assert woken is None or woken["root"] != first, woken["root"]
+    others = [r for r in range(1, 13) if r != first]
+
+    def settled(s: dict) -> bool:
+        return s["root"] not in (0, first) and all(state(s, r) == "online" for r in others)
+
+    last = wait_through(inst, uris, settled, "every other rank online under the second root")
+    for r in others:
+        assert last["ranks"][r]["pid"] == pid[r], (r, last["ranks"][r])
+    # woken, the stalled root hears of the later term and leaves superseded; its rank is lost
+    wait_for(lambda: process_gone(pid[first]), f"rank {first}'s broker to leave")
+    said = f"tbon-broker[{first}]: error: superseded: rank {last['root']} is the root in term"
+    assert said in inst.stderr(), inst.stderr()[-4000:]
+    wait_through(inst, uris, lambda s: state(s, first) == "lost", f"rank {first} lost")
+    env = {**child_env(), "TBON_URI": uris}
+    ranks = ",".join(map(str, others))
+    wait_for(lambda: tbon("exec", "-r", ranks, "true", env=env).returncode == 0, "exec")
+
