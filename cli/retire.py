@@ -3,11 +3,20 @@
 Rank 0 decides: it records each rank `retiring` before its broker is told, and refuses what is
 unsafe (rank 0, a rank with children still in use, a rank with nothing to retire). This command
 only orders the requests (deepest ranks first, each level at once) and shows what happens.
+
+With standbys the root may change while a rank retires (docs/protocol.md §13.4). An answer that
+says the root cannot answer for now (`ask_again`: grants paused, a root superseded, the way to
+the root being healed), a connection lost with a URI list left to try, or a silence after which
+status names another root than the one asked (`root_of`), makes this command ask the root of
+now again, for at most ASK_AGAIN_FOR seconds per wave: a repeat is safe (a rank already
+retiring is waited for, one retired is answered so).
 """
 
 from __future__ import annotations
 
+import errno
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +28,27 @@ from tbon.errors import RANK_TROUBLE, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 REFUSED = 1  # some rank could not be retired (each is named)
+
+ASK_AGAIN_FOR = 60.0
+"""Seconds, from a wave's first request, in which an answer of `ask_again` is asked again."""
+
+SILENCE = 5.0
+"""Seconds without an answer after which this command checks that the root it asked still is."""
+
+
+def ask_again(errnum: int) -> bool:
+    """Whether an error answer to retire.rank means "no root can answer now, ask again":
+    ETIMEDOUT (grants paused, or the root superseded while it held the request: protocol
+    §13.2, §13.3) or EHOSTUNREACH (the broker asked cannot reach the root: it is reattaching,
+    perhaps while the root group elects)."""
+    return errnum in (errno.ETIMEDOUT, errno.EHOSTUNREACH)
+
+
+def root_of(status: dict[str, Any]) -> tuple[int, int]:
+    """The root and its term, as a status answer names them (rank 0 in term 1 without
+    standbys)."""
+    group = status.get("group") or {}
+    return int(status.get("root", 0)), int(group.get("term", 1))
 
 
 @dataclass
@@ -76,10 +106,13 @@ def register(app: typer.Typer) -> None:
         uri, ranks = _split(words)
         wanted = _parse_ranks(ranks)
         drain = duration(timeout, "--timeout")
-        with open_client(uri) as client:
-            status = fetch_status(client)
+        asker = _Asker(uri, open_client, fetch_status)
+        try:
+            status = asker.status()
             waves = plan(status, wanted, subtree)
-            results = _retire(client, status, waves, force, drain, as_json)
+            results = _retire(asker, status, waves, force, drain, as_json)
+        finally:
+            asker.close()
         ordered = sorted(results.values(), key=lambda r: r.rank)
         if as_json:
             print_json({"ranks": [r.as_dict() for r in ordered]})
@@ -138,8 +171,37 @@ def plan(status: dict[str, Any], wanted: list[int], subtree: bool) -> list[list[
     return [by_depth[d] for d in sorted(by_depth, reverse=True)]
 
 
+class _Asker:
+    """The connection this command asks through, opened again (through the URI list, its first
+    live entry) when its broker goes."""
+
+    def __init__(self, uri: str | None, opener: Any, fetch: Any) -> None:
+        self.uri, self.opener, self.fetch = uri, opener, fetch
+        self.client = opener(uri)
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.fetch(self.client))
+
+    def root(self) -> tuple[int, int] | None:
+        """The root of now and its term, or None while status cannot say (no root reached)."""
+        from tbon.errors import TbonError
+
+        try:
+            return root_of(self.status())
+        except TbonError:
+            return None
+
+    def reopen(self) -> None:
+        """A new connection; TbonError if no URI answers."""
+        self.close()
+        self.client = self.opener(self.uri)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def _retire(
-    client: Any,
+    asker: _Asker,
     status: dict[str, Any],
     waves: list[list[int]],
     force: bool,
@@ -148,25 +210,68 @@ def _retire(
 ) -> dict[int, Result]:
     from rich.console import Console
 
+    from tbon.cli.common import wait_healed
+    from tbon.errors import TbonError
+
+    say = (lambda text: None) if as_json else (lambda text: print(text, file=sys.stderr))
     results: dict[int, Result] = {}
     console = Console(stderr=True)
     spinner = console.status("retiring") if interactive() and not as_json else nullcontext()
+
+    def ask(rank: int) -> int:
+        request: dict[str, Any] = {"rank": rank, "force": force, "timeout": drain}
+        if rank < status["size"]:  # the incarnation we saw: never retire a newer one
+            request["incarnation"] = status["ranks"][rank]["incarnation"]
+        return int(asker.client.send("retire.rank", request, nodeid=0))
+
     with spinner as shown:
         for wave in waves:
-            tags = {}
+            tags: dict[int, Result] = {}
             for rank in wave:
                 results[rank] = Result(rank)
-                request: dict[str, Any] = {"rank": rank, "force": force, "timeout": drain}
-                if rank < status["size"]:  # the incarnation we saw: never retire a newer one
-                    request["incarnation"] = status["ranks"][rank]["incarnation"]
-                tags[client.send("retire.rank", request, nodeid=0)] = results[rank]
+                tags[ask(rank)] = results[rank]
+            until = time.monotonic() + ASK_AGAIN_FOR
+            asked_of = root_of(status)
+
+            def again(why: str) -> None:
+                """Ask the root of now for every rank of the wave still pending."""
+                nonlocal tags
+                pending = [r for r in tags.values() if r.result == "pending"]
+                say(
+                    f"tbon retire: {why}; asking the root again for rank(s) "
+                    f"{format_idset([r.rank for r in pending])}"
+                )
+                tags = {ask(r.rank): r for r in pending}
+
             while any(r.result == "pending" for r in tags.values()):
                 if shown is not None:
                     pending = [r.rank for r in tags.values() if r.result == "pending"]
                     shown.update(f"retiring rank(s) {format_idset(pending)}")
-                reply = client.receive(None)
-                if reply is not None and reply.tag in tags:
-                    _take(reply, tags[reply.tag], as_json)
+                left = until - time.monotonic()
+                try:
+                    reply = asker.client.receive(SILENCE if left > 0 else None)
+                    if reply is None:  # silent: does the root we asked still lead?
+                        now_root = asker.root()
+                        if now_root is not None and now_root != asked_of:
+                            asked_of = now_root
+                            again(f"rank {now_root[0]} is the root now")
+                        continue
+                except TbonError as error:
+                    if left <= 0 or "lost the connection" not in str(error):
+                        raise
+                    asker.reopen()  # the next URI of the list that answers, or TbonError
+                    asked_of = asker.root() or asked_of
+                    again(str(error))
+                    continue
+                if reply.tag not in tags:
+                    continue
+                if reply.errnum and ask_again(reply.errnum) and left > 0:
+                    wait_healed(asker.client, min(left, 10.0))
+                    time.sleep(min(0.2, left))  # however heal.wait ended: never a busy loop
+                    asked_of = asker.root() or asked_of
+                    again(f"rank {tags[reply.tag].rank}: {reply.errstr}")
+                    continue
+                _take(reply, tags[reply.tag], as_json)
     return results
 
 

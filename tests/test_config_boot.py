@@ -379,3 +379,45 @@ def test_a_child_listed_before_its_parent_rolls_up_when_killed(configured) -> No
         ("offline", "offline"),
         ("online", "partial"),
     ]
+
+
+def test_a_config_instance_with_standbys_survives_its_root(configured) -> None:
+    """tbon.standbys=2 under a config file: ranks 1 and 2 are leaves side by side, and bind at
+    their hosts' `bind` all the same (docs/protocol.md §13.4, "Cards"), so that with rank 0
+    killed they reach each other, elect, and the new root serves status and exec."""
+    instance = configured(4, "tbon.standbys=2", "tbon.timeout=30s")
+    up(instance, 4)
+    listed = tbon("uri", "--all", instance.uri)
+    assert listed.returncode == 0, listed.stderr
+    # each "host" is this machine: the list's ssh://nodeK/PATH is local://PATH here
+    listed_uris = listed.stdout.strip().split(",")
+    assert len(listed_uris) == 3, listed_uris
+    uris = ",".join("local://" + u[u.index("/", len("ssh://")) :] for u in listed_uris)
+    pids = {rank: instance.brokers[rank].pid for rank in range(4)}
+    instance.brokers[0].send_signal(signal.SIGKILL)
+    instance.brokers[0].wait()
+    env = {**child_env(), "TBON_URI": uris}
+    seen: dict[str, Any] = {}
+
+    def taken_over() -> bool:
+        done = tbon("status", "--json", env=env)
+        if done.returncode != 0:
+            return False
+        seen.clear()
+        seen.update(json.loads(done.stdout))
+        ranks = seen["ranks"]
+        return (
+            seen["root"] in (1, 2)
+            and ranks[0]["state"] != "online"
+            and all(ranks[r]["state"] == "online" and ranks[r]["pid"] == pids[r] for r in (1, 2, 3))
+        )
+
+    try:
+        wait_for(taken_over, "a standby to take over the config-booted instance")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last status {seen}") from None
+    assert f"rank {seen['root']} took over in term" in seen["ranks"][0]["reason"], seen
+    ran = tbon("exec", "-r", "1-3", "true", env=env)
+    assert ran.returncode == 0, ran.stderr
+    done = tbon("shutdown", env=env)  # the new root ends the instance
+    assert done.returncode == 0, done.stderr

@@ -18,7 +18,7 @@ from tbon.overlay.services.rankpath import RankPath
 from tbon.overlay.state import groupwire
 from tbon.overlay.state.groupwire import Proposal
 from tbon.overlay.state.leadership import AppendEntries, AppendReply, StaleTerm, Timing
-from tbon.overlay.state.ranktable import Lost, Online, Outcome, RankTable
+from tbon.overlay.state.ranktable import Lost, Online, Outcome, RankTable, Reboot
 from tbon.overlay.state.replicalog import Entry
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
@@ -406,3 +406,42 @@ def test_an_unasked_event_repeated_while_it_waits_is_proposed_once() -> None:
     assert group.propose(Apply(GONE), T0 + 0.01) == []
     assert group_sends(group.propose(Asker().apply(), T0 + 0.02))
     assert group.member.log.last == 2
+
+
+def config_root() -> GroupService:
+    """The founding root of a config-booted instance: every other rank booting, none online."""
+    table = started(SPEC, SIZE, now=T0, fixed=True)
+    origin = {**ORIGIN, "fixed": True}
+    return GroupService(
+        0, Topology(SPEC, SIZE), (0, 1, 2), lambda: 1, T0, WAIT, RankPath(table), origin
+    )
+
+
+def test_a_config_ranks_first_hello_is_answered_before_the_group_has_formed() -> None:
+    """The members of a config-booted instance are at rank 0's door with the shared key: their
+    first Reboot changes nothing (incarnation 1, the launch's), and no member has answered yet,
+    so no other root can exist: answered at once, or the group could never form (§13.2)."""
+    service = config_root()
+    asker = Asker()
+    generation = service.path.table.generation
+    actions = service.propose(asker.apply(Reboot(1, 0)), T0)
+    assert [o.applied for o in asker.outcomes] == [True]
+    assert any(isinstance(a, Respond) for a in actions)
+    assert service.path.table.generation == generation and not service.waiting
+    assert service.path.table.entry(1).incarnation == 1
+
+
+def test_once_a_member_has_answered_every_event_waits_for_the_group() -> None:
+    service = config_root()
+    service.propose(Asker().apply(Reboot(1, 0)), T0)
+    service.receive(reply_from(1, 0, T0), T0 + 0.01)  # rank 1 answers: the group has formed
+    asker = Asker()
+    service.propose(asker.apply(Reboot(2, 0)), T0 + 0.02)
+    assert asker.outcomes == [] and service.waiting  # proposed: waits for a majority
+
+
+def test_an_event_that_changes_the_table_waits_for_the_group_even_before_it_formed() -> None:
+    service = config_root()
+    asker = Asker()
+    service.propose(asker.apply(GONE), T0)  # not a no-op: rank 1's loss
+    assert asker.outcomes == [] and service.waiting

@@ -74,12 +74,13 @@ def test_without_a_majority_a_join_is_refused_and_never_granted(instance) -> Non
     for rank in (1, 2):
         os.kill(inst.pid(rank), signal.SIGKILL)
     wait_for(lambda: inst.status()["group"]["paused"], "grants paused")
-    joiner = inst.join()
+    joiner = inst.join("broker.join-timeout=4s")  # its own deadline: it asks again until then
     assert joiner.stderr is not None
     code = joiner.wait(timeout=30)
     said = joiner.stderr.read()
     assert code == 75, said
     assert "grants are paused: no majority of the root group (ranks 0,1,2) answers" in said
+    assert "trying the boot servers again" in said, said
     status = inst.status()
     assert [r["state"] for r in status["ranks"][3:]] == ["vacant", "vacant"]
     summary = tbon("status", inst.uri, "--summary").stdout

@@ -182,6 +182,35 @@ def test_a_watcher_gets_the_table_then_one_push_per_change() -> None:
     assert status.pushes(NOW) == []
 
 
+def test_a_watcher_is_pushed_a_standbys_acknowledgement_that_changes_no_entry() -> None:
+    """status.watch pushes when only the root group's view changed (a standby's `acked`, its
+    `voter`, grants paused): the table's generation alone would not say so."""
+    table = started("kary:2", 3)
+    bring_up(table, [1, 2])
+    status = StatusService(table, Lifecycle())
+    group = {"term": 1, "index": 5, "commit": 5, "paused": False, "standbys": []}
+    standbys = [{"rank": 1, "acked": 4, "lag": 1, "voter": True}]
+    status.group = lambda now: {**group, "standbys": [dict(s) for s in standbys]}
+    watch = request("status.watch")
+    ack = request("status.ack", {"watch": watch.tag})
+    first = only_response(status.watch(watch, NOW))
+    assert first.payload["group"]["standbys"][0]["acked"] == 4
+    assert status.ack(ack, NOW) == [] and status.pushes(NOW) == []  # nothing new
+    generation = table.generation
+    standbys[0].update(acked=5, lag=0)
+    pushed = status.pushes(NOW)
+    assert table.generation == generation  # no entry changed
+    assert len(pushed) == 1 and pushed[0][1].payload["group"]["standbys"][0]["acked"] == 5
+    assert status.pushes(NOW) == []  # once
+    standbys[0]["voter"] = False  # unread meanwhile: given on the acknowledgement
+    assert status.pushes(NOW) == []
+    latest = only_response(status.ack(ack, NOW))
+    assert latest.payload["group"]["standbys"][0]["voter"] is False
+    assert status.ack(ack, NOW) == []
+    group["paused"] = True
+    assert status.pushes(NOW)[0][1].payload["group"]["paused"] is True
+
+
 def test_a_watcher_that_has_not_read_gets_only_the_latest_table_when_it_does() -> None:
     table = started("kary:2", 7)
     status = StatusService(table, Lifecycle())

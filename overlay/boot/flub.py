@@ -18,7 +18,9 @@ broker.boot-server may list several URIs. A boot server that cannot be reached, 
 connection ends, or that leaves a request unanswered for broker.join-timeout is left for the
 next one, where the join starts again with the same key; a reservation already granted is named
 again by rank 0 while its lease lasts, and used by the proof. When the list is used up, the
-joiner exits 75.
+joiner exits 75, unless a boot server said it cannot reach the root for now (a takeover under
+way, grants paused): then the list is tried again after a pause, within the joiner's own
+broker.join-timeout (joinretry.py).
 docs/flub.md has the whole protocol and its security argument.
 """
 
@@ -33,6 +35,7 @@ from typing import Any
 from tbon import exitcodes
 from tbon.errors import TbonError
 from tbon.keys.proof import decode_nonce, prove, statement
+from tbon.overlay.boot.joinretry import pause_before_round
 from tbon.overlay.boot.wireup import BusinessCard, Wireup
 from tbon.overlay.connectors.client import Client, RequestError
 from tbon.overlay.connectors.uri import split_uris
@@ -55,6 +58,12 @@ class BootServerLost(TbonError):
         super().__init__(message, exitcodes.LOST)
 
 
+class RootUnsettled(BootServerLost):
+    """A boot server that answered, but cannot have the join granted now: its way to the root
+    is being healed (a takeover under way), or the root's grants are paused. The next URI is
+    tried, and the list again after a pause (joinretry.py)."""
+
+
 def flub_wireup(
     boot_server: str,
     requested_rank: int | None,
@@ -69,20 +78,35 @@ def flub_wireup(
     wire-up and the instance's attributes. When every one has failed, exit 75 naming what
     was tried. `warm` readies what comes after the join; it is called before a wait for the
     parent, so that the wait covers it."""
+    deadline = time.monotonic() + timeout
     join = _Join(requested_rank, hostname, keys, timeout, bind)
     join.warm = warm
     uris = split_uris(boot_server)
     if len(uris) > 1:
         log.info("FLUB: boot servers, in order: %s", " ".join(uris))
-    reasons: list[str] = []
-    for place, uri in enumerate(uris):
-        try:
-            return join.through(uri)
-        except BootServerLost as lost:
-            reasons.append(str(lost))
-            if place + 1 < len(uris):
-                log.warning("FLUB: %s%s; trying %s", lost, join.holding(), uris[place + 1])
-    raise join.given_up(reasons)
+    rounds = 0
+    while True:
+        reasons: list[str] = []
+        unsettled = False
+        for place, uri in enumerate(uris):
+            try:
+                return join.through(uri)
+            except BootServerLost as lost:
+                reasons.append(str(lost))
+                unsettled = unsettled or isinstance(lost, RootUnsettled)
+                if place + 1 < len(uris):
+                    log.warning("FLUB: %s%s; trying %s", lost, join.holding(), uris[place + 1])
+        rounds += 1
+        pause = pause_before_round(rounds, unsettled, deadline - time.monotonic())
+        if pause is None:
+            raise join.given_up(reasons)
+        (log.warning if rounds == 1 else log.info)(
+            "FLUB: %s%s; trying the boot servers again in %gs",
+            reasons[-1],
+            join.holding(),
+            pause,
+        )
+        time.sleep(pause)
 
 
 class _Join:
@@ -237,7 +261,8 @@ def _rpc(client: Client, topic: str, payload: dict[str, Any], timeout: float) ->
         return client.rpc(topic, payload, nodeid=0, timeout=timeout)
     except RequestError as error:
         if error.errnum == errno.EHOSTUNREACH and topic == "flub.allocate":
-            raise BootServerLost(f"{client.uri}: {error}") from None  # it cannot reach rank 0
+            # it cannot reach the root: perhaps healing, or the root group electing
+            raise RootUnsettled(f"{client.uri}: {error}") from None
         raise
     except TbonError as error:
         raise BootServerLost(_naming(client, error)) from None
@@ -289,9 +314,12 @@ def _allocate(
             raise TbonError(f"FLUB: {error}", exitcodes.NO_RANK) from None
         if error.errnum == errno.ESHUTDOWN:
             raise TbonError(f"FLUB: {error}", exitcodes.SHUTDOWN) from None
-        if error.errnum in (errno.ESTALE, errno.ETIMEDOUT):
-            # granted, but lapsed before rank 0 could answer; or grants paused (no majority
-            # of the root group answers: docs/protocol.md §13.5): a new try may succeed
+        if error.errnum == errno.ETIMEDOUT:
+            # grants paused (no majority of the root group answers), or the root superseded
+            # while it held the request (docs/protocol.md §13.3, §13.5): a later try may succeed
+            raise RootUnsettled(f"{client.uri}: {error}") from None
+        if error.errnum == errno.ESTALE:
+            # granted, but lapsed before rank 0 could answer: a new process may try again
             raise TbonError(f"FLUB: {error}", exitcodes.LOST) from None
         if error.errnum == errno.EPERM:
             raise TbonError(f"FLUB: {error}", exitcodes.REFUSED) from None

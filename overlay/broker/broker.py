@@ -268,8 +268,11 @@ class Broker:
             if rank not in group.members:
                 continue
             entry = path.table.entry(rank)
-            if entry.key == key and entry.state in CONNECTED:
-                admitted.append((rank, entry.incarnation, key))
+            # a config-booted member holds the instance's shared key, as this broker does, and
+            # its entry no key of its own: admitted as such ("", that incarnation exactly)
+            shared = self.booted.by_config and entry.key is None and key == self.public
+            if (entry.key == key or shared) and entry.state in CONNECTED:
+                admitted.append((rank, entry.incarnation, "" if shared else key))
         if admitted:
             log.info("admitting root group members %s", ",".join(str(r) for r, _, _ in admitted))
             self.perform([Foster(tuple(admitted), now + self.reattach_timeout)])

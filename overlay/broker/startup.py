@@ -105,9 +105,15 @@ def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
         )
     else:
         wireup = singleton_wireup(config.topo, config.size, config.hostname, binder.bind)
-    if binder.children is None and file is None and _stands_by(config, wireup):
+    if binder.children is None and _stands_by(config, wireup):
         binder.config = config
-        binder.bind(wireup.topology, wireup.rank)
+        if file is None:
+            binder.bind(wireup.topology, wireup.rank)
+        else:  # where the file says this host binds, and is dialed
+            binder.bind(wireup.topology, wireup.rank, file.hosts[wireup.rank].bind)
+            assert binder.children is not None
+            binder.children.keyring.share(public)  # the other members hold the instance's key
+            binder.endpoint = file.hosts[wireup.rank].connect
     return Booted(
         config, public, secret, wireup, binder.children, binder.endpoint, pmi, file is not None
     )
@@ -115,8 +121,8 @@ def _boot(config: BrokerConfig, binder: _Binder) -> Booted:
 
 def _stands_by(config: BrokerConfig, wireup: Wireup) -> bool:
     """Whether this rank is a standby of the root: one with no children binds all the same,
-    since the other members may have to reach it across a dead root (docs/protocol.md §13.4).
-    A config file names the ranks that bind: there, a leaf standby is not reached that way."""
+    since the other members may have to reach it across a dead root (docs/protocol.md §13.4);
+    under a config file, at its host's `bind`, dialed at its `connect`."""
     from tbon.overlay.state.standbys import kept_standbys
 
     return wireup.rank in kept_standbys(wireup.topology, config.standbys)[0]

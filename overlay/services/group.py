@@ -119,6 +119,7 @@ class GroupService:
         # the root of a later term as the term fence heard it (`stale`): the member's own
         # StaleTerm names none
         self.successor: tuple[int, int] | None = None
+        self.formed = False  # a member has answered this root: the group has formed
 
     @property
     def active(self) -> bool:
@@ -138,7 +139,26 @@ class GroupService:
         assert member is not None and self.active
         if _repeat(action, self.asked.values(), self.queued):
             return []
+        if self._at_once(action, now):
+            applied = self.path.handle(action.event, now)
+            then = action.then(applied.outcome, now) if action.then is not None else []
+            return [*applied.actions, *then]
         return self._submit(Asked(action, now + self.wait), now)
+
+    def _at_once(self, action: Apply, now: float) -> bool:
+        """Whether the founding root answers `action` from its table without the group: the
+        group has not formed yet (no member has ever answered it, so no other root can have
+        been elected), no event of the same rank waits before it, and the event changes
+        nothing (a config-booted rank's first hello: the members, config-booted themselves,
+        could never be admitted to answer for their own; docs/protocol.md §13.2)."""
+        rank = action.event.rank
+        return (
+            not self.formed
+            and self.rank == 0
+            and self.path is not None
+            and all(a.action.event.rank != rank for a in (*self.asked.values(), *self.queued))
+            and self.path.table.idle(action.event, now)
+        )
 
     def _submit(self, asked: Asked, now: float) -> list[Action]:
         member = self.member
@@ -226,6 +246,7 @@ class GroupService:
         assert self.member is not None
         if self.leads:
             self._card_said(message.sender, request.payload.get("card"))
+            self.formed = True
         self.member.incarnation = self.incarnation()
         if isinstance(message, AppendEntries):
             return self._appended(request, message, now)

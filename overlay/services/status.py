@@ -13,8 +13,11 @@ which ranks stand by for it (`root`, `standbys`: state/standbys.py), from `roles
 changes the root updates: a command shows the root the instance has now.
 
 A watcher's first answer is the whole table; after that it gets the whole table again whenever
-the table changed, at most once per batch of input the broker reads (the loop asks for `pushes`
-after each batch), so a burst of changes costs one message per watcher, not one per change.
+what it shows changed, at most once per batch of input the broker reads (the loop asks for
+`pushes` after each batch), so a burst of changes costs one message per watcher, not one per
+change. What it shows is the table (its generation) and, beside it, the roles and the root
+group (`stamp`): a standby's `acked` or `voter`, or grants paused, change no rank's entry but
+are news all the same.
 
 A watcher needs the newest table, not every table in between, so it has one table in flight at a
 time: it acknowledges each one it reads (`status.ack`, which tbon's client sends as it reads),
@@ -25,6 +28,7 @@ one table, and gets the latest when it next reads.
 from __future__ import annotations
 
 import errno
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +47,14 @@ VIEWS = ("table", "summary", "held")
 entries of the ranks something happened to."""
 
 
+Stamp = tuple[int, str]
+"""What a watcher was last sent: the table's generation, and the roles and root group as text."""
+
+
 @dataclass(slots=True)
 class Watcher:
     request: Message  # the status.watch: its route and tag address every table sent
-    sent: int  # the generation of the table last sent
+    sent: Stamp  # the stamp of the table last sent
     unread: bool = True  # that table is in flight: the next waits for its acknowledgement
     view: str = "table"  # VIEWS
     rank: int = 0  # the subtree of a summary
@@ -65,7 +73,13 @@ class StatusService:
         # the root group, when it has standbys (services/group.py): shown as `group`
         self.group: Callable[[float], dict[str, Any] | None] = lambda now: None
         self.watchers: list[Watcher] = []
-        self._pushed_generation = -1
+        self._pushed: Stamp = (-1, "")
+
+    def stamp(self, now: float) -> Stamp:
+        """What watchers are shown now, beyond the entries: the table's generation, and the
+        roles and the root group (`acked`, `voter`, `paused`...), which change no entry."""
+        beside = json.dumps([self.roles.wire(), self.group(now)], sort_keys=True)
+        return self.table.generation, beside
 
     def snapshot(self, now: float, watcher: Watcher | None = None) -> dict[str, Any]:
         """The object a watcher follows (the whole table by default)."""
@@ -176,7 +190,7 @@ class StatusService:
             return [Respond(rank)]
         if view == "table" and (refusal := self._too_big(request)) is not None:
             return [Respond(refusal)]
-        watcher = Watcher(request, self.table.generation, view=view, rank=rank)
+        watcher = Watcher(request, self.stamp(now), view=view, rank=rank)
         first = self.snapshot(now, watcher)
         if view == "held":
             watcher.cursor = first["next"]
@@ -192,7 +206,7 @@ class StatusService:
         for watcher in self.watchers:
             if watcher.request.tag == tag and watcher.route == request.route:
                 watcher.unread = False
-                if watcher.cursor is not None or watcher.sent != self.table.generation:
+                if watcher.cursor is not None or watcher.sent != self.stamp(now):
                     return [Respond(self._update(watcher, now, {}))]
                 return []
         return []
@@ -208,13 +222,13 @@ class StatusService:
         """(watcher, update) pairs if the table changed since the last push, for each watcher
         that has read its last table and has not seen this one; the others get it on their
         acknowledgement."""
-        generation = self.table.generation
-        if generation == self._pushed_generation or not self.watchers:
+        if not self.watchers:
             return []
-        self._pushed_generation = generation
-        due = [
-            w for w in self.watchers if not w.unread and w.cursor is None and w.sent != generation
-        ]
+        stamp = self.stamp(now)
+        if stamp == self._pushed:
+            return []
+        self._pushed = stamp
+        due = [w for w in self.watchers if not w.unread and w.cursor is None and w.sent != stamp]
         if not due:
             return []
         made: dict[tuple[str, int], dict[str, Any]] = {}  # each view built once a push
@@ -232,7 +246,7 @@ class StatusService:
             if key not in made:
                 made[key] = self.snapshot(now, watcher)
             status = made[key]
-            watcher.sent = self.table.generation
+            watcher.sent = self.stamp(now)
         if watcher.view == "held":
             watcher.cursor = status["next"]
         watcher.unread = True

@@ -805,6 +805,18 @@ class RankTable:
             self.generation += 1
         return outcome
 
+    def idle(self, event: Event | Reserve, now: float) -> bool:
+        """Whether `event` would apply and change nothing: its row moves nowhere and has no
+        effect (a config rank's first Reboot, whose incarnation 1 the launch gave). The table is
+        not touched."""
+        if isinstance(event, Reserve) or not 0 <= event.rank < self.size:
+            return False
+        entry = self.entries.peek(event.rank)
+        if not isinstance(event, Reboot) and event.incarnation != entry.incarnation:
+            return False
+        rule = self._rule(entry, one_of_several(entry, event), now)
+        return not isinstance(rule, str) and rule.target is None and not rule.effects
+
     def _event(self, event: Event, now: float) -> Outcome:
         if not 0 <= event.rank < self.size:
             return refused(f"rank {event.rank} is not in this instance of size {self.size}")
