@@ -152,6 +152,15 @@ def test_ping_echoes_its_payload_with_who_answered_and_the_hops() -> None:
     assert reply.route == ["l0a", "p0"]
 
 
+def test_ping_says_why_a_broker_is_adrift_so_a_uri_list_passes_over_it() -> None:
+    service = ping_service()
+    service.adrift = lambda now: "no parent now: seeking a live ancestor" if now > NOW else None
+    calm = only_response(service.ping(request("broker.ping"), NOW))
+    assert "adrift" not in calm.payload
+    lost = only_response(service.ping(request("broker.ping"), NOW + 1))
+    assert lost.payload["adrift"] == "no parent now: seeking a live ancestor"
+
+
 def test_info_says_where_the_broker_sits() -> None:
     reply = only_response(ping_service().info(request("broker.info"), NOW))
     assert reply.payload["parent"] == 0 and reply.payload["children"] == [3]
