@@ -23,6 +23,7 @@ from tbon.overlay.state.leadership import (
     Propose,
     Proposed,
     Restore,
+    RootUnreachable,
     Send,
     StaleTerm,
     SteppedDown,
@@ -134,6 +135,38 @@ def test_a_silent_root_is_replaced_after_a_canvass_and_an_election() -> None:
     assert not one.serves(0.62)  # not before its own term's mark is committed
     one.handle(sends(two.handle(opening, 0.63))[1], 0.64)
     assert one.serves(0.64)
+
+
+PATIENT = Timing(patience=2.0)
+
+
+def test_silence_alone_is_waited_out_for_patience_a_lost_link_for_election() -> None:
+    """Patience: a stall of the root shorter than `patience` deposes nobody; a member whose
+    broker lost its parent's link canvasses after `election` (plus its place) as before."""
+    slow: Member[str] = Member(1, GROUP, now=0.0, timing=PATIENT)
+    assert slow.next_deadline() == pytest.approx(2.1)
+    assert slow.handle(Tick(), 2.09) == []
+    assert isinstance(sends(slow.handle(Tick(), 2.1))[2], VoteRequest)
+    told: Member[str] = Member(1, GROUP, now=0.0, timing=PATIENT)
+    assert told.handle(RootUnreachable(), 0.2) == []
+    assert told.next_deadline() == pytest.approx(0.6)
+    assert isinstance(sends(told.handle(Tick(), 0.6))[2], VoteRequest)
+
+
+def test_an_append_of_its_root_ends_the_suspicion() -> None:
+    root: Member[str] = Member(0, GROUP, now=0.0, timing=PATIENT)
+    member: Member[str] = Member(1, GROUP, now=0.0, timing=PATIENT)
+    member.handle(RootUnreachable(), 0.1)
+    append = sends(root.handle(Tick(), 0.2))[1]
+    member.handle(append, 0.3)
+    assert not member.suspect and member.next_deadline() == pytest.approx(2.4)
+
+
+def test_a_root_without_answers_steps_down_only_after_patience() -> None:
+    root: Member[str] = Member(0, GROUP, now=0.0, timing=PATIENT)
+    assert of(root.handle(Tick(), 1.9), SteppedDown) == []  # no lease, but patient
+    assert root.handle(RootUnreachable(), 1.95) == []  # a root has no parent to lose
+    assert of(root.handle(Tick(), 2.0), SteppedDown) != []
 
 
 def test_a_member_that_heard_its_root_lately_ignores_vote_requests() -> None:

@@ -173,7 +173,7 @@ class Broker:
         """This broker's part in the root group (docs/protocol.md §13.2): at rank 0 with
         standbys, the root, whose table waits for the group; a standby learns it is one from
         the root's first append."""
-        from tbon.overlay.services.group import GroupService
+        from tbon.overlay.services.group import GroupService, timing_for
         from tbon.overlay.state.standbys import kept_standbys
 
         members: tuple[int, ...] = ()
@@ -193,6 +193,7 @@ class Broker:
             wait,
             path=self.path,
             origin=self._origin,
+            timing=timing_for(self.config.timeout),
         )
 
     def _build_services(self) -> None:
@@ -651,6 +652,7 @@ class Broker:
             log.warning("%s", news.declined)
         if news.detached:
             self._admit_members(now)
+            self.perform(self.group.root_unreachable(now))
         if news.detached or news.declined:
             self._due = 0.0
         if news.terms:

@@ -49,6 +49,7 @@ from tbon.overlay.state.leadership import (
     NotRoot,
     Propose,
     Proposed,
+    RootUnreachable,
     StaleTerm,
     SteppedDown,
     Tick,
@@ -65,6 +66,16 @@ from tbon.overlay.wire.route import from_above, from_member, from_rank0
 log = logging.getLogger("tbon.broker")
 
 TIMING = Timing()
+PATIENCE = 1.0
+"""Seconds a member hears nothing of its root before it canvasses, unless its broker lost the
+link to its parent (then `election`, at once): tbon.timeout if shorter (docs/protocol.md
+§13.4). A stall of a loaded machine up to this long deposes no root; a root's node lost
+without a word is replaced this much later than one killed."""
+
+
+def timing_for(timeout: float) -> Timing:
+    """The group's timing for an instance whose tbon.timeout is `timeout` (0: off)."""
+    return Timing(patience=min(timeout, PATIENCE) if timeout > 0 else PATIENCE)
 PAUSED = "grants are paused: no majority of the root group (ranks {}) answers"
 
 
@@ -170,6 +181,13 @@ class GroupService:
         index = next(i.index for i in out if isinstance(i, Proposed))
         self.asked[index] = asked
         return [*self._carry_out(out, now), Wake()]
+
+    def root_unreachable(self, now: float) -> list[Action]:
+        """The broker lost the link to its parent: if it is a member, it suspects its root at
+        once rather than after `patience` (leadership.py, Patience)."""
+        if self.member is None:
+            return []
+        return self._carry_out(self.member.handle(RootUnreachable(), now), now)
 
     def tick(self, now: float) -> list[Action]:
         """The member's timers (every member's: a standby campaigns when its root is silent),

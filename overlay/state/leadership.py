@@ -32,8 +32,15 @@ Rules.
   answers nor takes the term. So a member that a root counted in its lease cannot help elect
   another root before that lease has run out (the lease rule, below), and a member cut off for
   a moment cannot depose a root that the others still hear.
-- Election. A voter that has heard no root for `election` plus `stagger` times its place
-  in `members` (the lowest rank first) campaigns: it takes the next term, votes for
+- Patience. A follower told that its way to the root is gone (`RootUnreachable`: its broker
+  lost the link to its parent, a root killed, say) suspects the root at once; one that only
+  hears nothing waits `patience` first (the tree's own word, bounded: a root as slow as a
+  loaded machine makes it is not deposed), and so does a root without a lease before it steps
+  down. Neither wait bears on safety: the lease and the quiet below do. An append of its root
+  clears the suspicion.
+- Election. A voter that suspects its root and has heard none for `election` plus `stagger`
+  times its place in `members` (the lowest rank first), or that has heard none for
+  `patience` plus that stagger, campaigns: it takes the next term, votes for
   itself and asks the others, again every `retry` seconds until answered. It first canvasses
   (Raft's pre-vote): it asks, for the term it would take, whether each would vote for it, and
   raises its term only once a majority (itself included) says yes. Answering a canvass changes
@@ -61,9 +68,10 @@ Rules.
   it is committed and while its lease runs at `now`; a stopped root woken later finds its lease
   over by its own clock and acknowledges nothing until a majority answers it again in its term
   (which no member that has moved on to a later term does).
-- No quorum. A root whose lease has been over for `election` seconds steps down (`SteppedDown`,
-  no leader): its proposals not yet acknowledged are abandoned (`Abandon`: their fate is
-  unknown here; the asker retries, and the table's events are repeats when they were applied).
+- No quorum. A root whose lease has been over for `election` (or `patience`, if longer) seconds
+  steps down (`SteppedDown`, no leader): its proposals not yet acknowledged are abandoned
+  (`Abandon`: their fate is unknown here; the asker retries, and the table's events are
+  repeats when they were applied).
 - Proposals. Only the root takes them (`Proposed` with the index); any other member answers
   `NotRoot` with the root it knows.
 - Compaction (only with a `snapshot`, the caller's table as it stands). Before each stimulus the
@@ -102,6 +110,7 @@ class Timing:
     heartbeat: float = 0.1
     lease: float = 0.4
     election: float = 0.5
+    patience: float = 0.0  # silence alone: below `election`, `election` counts
     stagger: float = 0.1
     retry: float = 0.05
     batch: int = 256  # entries per append at most
@@ -205,7 +214,12 @@ class StaleTerm:
     term: int
 
 
-Stimulus = Message | Tick | Propose[Any] | StaleTerm
+@dataclass(frozen=True, slots=True)
+class RootUnreachable:
+    """This member's broker lost its link to its parent: the root may be gone."""
+
+
+Stimulus = Message | Tick | Propose[Any] | StaleTerm | RootUnreachable
 
 
 # --- instructions -------------------------------------------------------------------------------
@@ -357,6 +371,7 @@ class Member(Generic[P]):
         self.term = 0 if fresh else 1
         self.voted_for: int | None = None if fresh else members[0]
         self.heard_at = now  # the last append of its root, or vote given
+        self.suspect = False  # told its way to the root is gone since it last heard it
         self.incarnations: dict[int, int] = {}  # peer -> newest incarnation heard from
         self.role: Role = Following(None if fresh else members[0])
         if not fresh and rank == members[0]:
@@ -406,7 +421,7 @@ class Member(Generic[P]):
             return role.beat_at + t.heartbeat
         if isinstance(role, Campaigning):
             return min(role.asked_at + t.retry, role.started + self._timeout())
-        return self.heard_at + self._timeout() if self.voter else None
+        return self.heard_at + self._waits() if self.voter else None
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
         """Apply one stimulus at `now` (this member's clock); returns what to do. The caller
@@ -448,6 +463,12 @@ class Member(Generic[P]):
 
     def _timeout(self) -> float:
         return self.timing.election + self.timing.stagger * self.position
+
+    def _waits(self) -> float:
+        """How long a follower hears nothing before it canvasses (Patience)."""
+        if self.suspect:
+            return self._timeout()
+        return max(self.timing.election, self.timing.patience) + self.timing.stagger * self.position
 
     def _quiet(self, now: float) -> bool:
         return (
@@ -651,6 +672,7 @@ def follow(m: Member[Any], s: AppendEntries[Any], now: float) -> list[Instructio
         out.append(SteppedDown(m.term, s.sender, f"rank {s.sender} is the root"))
     m.role = Following(s.sender)
     m.heard_at = now
+    m.suspect = False
     matched = m.log.accept(s.prev, s.prev_term, s.entries)
     if matched is None:
         hint = min(m.log.last, s.prev - 1)
@@ -752,10 +774,10 @@ def not_root(m: Member[Any], s: Propose[Any], now: float) -> list[Instruction]:
 
 def lead_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
     """Every heartbeat, each member is sent what it has not acknowledged; a root without a
-    lease for `election` steps down."""
+    lease for `election` (or `patience`) steps down."""
     role = m.role
     assert isinstance(role, Leading)
-    if now >= max(m.lease_until(), role.since) + m.timing.election:
+    if now >= max(m.lease_until(), role.since) + max(m.timing.election, m.timing.patience):
         m.role = Following(None)
         m.heard_at = now
         out: list[Instruction] = [SteppedDown(m.term, None, "no majority of the group answers")]
@@ -778,8 +800,13 @@ def campaign_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
     return []
 
 
+def suspect(m: Member[Any], s: RootUnreachable, now: float) -> list[Instruction]:
+    m.suspect = True
+    return []
+
+
 def follow_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
-    if m.voter and now >= m.heard_at + m._timeout():
+    if m.voter and now >= m.heard_at + m._waits():
         return m._canvass(now)
     return []
 
@@ -813,6 +840,9 @@ TRANSITIONS: dict[tuple[type, type], Handler] = {
     (Following, VoteReply): nothing,  # a vote that came after the election
     (Following, Propose): not_root,
     (Following, Tick): follow_tick,
+    (Following, RootUnreachable): suspect,
+    (Campaigning, RootUnreachable): nothing,  # it suspects already
+    (Leading, RootUnreachable): nothing,  # a root has no parent to lose
     (Campaigning, AppendEntries): follow,  # a root of its own term was elected
     (Campaigning, VoteRequest): vote,  # of its term: it voted for itself, and says no
     (Campaigning, VoteReply): counted,
