@@ -441,6 +441,8 @@ class _Planned:
                     self.client = connect(self.listed)
                 return plan(self.client)
             except TbonError as error:
+                if isinstance(error, UsageError | RankError):
+                    raise  # the command's own word: asked again, it would say the same
                 passing = not isinstance(error, RequestError) or ask_again(error.errnum)
                 if self.listed is None or not passing or time.monotonic() >= self.deadline:
                     raise
