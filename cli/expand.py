@@ -24,6 +24,7 @@ import typer
 
 from tbon import exitcodes
 from tbon.cli.common import URI_HELP, duration, interactive, print_json, python_module
+from tbon.cli.retire import ask_again
 from tbon.errors import RankError, TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
@@ -122,12 +123,19 @@ def register(app: typer.Typer) -> None:
         remote_hosts = _remote_hosts(hosts)
         given = duration(timeout, "--timeout")
         limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
-        with open_client(uri) as client:
+
+        def plan(client: Any) -> tuple[dict[str, Any], dict[str, Any], list[int | None], list[str]]:
             status = fetch_status(client)
             # the root's broker, a boot server: rank 0's, or the member's that took over (§13.4)
             root = status.get("root")
             info = client.rpc("broker.info", nodeid=root if is_int(root) else 0)
             wanted = _wanted(status, count, fill, ranks)
+            boot = _boot_servers(client, status, info, remote=bool(remote_hosts)) if wanted else []
+            return status, info, wanted, boot
+
+        with _Planned(open_client(uri), uri, limit) as planned:
+            status, info, wanted, boot = planned.ask(plan)
+            client = planned.client
             above = vacant_ancestors(status, [r for r in wanted if r is not None])
             if above:
                 print(
@@ -141,7 +149,6 @@ def register(app: typer.Typer) -> None:
             if not wanted:
                 _report([], as_json, "no available ranks: nothing to fill")
                 return
-            boot = _boot_servers(client, status, info, remote=bool(remote_hosts))
             if remote_hosts:
                 joiners = _launch_remote(boot, status, wanted, remote_hosts, setattr_)
             else:
@@ -408,6 +415,55 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None, uri: str | 
 
 RECONNECT_PAUSE = 0.2
 """Seconds between attempts to watch again through a URI list, while no root answers yet."""
+
+
+class _Planned:
+    """The client through which expand plans (the root's status, its broker.info, the boot
+    servers), asked again through a URI list when the broker asked dies or no root can answer
+    yet (a takeover under way, docs/protocol.md §13.4): nothing is started before the plan, so
+    asking again is harmless. Without a list, or past the limit, the error is the command's."""
+
+    def __init__(self, client: Any, uri: str | None, limit: float | None) -> None:
+        from tbon.overlay.connectors.uri import parse_uri_list
+
+        self.client = client
+        text = uri or os.environ.get("TBON_URI") or ""
+        self.listed = text if len(parse_uri_list(text)) > 1 else None
+        self.deadline = math.inf if limit is None else time.monotonic() + limit
+        self.said = False  # the first error asked again is told, once
+
+    def ask(self, plan: Any) -> Any:
+        from tbon.overlay.connectors.client import RequestError, connect
+
+        while True:
+            try:
+                if self.client is None:
+                    self.client = connect(self.listed)
+                return plan(self.client)
+            except TbonError as error:
+                if isinstance(error, UsageError | RankError):
+                    raise  # the command's own word: asked again, it would say the same
+                passing = not isinstance(error, RequestError) or ask_again(error.errnum)
+                if self.listed is None or not passing or time.monotonic() >= self.deadline:
+                    raise
+                if not self.said:
+                    self.said = True
+                    print(
+                        f"tbon expand: {error}: asking again through the URI list", file=sys.stderr
+                    )
+            self.close()
+            time.sleep(RECONNECT_PAUSE)  # a paced retry while the takeover runs, not a wait
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.client = None
+
+    def __enter__(self) -> _Planned:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class _Watch:

@@ -380,3 +380,25 @@ def test_a_member_past_keep_gets_a_snapshot_then_the_log() -> None:
     assert isinstance(probe, AppendEntries) and probe.prev == root.log.base  # not the table
     answer = sends(lost.handle(probe, now + 0.3))[0]
     assert isinstance(carry(root, table, root.handle(answer, now + 0.3))[2], InstallSnapshot)
+
+
+def test_a_root_that_stepped_down_elects_no_other_and_is_elected_again() -> None:
+    """With one member gone, the root and the other standby are the only majority: the root,
+    stalled past its lease, steps down and helps elect no other (its broker would leave as
+    superseded, and the majority with it); it campaigns itself and the other votes for it."""
+    root: Member[str] = Member(0, GROUP, now=0.0)
+    assert of(root.handle(Tick(), 0.9), SteppedDown)  # no answer since 0.0: the lease lapsed
+    for at in (1.5, 3.0, 10.0):  # past its quiet of `election`, and long after
+        for pre in (True, False):
+            assert root.handle(VoteRequest(1, 2, 0, 0, at, pre), at) == []
+    assert root.term == 1
+    out = root.handle(Tick(), 10.0)  # its own timeout: it canvasses, then campaigns
+    assert sends(out)[1] == VoteRequest(0, 2, 0, 0, 10.0, True)
+    one: Member[str] = Member(1, GROUP, now=0.0)
+    answer = sends(one.handle(sends(out)[1], 10.0))[0]
+    assert answer.granted
+    out = root.handle(answer, 10.0)
+    assert root.term == 2 and sends(out)[1] == VoteRequest(0, 2, 0, 0, 10.0)
+    out = root.handle(sends(one.handle(sends(out)[1], 10.0))[0], 10.0)
+    assert root.is_root and root.term == 2 and of(out, BecameRoot)
+    assert sends(one.handle(VoteRequest(2, 3, 2, 2, 12.0), 12.0))[2].granted  # it follows again

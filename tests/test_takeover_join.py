@@ -9,11 +9,13 @@ stopped (SIGSTOP), rank 1 has no majority to be elected by, so it answers every 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
-from conftest import process_gone, wait_for
+from conftest import TBON, child_env, process_gone, wait_for
 from test_takeover import FAILED, status_through
 from test_takeover_siblings import KARY4, uris_of
 
@@ -59,3 +61,47 @@ def test_a_join_started_during_a_takeover_waits_it_out_and_comes_online(
     assert seen["ranks"][5]["pid"] == joiner.pid, seen["ranks"][5]
     assert process_gone(before[0])
     assert all(seen["ranks"][r]["pid"] == before[r] for r in range(1, 5)), seen
+
+
+def test_expand_started_during_a_takeover_waits_it_out(instance, tmp_path: Path) -> None:
+    """`tbon expand` through a URI list while no root can answer yet (rank 0 killed, the other
+    standby stopped: rank 1 cannot be elected): it asks again through the list, rather than
+    end with no report, and its joiner comes online once a standby took over."""
+    inst = instance(5, "size=6", *KARY4)
+    uris = uris_of(inst)
+    before = {r["rank"]: r["pid"] for r in inst.status()["ranks"]}
+    err = tmp_path / "expand.err"
+    os.kill(before[2], signal.SIGSTOP)
+    os.kill(before[0], signal.SIGKILL)
+    with open(err, "w") as sink:
+        expand = subprocess.Popen(
+            [TBON, "expand", "-r", "5", "--json", "--timeout", "90s", uris],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+            env=child_env(),
+        )
+    try:
+        try:
+            wait_for(
+                lambda: (
+                    "asking again through the URI list" in err.read_text()
+                    or expand.poll() is not None
+                ),
+                "expand to be told no root answers yet, and to ask again",
+                60,
+            )
+            assert expand.poll() is None, err.read_text()
+        finally:
+            os.kill(before[2], signal.SIGCONT)
+        out, _ = expand.communicate(timeout=120)
+    finally:
+        if expand.poll() is None:
+            expand.kill()
+            expand.communicate()
+    said = f"{expand.returncode} {out!r} {err.read_text()}"
+    assert expand.returncode == 0, said
+    report = json.loads(out)
+    assert [entry["rank"] for entry in report["joined"]] == [5], said
+    inst.broker_pids.add(report["joined"][0]["pid"])

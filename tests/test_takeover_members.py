@@ -175,9 +175,17 @@ def test_a_dead_standby_does_not_stop_grants_and_its_refill_stands_by_again(
     # and it is a standby in earnest: with the root killed now, a takeover still happens
     uris = all_uris(inst)
     os.kill(inst.pid(0), signal.SIGKILL)
-    taken = wait_through(
-        inst, uris, lambda s: s["root"] in (1, 2) and state(s, 0) == "lost", "a takeover"
-    )
+
+    def attached(s: dict) -> bool:  # an adrift rank (no link yet) is not reached by exec
+        return (
+            s["root"] in (1, 2)
+            and state(s, 0) == "lost"
+            and all(
+                s["ranks"][r].get("attached_to") is not None for r in range(1, 5) if r != s["root"]
+            )
+        )
+
+    taken = wait_through(inst, uris, attached, "a takeover, ranks 1-4 attached under it")
     assert taken["ranks"][2]["pid"] == new_pid and state(taken, 2) == "online", taken
     ran = tbon("exec", "-r", "1-4", "true", env={**child_env(), "TBON_URI": uris})
     assert ran.returncode == 0, ran.stderr

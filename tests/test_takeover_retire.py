@@ -28,13 +28,17 @@ def test_a_retirement_in_flight_when_the_root_dies_ends_under_the_new_root(
     uris = uris_of(inst)
     rank3 = uris.split(",")[1].replace("/1/local", "/3/local")
     before = {r["rank"]: r["pid"] for r in inst.status()["ranks"]}
-    job = subprocess.Popen(
-        [TBON, "exec", "-r", str(RETIRED), "sleep", "10"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**child_env(), "TBON_URI": rank3},
-    )
+    out = tmp_path / "job.out"
+    with open(out, "w") as sink:  # the job runs before the retirement asks (a loaded machine)
+        job = subprocess.Popen(
+            [TBON, "exec", "-r", str(RETIRED), "sh", "-c", "echo started; exec sleep 20"],
+            stdout=sink,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**child_env(), "TBON_URI": rank3},
+        )
+    wait_for(lambda: "started" in out.read_text() or job.poll() is not None, "the job to start")
+    assert job.poll() is None, job.communicate()
     said = tmp_path / "retire.err"
     with open(said, "w") as err:
         retire = subprocess.Popen(

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import gc
 import importlib
+import math
 import os
 import resource
 import selectors
@@ -41,6 +42,7 @@ from tbon.overlay.broker.broker import run_broker
 from tbon.overlay.config.attributes import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
+from tbon.overlay.launch.rundirs import listening_joiners
 from tbon.overlay.parse.duration import parse_duration
 from tbon.overlay.parse.idset import format_idset
 from tbon.proctitle import name_broker
@@ -90,6 +92,10 @@ def die_with_parent(parent_pid: int) -> None:
 KILL_GRACE = 2.0
 """Seconds between the SIGTERM a broker gets for outliving the instance and the SIGKILL."""
 
+JOINER_POLL_S = 0.5
+"""Seconds between looks at the joiners' sockets once every broker this launcher started has
+gone but the instance lives on in joiners (a takeover by a refilled standby)."""
+
 
 @dataclass
 class BrokerProcess:
@@ -115,6 +121,8 @@ class Launch:
     kill_at: float | None = None
     started: bool = False  # every broker has finalized PMI: it was welcomed into the tree
     failed: bool = False  # a broker failed before that: the instance never came up
+    joiners_until: float = math.inf  # once terminated: how long joiners are waited for
+    alone: bool = False  # said: the instance lives on in joiners only
 
     def start(self) -> SocketPmiServer:
         server = SocketPmiServer(self.size, fd_floor=_fd_floor(self.size))
@@ -250,16 +258,22 @@ class Launch:
         root = running[0] if running and (running[0].rank == 0 or self.failover) else None
         if root is not None and (root.rank == 0 or not self._shutdown_through(root.rank)):
             os.kill(root.pid, signal.SIGTERM)
+        if not running and self.failover:  # only joiners hold the instance: through theirs
+            any(self._shutdown_at(path) for path in listening_joiners(self.rundir))
         # Rank 0 may take its shutdown timeout to bring the tree down, leaves first.
         self.end(now, grace=self.config.shutdown_timeout)
+        self.joiners_until = now + self.exit_timeout + self.config.shutdown_timeout
 
     def _shutdown_through(self, rank: int) -> bool:
         """`instance.shutdown` sent to the root through rank `rank`'s local socket; whether the
         root agreed within SHUTDOWN_ASK_S."""
+        return self._shutdown_at(os.path.join(self.rundir, str(rank), "local"))
+
+    def _shutdown_at(self, path: str) -> bool:
         from tbon.errors import TbonError
         from tbon.overlay.connectors.client import Client
 
-        uri = f"local://{os.path.join(self.rundir, str(rank), 'local')}"
+        uri = f"local://{path}"
         try:
             with Client(uri) as client:
                 client.rpc("instance.shutdown", {}, 0, timeout=SHUTDOWN_ASK_S, quiet=True)
@@ -269,6 +283,20 @@ class Launch:
 
     def running(self) -> bool:
         return any(broker.running for broker in self.brokers.values())
+
+    def joiners_hold(self, now: float) -> bool:
+        """Whether the instance lives on in joiners alone (docs/protocol.md §13.4): every broker
+        this launcher started has gone, standbys took over, and a joiner under its run directory
+        (a refilled rank, the root perhaps) still listens. Its run directory, which holds their
+        sockets, is kept until they have gone, or until the shutdown asked of them is overdue."""
+        if not (self.failover and self.started and not self.failed and now < self.joiners_until):
+            return False
+        if not listening_joiners(self.rundir):
+            return False
+        if not self.alone:
+            self.alone = True
+            say("every broker it started has exited; the instance lives on in brokers that joined")
+        return True
 
     def root_status(self) -> int:
         root = next(b for b in self.brokers.values() if b.rank == 0)
@@ -338,9 +366,11 @@ def serve(launch: Launch) -> int:
     server.register(selector)
     selector.register(reader, selectors.EVENT_READ, None)
     try:
-        while launch.running():
+        while launch.running() or launch.joiners_hold(time.monotonic()):
             now = time.monotonic()
             deadline = launch.next_deadline()
+            if not launch.running():  # joiners alone: look at their sockets again soon
+                deadline = min(deadline or math.inf, now + JOINER_POLL_S)
             timeout = None if deadline is None else max(0.0, deadline - now)
             for key, _ in selector.select(timeout):
                 if key.data is server:

@@ -7,6 +7,8 @@ directory is put inside rank 0's, when rank 0 runs on this host: `RANK0_RUNDIR/j
 There it goes with the instance at the latest (rank 0, or `tbon start`, removes its own), and the
 next command that starts joiners sweeps out those whose broker is gone: a socket that refuses
 connections has nobody behind it. A broker still starting has no socket yet and is left alone.
+With standbys, `tbon start` keeps the directory while a joiner there listens (`listening_joiners`):
+after a takeover the instance may live on in joiners alone.
 """
 
 from __future__ import annotations
@@ -73,3 +75,27 @@ def sweep(directory: str | None) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def listening_joiners(rundir: str) -> list[str]:
+    """The sockets under `rundir` (an instance's) of joiners whose broker listens: those of
+    `JOINERS` directories at any depth (a joiner started while a refilled root served expand
+    has its run directory under that root's). After a takeover the instance may live on in
+    joiners alone, once every broker `tbon start` launched has gone."""
+    found = []
+    for path, _dirs, files in os.walk(rundir):
+        if SOCKET_NAME in files and JOINERS in path.split(os.sep) and listens(path):
+            found.append(os.path.join(path, SOCKET_NAME))
+    return sorted(found)
+
+
+def listens(rundir: str) -> bool:
+    """True if a broker accepts connections on the socket of `rundir`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(os.path.join(rundir, SOCKET_NAME))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True

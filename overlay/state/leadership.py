@@ -31,12 +31,17 @@ Rules.
   gave a vote less than `election` seconds ago, ignores a vote request altogether: it neither
   answers nor takes the term. So a member that a root counted in its lease cannot help elect
   another root before that lease has run out (the lease rule, below), and a member cut off for
-  a moment cannot depose a root that the others still hear.
+  a moment cannot depose a root that the others still hear. A root that stepped down for want
+  of a majority (No quorum, below) stays quiet in its term: it helps elect no other root, and
+  campaigns again itself once its own timeout runs, or follows a root that others elected
+  without it. A live former root is superseded by the broker (it leaves, docs/protocol.md
+  §13.5); had it voted for its successor, the vote it gave would be the majority its own
+  leaving then breaks (K=2 with one member gone: the successor alone, no grant ever again).
 - Patience. A follower told that its way to the root is gone (`RootUnreachable`: its broker
   lost the link to its parent, a root killed, say) suspects the root at once; one that only
   hears nothing waits `patience` first (the tree's own word, bounded: a root as slow as a
   loaded machine makes it is not deposed), and so does a root without a lease before it steps
-  down. Neither wait bears on safety: the lease and the quiet below do. An append of its root
+  down. Neither wait bears on safety: the lease and the quiet do. An append of its root
   clears the suspicion.
 - Election. A voter that suspects its root and has heard none for `election` plus `stagger`
   times its place in `members` (the lowest rank first), or that has heard none for
@@ -372,6 +377,7 @@ class Member(Generic[P]):
         self.voted_for: int | None = None if fresh else members[0]
         self.heard_at = now  # the last append of its root, or vote given
         self.suspect = False  # told its way to the root is gone since it last heard it
+        self.led = 0  # the term it last led, once it stepped down in it for want of a majority
         self.incarnations: dict[int, int] = {}  # peer -> newest incarnation heard from
         self.role: Role = Following(None if fresh else members[0])
         if not fresh and rank == members[0]:
@@ -475,6 +481,7 @@ class Member(Generic[P]):
             isinstance(self.role, Leading)
             or not self.voter
             or now < self.heard_at + self.timing.election
+            or self.led == self.term
         )
 
     def _possible(self, stimulus: Stimulus) -> bool:
@@ -780,6 +787,7 @@ def lead_tick(m: Member[Any], s: Tick, now: float) -> list[Instruction]:
     if now >= max(m.lease_until(), role.since) + max(m.timing.election, m.timing.patience):
         m.role = Following(None)
         m.heard_at = now
+        m.led = m.term  # quiet in its term: it campaigns again itself (the quiet rule)
         out: list[Instruction] = [SteppedDown(m.term, None, "no majority of the group answers")]
         return out + [Abandon(index) for index in sorted(role.pending)]
     if now < role.beat_at + m.timing.heartbeat:
