@@ -17,7 +17,12 @@ from tbon.errors import UsageError
 from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.broker.program import SHELL, Launch, launch, program_environment
 from tbon.overlay.services.actions import Respond, StartJob
-from tbon.overlay.services.exec import ExecService, environment_problem, start_problem
+from tbon.overlay.services.exec import (
+    ExecService,
+    environment_problem,
+    os_text,
+    start_problem,
+)
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
@@ -116,6 +121,24 @@ def test_an_env_of_names_to_values_or_null_is_taken() -> None:
 def test_an_env_execve_could_not_take_is_refused(env: Any, said: str) -> None:
     why = environment_problem(env)
     assert why is not None and why.startswith("exec.start: env") and said in why, why
+
+
+_TEXT = st.text(st.sampled_from(["A", "b", "=", "\0", "é", "\udcff", "\ud800", " "]), max_size=4)
+
+
+@given(st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(), st.none()), max_size=4))
+def test_the_env_check_of_all_at_once_says_what_one_by_one_would(env: dict[str, Any]) -> None:
+    """environment_problem checks the whole env in one pass, and names the culprit one by one
+    only when that pass fails: the answer is the first bad variable's, as a check of each."""
+    expected = None
+    for name, value in env.items():
+        if not name or "=" in name or not os_text(name):
+            expected = f"exec.start: env: {name[:64]!r} is not a variable name"
+            break
+        if not os_text(value):
+            expected = f"exec.start: env: the value of {name[:64]} must be a string without NUL"
+            break
+    assert environment_problem(env) == expected
 
 
 def test_an_env_is_bounded_as_execve_counts_it() -> None:
