@@ -239,7 +239,8 @@ def test_a_bare_name_is_looked_up_in_the_jobs_path(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     tools.mkdir()
     executable(tools / "mytool", b"#!/bin/sh\necho hi\n")
-    assert launch(["mytool", "a"], None, {"PATH": str(tools)}) == Launch(["mytool", "a"])
+    found = launch(["mytool", "a"], None, {"PATH": str(tools)})
+    assert found == Launch(["mytool", "a"], path=str(tools / "mytool"))
     missing = launch(["mytool"], None, {"PATH": "/usr/bin:/bin"})
     assert missing == Launch(["mytool"], "mytool: command not found", 127)
     assert launch(["sh"], None, {}).why == ""  # no PATH: the default path, as execvp's
