@@ -36,7 +36,7 @@ SPLIT = [
     ("tbon.overlay.broker.jobs", "JobRunner.start"),
     ("tbon.overlay.broker.jobs", "launch"),
     ("tbon.overlay.broker.jobs", "program_environment"),
-    ("subprocess", "Popen.__init__"),
+    ("tbon.overlay.broker.jobs", "spawn"),
     ("tbon.overlay.broker.jobs", "JobRunner.reap"),
     ("tbon.overlay.broker.jobs", "JobRunner._readable"),
     ("tbon.overlay.broker.jobs", "JobRunner.acknowledge"),
