@@ -17,7 +17,12 @@ from tbon.errors import UsageError
 from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.broker.program import SHELL, Launch, launch, program_environment
 from tbon.overlay.services.actions import Respond, StartJob
-from tbon.overlay.services.exec import ExecService, environment_problem, start_problem
+from tbon.overlay.services.exec import (
+    ExecService,
+    environment_problem,
+    os_text,
+    start_problem,
+)
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
@@ -118,6 +123,24 @@ def test_an_env_execve_could_not_take_is_refused(env: Any, said: str) -> None:
     assert why is not None and why.startswith("exec.start: env") and said in why, why
 
 
+_TEXT = st.text(st.sampled_from(["A", "b", "=", "\0", "é", "\udcff", "\ud800", " "]), max_size=4)
+
+
+@given(st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(), st.none()), max_size=4))
+def test_the_env_check_of_all_at_once_says_what_one_by_one_would(env: dict[str, Any]) -> None:
+    """environment_problem checks the whole env in one pass, and names the culprit one by one
+    only when that pass fails: the answer is the first bad variable's, as a check of each."""
+    expected = None
+    for name, value in env.items():
+        if not name or "=" in name or not os_text(name):
+            expected = f"exec.start: env: {name[:64]!r} is not a variable name"
+            break
+        if not os_text(value):
+            expected = f"exec.start: env: the value of {name[:64]} must be a string without NUL"
+            break
+    assert environment_problem(env) == expected
+
+
 def test_an_env_is_bounded_as_execve_counts_it() -> None:
     assert environment_size({"AB": "xyz", "é": ""}) == (2 + 3 + 2) + (2 + 0 + 2)
     value = "x" * (ENV_LIMIT - len("BIG") - 2)
@@ -216,7 +239,8 @@ def test_a_bare_name_is_looked_up_in_the_jobs_path(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     tools.mkdir()
     executable(tools / "mytool", b"#!/bin/sh\necho hi\n")
-    assert launch(["mytool", "a"], None, {"PATH": str(tools)}) == Launch(["mytool", "a"])
+    found = launch(["mytool", "a"], None, {"PATH": str(tools)})
+    assert found == Launch(["mytool", "a"], path=str(tools / "mytool"))
     missing = launch(["mytool"], None, {"PATH": "/usr/bin:/bin"})
     assert missing == Launch(["mytool"], "mytool: command not found", 127)
     assert launch(["sh"], None, {}).why == ""  # no PATH: the default path, as execvp's

@@ -37,18 +37,16 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tbon.overlay.broker.guard import OrphanGuard
 from tbon.overlay.broker.program import launch, program_environment
+from tbon.overlay.broker.spawn import Spawned, seal, spawn
 from tbon.overlay.links.descriptors import OUT_OF_DESCRIPTORS, Reserve
 from tbon.overlay.state.joblife import Finish, Instruction, JobLife, ReadFreely, SignalGroup
 from tbon.overlay.wire.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Buffer, Kind, Message
 from tbon.overlay.wire.resend import Outbox
-
-if TYPE_CHECKING:  # imported where a job starts (0.3 MB), not by every broker
-    import subprocess
 
 log = logging.getLogger("tbon.exec")
 
@@ -80,7 +78,7 @@ class Tail:
 class Job:
     id: str
     request: Message  # exec.start as it reached this broker: answers go back along its route
-    process: subprocess.Popen[bytes]
+    process: Spawned
     window: Window  # output credit: the client's window, both streams together
     streams: dict[int, str] = field(default_factory=dict)  # open output fd -> stdout/stderr
     partial: dict[str, bytes] = field(default_factory=dict)
@@ -125,6 +123,7 @@ class JobRunner:
         self.tails: dict[str, Tail] = {}  # finished jobs' answers not yet acknowledged
         self.guard = OrphanGuard()
         self.reserve = reserve
+        self._sealed = False
 
     def start(self, request: Message) -> Message | None:
         """Start the command of an exec.start request (checked by the exec service); an error
@@ -141,28 +140,22 @@ class JobRunner:
         if plan.why:
             self._cannot_start(request, plan.why, plan.status)
             return None
-        import subprocess
+        if not self._sealed:
+            seal()  # once: no job inherits what this broker was started with
+            self._sealed = True
 
-        def spawn() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                plan.argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL if payload.get("eof") else subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+        def start() -> Spawned:
+            return spawn(plan.executable, plan.argv, cwd, env, bool(payload.get("eof")))
 
         try:
             try:
-                process = spawn()
+                process = start()
             except OSError as error:
                 if error.errno not in OUT_OF_DESCRIPTORS or self.reserve is None:
                     raise
                 with self.reserve.lending():  # descriptors.py: what a flood cannot take
                     self.reserve.release(JOB_DESCRIPTORS)
-                    process = spawn()
+                    process = start()
         except OSError as error:  # an exec that failed after the checks passed
             code = 127 if isinstance(error, FileNotFoundError) else 126
             what = cwd if cwd is not None and error.filename == cwd else argv[0]
@@ -174,7 +167,6 @@ class JobRunner:
         job = Job(job_id, _anchor(request), process, Window.full(window), outbox=outbox)
         self.jobs[job_id] = job
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
-            assert pipe is not None
             fd = pipe.fileno()
             os.set_blocking(fd, False)
             with contextlib.suppress(OSError):  # a bigger pipe: fewer, larger messages
@@ -275,6 +267,9 @@ class JobRunner:
             self._emit(job, name, job.partial[name], final=True)
             self.unwatch(fd)
             del job.streams[fd]
+            for pipe in (job.process.stdout, job.process.stderr):
+                if not pipe.closed and pipe.fileno() == fd:
+                    pipe.close()
             self._perform(job, job.life.stream_closed())
             return
         self._emit(job, name, job.partial[name] + data, final=False)
@@ -446,11 +441,9 @@ class JobRunner:
 
     def wait_all(self) -> None:
         """Reap every job's process (after kill_all), so that none is left a zombie."""
-        import subprocess
-
         for job in self.jobs.values():
             self.guard.forget(job.process.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(TimeoutError):
                 job.process.wait(timeout=2)
 
     def close(self) -> None:
@@ -467,7 +460,7 @@ def _ended(pid: int) -> bool:
     """Whether the child `pid` has ended, without reaping it (its PID stays taken)."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # reaped already: Popen will say how it ended
+    except ChildProcessError:  # reaped already: Spawned.wait says what is known
         return True
 
 

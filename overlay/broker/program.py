@@ -50,14 +50,21 @@ def program_environment(
 
 class Launch(Record):
     """How to start a command (`argv`), or why it cannot start (`why`, as a shell would say it,
-    and the `status` a shell would give: 127 not found, 126 found but not runnable)."""
+    and the `status` a shell would give: 127 not found, 126 found but not runnable). `path`: the
+    file to execute, as found in the job's PATH from its directory, if not argv[0] itself."""
 
-    __slots__ = __match_args__ = ("argv", "why", "status")
+    __slots__ = __match_args__ = ("argv", "why", "status", "path")
 
-    def __init__(self, argv: list[str], why: str = "", status: int = 0) -> None:
+    def __init__(self, argv: list[str], why: str = "", status: int = 0, path: str = "") -> None:
         self.argv = argv
         self.why = why
         self.status = status
+        self.path = path
+
+    @property
+    def executable(self) -> str:
+        """What to execute: `path`, else argv[0]."""
+        return self.path or self.argv[0]
 
 
 def launch(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> Launch:
@@ -79,6 +86,15 @@ def launch(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> Launch:
         if found is None:
             return Launch(argv, f"{name}: command not found", 127)
         exe = found
+    plan = _runnable(argv, exe, cwd)
+    if plan.why or plan.argv[0] != name or exe == name:
+        return plan
+    return Launch(plan.argv, path=exe)  # found in PATH: that file, argv[0] as the user said
+
+
+def _runnable(argv: list[str], exe: str, cwd: str | None) -> Launch:
+    """launch's checks of the file `exe` that argv[0] names, once found."""
+    name = argv[0]
     path = os.path.join(cwd or "", exe)  # exe is as the job sees it, from its directory
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         return Launch(argv, f"{name}: Permission denied", 126)

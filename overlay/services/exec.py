@@ -71,14 +71,36 @@ def environment_problem(env: object) -> str | None:
         return None
     if not isinstance(env, dict):
         return "exec.start: env must be an object of names to values, or null"
-    for name, value in env.items():
-        if not name or "=" in name or not os_text(name):
-            return f"exec.start: env: {name[:64]!r} is not a variable name"
-        if not os_text(value):
-            return f"exec.start: env: the value of {name[:64]} must be a string without NUL"
-    if (size := environment_size(env)) > ENV_LIMIT:
+    size = _fitting_size(env)
+    if size is None:  # something is wrong: which variable, one by one
+        for name, value in env.items():
+            if not name or "=" in name or not os_text(name):
+                return f"exec.start: env: {name[:64]!r} is not a variable name"
+            if not os_text(value):
+                return f"exec.start: env: the value of {name[:64]} must be a string without NUL"
+        size = environment_size(env)
+    if size > ENV_LIMIT:
         return f"exec.start: env takes {size} bytes, over the limit of {ENV_LIMIT} (1 MiB)"
     return None
+
+
+def _fitting_size(env: dict[Any, Any]) -> int | None:
+    """environment_size of an env whose names and values are all good, in one pass over all of
+    them at once (every rank checks the client's whole environment: one encoding rather than
+    one per name and value); None if any is not. Encoding with surrogateescape is done
+    character by character, so the whole encodes, and to as many bytes, iff every part does."""
+    names, values = list(env), list(env.values())
+    if not all(isinstance(text, str) for text in values) or not all(
+        isinstance(name, str) and name and "=" not in name for name in names
+    ):
+        return None
+    text = "".join(names) + "".join(values)
+    if "\0" in text:
+        return None
+    try:
+        return len(os.fsencode(text)) + 2 * len(names)
+    except UnicodeEncodeError:
+        return None
 
 
 def target_ranks(payload: dict[str, Any]) -> list[int] | None:

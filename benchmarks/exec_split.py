@@ -1,0 +1,99 @@
+"""Where the CPU of one `tbon exec -r all true` goes, by kind of process, without a profiler.
+
+    flock /work/wt/heavy.lock .venv/bin/python benchmarks/exec_split.py --size 1024 [--runs 3]
+
+Starts `tbon start --test-size=N` (kary:32) in wait mode, maps each broker's PID to its rank
+(`tbon status --json`), runs the CLI once to warm up, then R times, each time reading every
+broker's utime+stime and cutime+cstime (the jobs it reaped) from /proc before and after. Prints
+the medians: rank 0's own CPU, the interior brokers', the leaves', the jobs' (their children's),
+the launcher's, and the CLI's (RUSAGE_CHILDREN). Idle brokers' burn over the run is in it too:
+`--idle S` measures that alone, over S seconds without a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from common import TBON, median, ms, progress, tbon_start, time_command
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _times(pid: int) -> tuple[float, float, float]:
+    """(own utime, own stime, reaped children's cutime+cstime) of `pid`, in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return 0.0, 0.0, 0.0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    reaped = int(fields[13]) + int(fields[14])
+    return int(fields[11]) / TICK, int(fields[12]) / TICK, reaped / TICK
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--idle", type=float, default=0.0, help="instead of a run, wait this many seconds"
+    )
+    args = parser.parse_args()
+    with tbon_start(args.size, ["tbon.topo=kary:32"], force=args.size > 1024) as launched:
+        argv = [str(TBON), "exec", "-r", "all", launched.uri, "true"]
+        status = [str(TBON), "status", "--json", launched.uri]
+        progress(f"split: {args.size} brokers up, warming up")
+        time_command(argv)
+        table = json.loads(subprocess.run(status, capture_output=True, check=True).stdout)
+        role = {}
+        for entry in table["ranks"]:
+            if entry["rank"] == 0:
+                role[entry["pid"]] = "rank 0"
+            else:
+                role[entry["pid"]] = "interior" if entry["children"] else "leaf"
+        parts: dict[str, list[float]] = {}
+        walls = []
+        for run in range(args.runs):
+            before = {pid: _times(pid) for pid in [*role, launched.process.pid]}
+            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if args.idle:
+                time.sleep(args.idle)  # what idle brokers burn over as long a window
+                walls.append(args.idle)
+            else:
+                walls.append(time_command(argv))
+            after_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+            sums: dict[str, float] = {}
+            for pid, (user, system, reaped) in before.items():
+                user2, system2, reaped2 = _times(pid)
+                kind = role.get(pid, "launcher")
+                sums[kind] = sums.get(kind, 0.0) + user2 + system2 - user - system
+                sums[kind + " sys"] = sums.get(kind + " sys", 0.0) + system2 - system
+                if kind != "launcher":
+                    sums["jobs"] = sums.get("jobs", 0.0) + reaped2 - reaped
+            sums["cli"] = (after_usage.ru_utime + after_usage.ru_stime) - (
+                usage.ru_utime + usage.ru_stime
+            )
+            for kind, value in sums.items():
+                parts.setdefault(kind, []).append(value)
+            progress(f"split: run {run + 1}: {ms(walls[-1])} ms wall")
+    counts = {k: list(role.values()).count(k) for k in ("rank 0", "interior", "leaf")}
+    print(f"size {args.size}: wall median {ms(median(walls))} ms")
+    total = 0.0
+    for kind in ("rank 0", "interior", "leaf", "jobs", "launcher", "cli"):
+        value = median(parts.get(kind, [0.0]))
+        total += value
+        each = f" ({value / counts[kind] * 1000:.2f} ms each)" if counts.get(kind) else ""
+        system = f", {ms(median(parts[kind + ' sys']))} sys" if kind + " sys" in parts else ""
+        print(f"  {kind:9} {ms(value):>8} ms CPU{system}{each}")
+    print(f"  {'total':9} {ms(total):>8} ms CPU")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
