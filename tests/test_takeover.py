@@ -9,7 +9,7 @@ import os
 import signal
 from typing import Any
 
-from conftest import Instance, child_env, process_gone, tbon, wait_for
+from conftest import DEADLINE, Instance, child_env, process_gone, tbon, wait_for
 
 from tbon.overlay.connectors.client import Client
 
@@ -38,23 +38,37 @@ def all_uris(inst: Instance) -> str:
     return uris
 
 
-def wait_taken_over(inst: Instance, uris: str) -> dict[str, Any]:
-    """Wait until the URI list answers with rank 1 as the root and rank 0 lost."""
+def wait_through(
+    inst: Instance, uris: str, ok: Any, what: str, timeout: float = DEADLINE, lines: int = 60
+) -> dict[str, Any]:
+    """The first `tbon status --json` through the URI list that satisfies `ok`; on timeout, the
+    last status read and the instance's last `lines` lines of stderr."""
     seen: dict[str, Any] = {}
 
-    def taken_over() -> bool:
+    def check() -> bool:
         status = status_through(uris)
         if status is None:
             return False
+        seen.clear()
         seen.update(status)
-        return status["root"] == 1 and status["ranks"][0]["state"] == "lost"
+        return bool(ok(status))
 
     try:
-        wait_for(taken_over, "rank 1 to answer as the root, rank 0 lost")
+        wait_for(check, what, timeout)
     except AssertionError as error:
-        tail = "\n".join(inst.stderr().splitlines()[-40:])
+        tail = "\n".join(inst.stderr().splitlines()[-lines:])
         raise AssertionError(f"{error}; last status {seen} {FAILED}; stderr:\n{tail}") from None
     return seen
+
+
+def wait_taken_over(inst: Instance, uris: str) -> dict[str, Any]:
+    """Wait until the URI list answers with rank 1 as the root and rank 0 lost."""
+
+    def taken_over(status: dict[str, Any]) -> bool:
+        return status["root"] == 1 and status["ranks"][0]["state"] == "lost"
+
+    what = "rank 1 to answer as the root, rank 0 lost"
+    return wait_through(inst, uris, taken_over, what, lines=40)
 
 
 def test_a_standby_takes_over_when_the_root_is_killed(instance) -> None:

@@ -10,8 +10,8 @@ import signal
 import time
 
 from conftest import child_env, process_gone, tbon, wait_for
-from test_takeover import status_through
-from test_takeover_members import state, wait_through
+from test_takeover import status_through, wait_through
+from test_takeover_members import state
 
 STALL = 2.0
 """Seconds the root is stopped: past its lease and quiet (0.4 + 0.5 s) and a canvass, well short

@@ -12,7 +12,8 @@ import os
 import signal
 
 from conftest import process_gone, tbon, wait_for
-from test_takeover_members import state, wait_through
+from test_takeover import wait_through
+from test_takeover_members import state
 from test_takeover_siblings import uris_of
 
 ATTRIBUTES = ("tbon.standbys=2", "tbon.heartbeat=200ms", "tbon.torpid=0", "tbon.timeout=2s")

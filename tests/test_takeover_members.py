@@ -11,30 +11,10 @@ import signal
 from typing import Any
 
 from conftest import DEADLINE, Instance, child_env, process_gone, tbon, wait_for
-from test_takeover import FAILED, all_uris, status_through
+from test_takeover import all_uris, wait_through
 
 SIBLINGS = ("tbon.standbys=2", "tbon.topo=kary:4")
 SHORT = ("tbon.heartbeat=200ms", "tbon.torpid=0", "tbon.timeout=2s")
-
-
-def wait_through(inst: Instance, uris: str, ok: Any, what: str, timeout: float = DEADLINE) -> dict:
-    """The first `tbon status --json` through the URI list that satisfies `ok`."""
-    seen: dict = {}
-
-    def check() -> bool:
-        status = status_through(uris)
-        if status is None:
-            return False
-        seen.clear()
-        seen.update(status)
-        return bool(ok(status))
-
-    try:
-        wait_for(check, what, timeout)
-    except AssertionError as error:
-        tail = "\n".join(inst.stderr().splitlines()[-60:])
-        raise AssertionError(f"{error}; last status {seen} {FAILED}; stderr:\n{tail}") from None
-    return seen
 
 
 def state(status: dict, rank: int) -> str:

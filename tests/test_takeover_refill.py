@@ -12,7 +12,7 @@ import signal
 from typing import Any
 
 from conftest import Instance, child_env, tbon, wait_for
-from test_takeover import FAILED, status_through
+from test_takeover import wait_through
 from test_takeover_siblings import KARY4, uris_of, wait_moved
 
 SIZE = 9
@@ -22,14 +22,8 @@ KARY4_FOUR = ("tbon.standbys=4", *KARY4[1:])
 def wait_refilled(inst: Instance, uris: str, root: int) -> dict[str, Any]:
     """Wait until rank 0 is online again as a new incarnation under `root`, still the root,
     and the root reports it a voter."""
-    seen: dict[str, Any] = {}
 
-    def refilled() -> bool:
-        status = status_through(uris)
-        if status is None:
-            return False
-        seen.clear()
-        seen.update(status)
+    def refilled(status: dict[str, Any]) -> bool:
         zero = status["ranks"][0]
         voters = {s["rank"]: s.get("voter") for s in status.get("group", {}).get("standbys", [])}
         return (
@@ -40,12 +34,7 @@ def wait_refilled(inst: Instance, uris: str, root: int) -> dict[str, Any]:
             and voters.get(0) is True
         )
 
-    try:
-        wait_for(refilled, f"rank 0 refilled under rank {root}, a voter")
-    except AssertionError as error:
-        tail = "\n".join(inst.stderr().splitlines()[-60:])
-        raise AssertionError(f"{error}; last status {seen} {FAILED}; stderr:\n{tail}") from None
-    return seen
+    return wait_through(inst, uris, refilled, f"rank 0 refilled under rank {root}, a voter")
 
 
 def take_over_and_refill(
@@ -80,14 +69,8 @@ def wait_second_takeover(
     """Wait until a member of `members` answers as the root, every rank of `dead` lost, every
     rank of `adrift` detached (lost, or reattaching until its grace ends) and every rank of
     `alive` online with its pid."""
-    after: dict[str, Any] = {}
 
-    def taken_over_again() -> bool:
-        status = status_through(uris)
-        if status is None:
-            return False
-        after.clear()
-        after.update(status)
+    def taken_over_again(status: dict[str, Any]) -> bool:
         ranks = status["ranks"]
         return (
             status["root"] in members
@@ -98,12 +81,8 @@ def wait_second_takeover(
             )
         )
 
-    try:
-        wait_for(taken_over_again, f"a second takeover by one of {sorted(members)}")
-    except AssertionError as error:
-        tail = "\n".join(inst.stderr().splitlines()[-80:])
-        raise AssertionError(f"{error}; last status {after} {FAILED}; stderr:\n{tail}") from None
-    return after
+    what = f"a second takeover by one of {sorted(members)}"
+    return wait_through(inst, uris, taken_over_again, what, lines=80)
 
 
 def exec_everywhere(uris: str, ranks: str = "all") -> None:

@@ -9,7 +9,7 @@ import os
 import signal
 
 from conftest import Instance, child_env, process_gone, tbon, wait_for
-from test_takeover import FAILED, status_through
+from test_takeover import FAILED, status_through, wait_through
 
 KARY4 = ("tbon.standbys=2", "tbon.topo=kary:4", "tbon.timeout=30s")
 
@@ -25,15 +25,9 @@ def wait_moved(
 ) -> dict:
     """Wait until the URI list answers with a member of `members` as the root, rank 0 lost
     and every other rank online with the pid it had."""
-    seen: dict = {}
     dead_roots_children = [r for r in before if 1 <= r <= 4]  # kary:4, or 5 ranks of kary:32
 
-    def moved() -> bool:
-        status = status_through(uris)
-        if status is None:
-            return False
-        seen.clear()
-        seen.update(status)
+    def moved(status: dict) -> bool:
         ranks = {r["rank"]: r for r in status["ranks"]}
         return (
             status["root"] in members
@@ -50,12 +44,8 @@ def wait_moved(
             )
         )
 
-    try:
-        wait_for(moved, f"a member of {members} the root, every other rank online as before")
-    except AssertionError as error:
-        tail = "\n".join(inst.stderr().splitlines()[-60:])
-        raise AssertionError(f"{error}; last status {seen} {FAILED}; stderr:\n{tail}") from None
-    return seen
+    what = f"a member of {members} the root, every other rank online as before"
+    return wait_through(inst, uris, moved, what)
 
 
 def kill_root_and_check(inst: Instance, size: int, standbys: int = 2) -> str:
