@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import platform
 import selectors
+import shutil
 import signal
 import statistics
 import subprocess
@@ -148,6 +150,36 @@ def tbon_start(
         stop(process)
         with contextlib.suppress(OSError):
             os.unlink(stderr_path)
+
+
+def wrap_each(parts: Sequence[tuple[str, str]], wrap: Callable[[str, Any], Any]) -> None:
+    """Replace each (module, dotted attribute) of `parts` by `wrap(attribute, original)`: how a
+    benchmark that runs the launcher in its own process times parts of the brokers it forks."""
+    for module_name, path in parts:
+        owner: Any = importlib.import_module(module_name)
+        *outer, last = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        setattr(owner, last, wrap(path, getattr(owner, last)))
+
+
+def start_here(
+    main: Callable[[list[str]], int],
+    size: int,
+    command: Sequence[str],
+    assignments: Sequence[str] = (),
+) -> int:
+    """`tbon start --size SIZE [-S ASSIGNMENT ...] COMMAND` run in this process by the
+    launcher's `main` (tbon.overlay.launch.local), in a fresh run directory removed after it, so
+    that what this process patched reaches every broker it forks; its exit code."""
+    rundir = tempfile.mkdtemp(prefix="tbon-start-")
+    argv = ["--size", str(size), "--rundir", rundir, "--force"]
+    for assignment in assignments:
+        argv += ["-S", assignment]
+    try:
+        return main([*argv, *command])
+    finally:
+        shutil.rmtree(rundir, ignore_errors=True)
 
 
 def time_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE, expect: int = 0) -> float:

@@ -18,13 +18,12 @@ import cProfile
 import io
 import os
 import pstats
-import shutil
 import sys
 import tempfile
 import time
 from typing import Any
 
-from common import TBON, progress
+from common import TBON, progress, start_here, wrap_each
 
 SPLIT = [
     ("tbon.overlay.wire.message", "decode_frames"),
@@ -52,7 +51,6 @@ SPLIT = [
 def _split(rank: int, out: str) -> None:
     """In the forked broker of `rank`: sum each SPLIT function's thread CPU from the second
     exec.start handled to the third, and write it with the process's CPU over that window."""
-    import importlib
 
     from tbon.overlay.services import exec as exec_service
 
@@ -74,12 +72,7 @@ def _split(rank: int, out: str) -> None:
 
         return timed
 
-    for module_name, path in SPLIT:
-        owner: Any = importlib.import_module(module_name)
-        *outer, last = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        setattr(owner, last, wrap(path, getattr(owner, last)))
+    wrap_each(SPLIT, wrap)
     handle = exec_service.ExecService.handle
 
     def counted(self: Any, request: Any, now: float) -> Any:
@@ -142,11 +135,9 @@ def main() -> int:
         return original_run(config, command)
 
     local.run_broker = run_broker
-    rundir = tempfile.mkdtemp(prefix="tbon-start-")
     runs = " && ".join([f"{TBON} exec -r all true"] * 3)
     progress(f"profile: {args.size} brokers, ranks {sorted(ranks)} under cProfile")
-    code = local.main(["--size", str(args.size), "--rundir", rundir, "--force", "sh", "-c", runs])
-    shutil.rmtree(rundir, ignore_errors=True)
+    code = start_here(local.main, args.size, ["sh", "-c", runs])
     if code != 0:
         print(f"the launcher exited {code}", file=sys.stderr)
     if args.split:

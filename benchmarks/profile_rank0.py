@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from common import progress
+from common import progress, start_here
 
 
 def main() -> int:
@@ -56,12 +56,8 @@ def main() -> int:
 
     local.run_broker = run_broker
     program.InitialProgram.start = start  # type: ignore[method-assign]
-    rundir = tempfile.mkdtemp(prefix="tbon-start-")
-    argv = ["--size", str(args.size), "--rundir", rundir, "--force"]
-    for assignment in args.setattr:
-        argv += ["-S", assignment]
     progress(f"profile: {args.size} brokers, rank 0 under cProfile")
-    code = local.main([*argv, "true"])
+    code = start_here(local.main, args.size, ["true"], args.setattr)
     if not os.path.exists(stats_path):
         print(f"rank 0 never started its program (launcher exit {code})", file=sys.stderr)
         return 1

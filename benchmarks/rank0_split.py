@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from common import progress
+from common import progress, start_here, wrap_each
 
 # (module, attribute path): the parts of rank 0's work at wire-up
 PARTS = [
@@ -48,7 +48,6 @@ def main() -> int:
     parser.add_argument("-S", "--setattr", action="append", default=[])
     args = parser.parse_args()
 
-    import importlib
 
     from tbon.overlay.broker import program
     from tbon.overlay.launch import local
@@ -71,12 +70,7 @@ def main() -> int:
 
         return timed
 
-    for module_name, path in PARTS:
-        owner: Any = importlib.import_module(module_name)
-        *outer, last = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        setattr(owner, last, wrap(path, getattr(owner, last)))
+    wrap_each(PARTS, wrap)
     original_start = program.InitialProgram.start
     import gc
 
@@ -115,12 +109,8 @@ def main() -> int:
         return original_run(config, command)
 
     local.run_broker = run_broker
-    rundir = tempfile.mkdtemp(prefix="tbon-start-")
-    argv = ["--size", str(args.size), "--rundir", rundir, "--force"]
-    for assignment in args.setattr:
-        argv += ["-S", assignment]
     progress(f"split: {args.size} brokers, rank 0's parts timed")
-    code = local.main([*argv, "true"])
+    code = start_here(local.main, args.size, ["true"], args.setattr)
     path = os.path.join(out, "split")
     if not os.path.exists(path):
         print(f"rank 0 never started its program (launcher exit {code})", file=sys.stderr)
