@@ -307,14 +307,21 @@ def taken_over(table: RankTable, entry: RankEntry, event: Stimulus) -> bool:
     a Lost of the root's rank naming another member of the root group, connected, as its
     `parent`. With no root group (`members` empty, tbon.standbys=0) there is none, and rank 0
     stays as before."""
-    parent = getattr(event, "parent", None)
+    successor = successor_named(table.root, table.members, event)
     return (
         entry.rank == table.root
-        and isinstance(event, Lost)
-        and parent in table.members
-        and parent != entry.rank
-        and table.entries.peek(parent).state in CONNECTED  # not a former root, dead
+        and successor is not None
+        and table.entries.peek(successor).state in CONNECTED  # not a former root, dead
     )
+
+
+def successor_named(root: int, members: tuple[int, ...], event: Stimulus) -> int | None:
+    """The member a Lost of `root` names as its `parent`, the one taking over; None for any
+    other event."""
+    parent = getattr(event, "parent", None)
+    if isinstance(event, Lost) and event.rank == root != parent and parent in members:
+        return int(parent)
+    return None
 
 
 def root_once_applied(table: RankTable, pending: Iterable[Event | Reserve]) -> int:
@@ -324,10 +331,9 @@ def root_once_applied(table: RankTable, pending: Iterable[Event | Reserve]) -> i
     term its log holds are committed and applied before anything it proposes (§13.4)."""
     root = table.root
     for event in pending:
-        parent = getattr(event, "parent", None)
-        taken = isinstance(event, Lost) and event.rank == root != parent
-        if taken and parent in table.members:
-            root = parent
+        successor = successor_named(root, table.members, event)
+        if successor is not None:
+            root = successor
     return root
 
 
