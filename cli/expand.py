@@ -424,11 +424,10 @@ class _Planned:
     asking again is harmless. Without a list, or past the limit, the error is the command's."""
 
     def __init__(self, client: Any, uri: str | None, limit: float | None) -> None:
-        from tbon.overlay.connectors.uri import parse_uri_list
+        from tbon.overlay.connectors.client import given_list
 
         self.client = client
-        text = uri or os.environ.get("TBON_URI") or ""
-        self.listed = text if len(parse_uri_list(text)) > 1 else None
+        self.listed = given_list(uri)
         self.deadline = math.inf if limit is None else time.monotonic() + limit
         self.said = False  # the first error asked again is told, once
 
@@ -471,12 +470,11 @@ class _Watch:
     ended stream, started again through a URI list (none: the error is the command's)."""
 
     def __init__(self, client: Any, uri: str | None) -> None:
-        from tbon.overlay.connectors.uri import parse_uri_list
+        from tbon.overlay.connectors.client import given_list
         from tbon.overlay.state.heldtable import HeldPages
 
         self.client, self.owned = client, False  # the first client is the caller's to close
-        text = uri or os.environ.get("TBON_URI") or ""
-        self.listed = text if len(parse_uri_list(text)) > 1 else None
+        self.listed = given_list(uri)
         self.pages = HeldPages()
         self.tag = client.send("status.watch", {"view": "held"}, nodeid=0)
 

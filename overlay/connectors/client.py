@@ -385,6 +385,13 @@ def connect(uri: str | None, progress: Progress | None = None) -> Client:
     return first_answering(uris, progress)
 
 
+def given_list(uri: str | None) -> str | None:
+    """The URI list a command was given (`uri`, or $TBON_URI) when it names more than one
+    broker, so that the command can connect again through it (connect); None otherwise."""
+    text = uri or os.environ.get("TBON_URI") or ""
+    return text if len(parse_uri_list(text)) > 1 else None
+
+
 def first_answering(uris: list[Uri], progress: Progress | None = None) -> Client:
     """A client of the first of `uris` whose broker answers a ping (broker.ping, answered by
     that broker itself) within LIST_WAIT seconds of the attempt, so that a list that names
