@@ -48,16 +48,22 @@ def joiner_rundir(directory: str | None, name: str) -> str | None:
     return path if len(os.path.join(path, SOCKET_NAME).encode()) <= MAX_SOCKET_PATH else None
 
 
-def gone(rundir: str) -> bool:
-    """True if the broker of `rundir` has gone: its socket is there and nobody listens."""
+def knock(rundir: str) -> int | None:
+    """Connect to the socket of `rundir` and hang up: None if a broker accepted, else why not
+    (the errno: ECONNREFUSED, its socket there and nobody listening; ENOENT, no socket yet)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(os.path.join(rundir, SOCKET_NAME))
     except OSError as error:
-        return error.errno == errno.ECONNREFUSED
+        return error.errno
     finally:
         probe.close()
-    return False
+    return None
+
+
+def gone(rundir: str) -> bool:
+    """True if the broker of `rundir` has gone: its socket is there and nobody listens."""
+    return knock(rundir) == errno.ECONNREFUSED
 
 
 def sweep(directory: str | None) -> list[str]:
@@ -91,11 +97,4 @@ def listening_joiners(rundir: str) -> list[str]:
 
 def listens(rundir: str) -> bool:
     """True if a broker accepts connections on the socket of `rundir`."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(os.path.join(rundir, SOCKET_NAME))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
+    return knock(rundir) is None
