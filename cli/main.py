@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         from tbon.overlay.connectors.relay import main as relay_main
 
         return relay_main(args[1:])
+    if args[:1] == ["expand"]:  # its brokers' forker imports while the CLI does (expand.py)
+        from tbon.overlay.launch.forker import start_early
+
+        start_early()
     from tbon.cli.app import run
 
     return run(args)
