@@ -100,10 +100,18 @@ _early: Forker | None = None
 
 def start_early() -> None:
     """Start a forker before the CLI has loaded its own modules (cli/main.py does, for `tbon
-    expand`), so that its imports overlap theirs too. Unused, it ends by itself once it has read
-    its empty stdin: the CLI's exit closes it."""
+    expand`), so that its imports overlap theirs too; `cancel_early` once the command is over."""
     global _early
     _early = Forker.start()
+
+
+def cancel_early() -> None:
+    """Stop the forker started early if the command did not take it (a usage error, --help).
+    Left alone, it would end by itself, but only once it had imported the broker for nothing."""
+    global _early
+    if _early is not None:
+        _early.cancel()
+        _early = None
 
 
 def take_forker() -> Forker | None:
