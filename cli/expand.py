@@ -18,7 +18,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -29,6 +29,9 @@ from tbon.errors import RankError, TbonError, UsageError
 from tbon.limits import MAX_SIZE, check_size
 from tbon.overlay.parse.idset import format_idset, parse_idset
 from tbon.overlay.parse.numbers import is_int
+
+if TYPE_CHECKING:
+    from tbon.overlay.launch.forker import Forked, Forker
 
 BOOT_SERVERS = 4
 """How many of the instance's URIs a new broker is given as broker.boot-server, tried in order
@@ -44,7 +47,7 @@ say is skipped, it would make a poor boot server anyway."""
 class Joiner:
     """One broker this command started, and what became of it."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | Forked
     log: Path
     wanted: int | None  # the rank it asked for, if any
     host: str = ""  # the host it runs on, through ssh; "" for this one
@@ -109,8 +112,6 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 if every broker joined, 69 if some found no rank (the instance was
         full), 1 if any failed otherwise.
         """
-        from tbon.cli.common import fetch_status, open_client
-
         if sum((count is not None, fill, ranks is not None)) != 1:
             raise UsageError("give exactly one of -n COUNT, --fill or --ranks IDSET")
         if count is not None:
@@ -123,46 +124,77 @@ def register(app: typer.Typer) -> None:
         remote_hosts = _remote_hosts(hosts)
         given = duration(timeout, "--timeout")
         limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
+        from tbon.overlay.launch.forker import take_forker
 
-        def plan(client: Any) -> tuple[dict[str, Any], dict[str, Any], list[int | None], list[str]]:
-            status = fetch_status(client)
-            # the root's broker, a boot server: rank 0's, or the member's that took over (§13.4)
-            root = status.get("root")
-            info = client.rpc("broker.info", nodeid=root if is_int(root) else 0)
-            wanted = _wanted(status, count, fill, ranks)
-            boot = _boot_servers(client, status, info, remote=bool(remote_hosts)) if wanted else []
-            return status, info, wanted, boot
-
-        with _Planned(open_client(uri), uri, limit) as planned:
-            status, info, wanted, boot = planned.ask(plan)
-            client = planned.client
-            above = vacant_ancestors(status, [r for r in wanted if r is not None])
-            if above:
-                print(
-                    f"tbon expand: also starting brokers for rank{'s' * (len(above) > 1)} "
-                    f"{format_idset(above)} above the ranks asked for: no broker holds "
-                    f"{'them' if len(above) > 1 else 'it'}, and a broker comes online only "
-                    "below a parent that is online",
-                    file=sys.stderr,
-                )
-                wanted = [*above, *wanted]  # the highest first: they start first
-            if not wanted:
-                _report([], as_json, "no available ranks: nothing to fill")
-                return
-            if remote_hosts:
-                joiners = _launch_remote(boot, status, wanted, remote_hosts, setattr_)
-            else:
-                joiners = _launch(boot, info, wanted, setattr_)
-            try:
-                _follow(client, joiners, limit, uri)
-            finally:
-                for joiner in joiners:
-                    if joiner.pending and joiner.process.poll() is None:
-                        joiner.process.kill()  # ours, by PID: never leave a half-joined broker
-                        joiner.process.wait()
-                        why = "ended" if limit is None else f"not online within {limit:g}s"
-                        joiner.exit_code, joiner.reason = -1, why
+        # Started first (by cli/main.py), so that it imports the broker while we ask the
+        # instance what to start; through ssh, not wanted.
+        forker = take_forker()
+        if forker is not None and remote_hosts:
+            forker.cancel()
+            forker = None
+        try:
+            joiners = _expand(uri, count, fill, ranks, setattr_, remote_hosts, limit, forker)
+        finally:
+            if forker is not None:
+                forker.cancel()
+        if not joiners:
+            _report([], as_json, "no available ranks: nothing to fill")
+            return
         raise typer.Exit(_report(joiners, as_json))
+
+
+def _expand(
+    uri: str | None,
+    count: int | None,
+    fill: bool,
+    ranks: str | None,
+    setattr_: list[str],
+    remote_hosts: list[str],
+    limit: float | None,
+    forker: Forker | None,
+) -> list[Joiner]:
+    """Ask the instance what to start, start it (through `forker`, if any, here), and follow
+    the brokers until each is online or gone."""
+    from tbon.cli.common import fetch_status, open_client
+
+    def plan(client: Any) -> tuple[dict[str, Any], dict[str, Any], list[int | None], list[str]]:
+        status = fetch_status(client)
+        # the root's broker, a boot server: rank 0's, or the member's that took over (§13.4)
+        root = status.get("root")
+        info = client.rpc("broker.info", nodeid=root if is_int(root) else 0)
+        wanted = _wanted(status, count, fill, ranks)
+        boot = _boot_servers(client, status, info, remote=bool(remote_hosts)) if wanted else []
+        return status, info, wanted, boot
+
+    with _Planned(open_client(uri), uri, limit) as planned:
+        status, info, wanted, boot = planned.ask(plan)
+        client = planned.client
+        above = vacant_ancestors(status, [r for r in wanted if r is not None])
+        if above:
+            print(
+                f"tbon expand: also starting brokers for rank{'s' * (len(above) > 1)} "
+                f"{format_idset(above)} above the ranks asked for: no broker holds "
+                f"{'them' if len(above) > 1 else 'it'}, and a broker comes online only "
+                "below a parent that is online",
+                file=sys.stderr,
+            )
+            wanted = [*above, *wanted]  # the highest first: they start first
+        if not wanted:
+            return []
+        if remote_hosts:
+            joiners = _launch_remote(boot, status, wanted, remote_hosts, setattr_)
+        else:
+            joiners = _launch(boot, info, wanted, setattr_, forker)
+        try:
+            _follow(client, joiners, limit, uri)
+        finally:
+            for joiner in joiners:
+                if joiner.pending and joiner.process.poll() is None:
+                    joiner.process.kill()  # ours, by PID: never leave a half-joined broker
+                    joiner.process.wait()
+                    why = "ended" if limit is None else f"not online within {limit:g}s"
+                    joiner.exit_code, joiner.reason = -1, why
+    return joiners
 
 
 def _check_attributes(extra: list[str]) -> None:
@@ -268,8 +300,14 @@ def _boot_servers(
 
 
 def _launch(
-    boot: list[str], info: dict[str, Any], wanted: list[int | None], extra: list[str]
+    boot: list[str],
+    info: dict[str, Any],
+    wanted: list[int | None],
+    extra: list[str],
+    forker: Forker | None,
 ) -> list[Joiner]:
+    """The brokers for `wanted`, here: forked by `forker` (launch/forker.py), or, without one,
+    each a `tbon broker` process of its own."""
     # Logs live in the boot broker's run directory (it is on this host), and go with it.
     given = boot[0]
     rundir = os.path.dirname(given[len("local://") :]) if given.startswith("local://") else None
@@ -287,9 +325,9 @@ def _launch(
     own_rundir = not any(a.startswith("broker.rundir=") for a in extra)
     under = joiners_directory(info.get("uri", "")) if own_rundir else None
     sweep(under)
-    joiners = []
+    brokers: list[tuple[list[str], str]] = []
     for index, rank in enumerate(wanted):
-        argv = [*_tbon_command(), "broker"]
+        argv: list[str] = []
         place = joiner_rundir(under, f"{os.getpid()}-{index}")
         for attribute in [
             *attributes,
@@ -297,12 +335,26 @@ def _launch(
             *([f"broker.rundir={place}"] if place is not None else []),
         ]:
             argv += ["-S", attribute]
-        log = logs / f"broker-{os.getpid()}-{index}.log"
+        brokers.append((argv, str(logs / f"broker-{os.getpid()}-{index}.log")))
+    if forker is not None:
+        for _argv, log in brokers:
+            open(log, "wb").close()  # a new log for each, as a process of its own gets
+        forked = forker.fork(brokers)
+        return [
+            Joiner(p, Path(log), rank)
+            for p, (_, log), rank in zip(forked, brokers, wanted, strict=True)
+        ]
+    joiners = []
+    for (argv, log), rank in zip(brokers, wanted, strict=True):
         with open(log, "wb") as output:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True
+                [*_tbon_command(), "broker", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                start_new_session=True,
             )
-        joiners.append(Joiner(process, log, rank))
+        joiners.append(Joiner(process, Path(log), rank))
     return joiners
 
 

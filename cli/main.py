@@ -34,6 +34,18 @@ def main(argv: list[str] | None = None) -> int:
         from tbon.overlay.connectors.relay import main as relay_main
 
         return relay_main(args[1:])
+    if args[:1] == ["expand"]:  # its brokers' forker imports while the CLI does (expand.py)
+        from tbon.overlay.launch.forker import cancel_early, start_early
+
+        start_early()
+        try:
+            return _run(args)
+        finally:
+            cancel_early()
+    return _run(args)
+
+
+def _run(args: list[str]) -> int:
     from tbon.cli.app import run
 
     return run(args)

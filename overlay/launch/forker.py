@@ -1,0 +1,230 @@
+"""The brokers of `tbon expand`, forked from one process that imported the broker once.
+
+A joiner's start is mostly the interpreter's and the broker's imports (~0.5 s of CPU), and
+`tbon expand --ranks R` starts several at once (R and the vacant ranks above it): started as
+processes of their own, they import side by side on the same cores, and the first of the chain,
+the one the others wait for, is slowed by the rest. Forked from one process that has imported
+everything a joiner needs (as `tbon start` forks its brokers, overlay/launch/local.py), each
+starts booting at once.
+
+The forker is a process of its own (`python -P -m tbon.overlay.launch.forker`), never the CLI:
+the CLI has loaded Typer and Rich, which a broker must not carry (docs/design.md §13), and holds a
+ZeroMQ context, which a forked child must not inherit. It reads one JSON list from stdin, one
+`{"argv": [...], "log": PATH}` per broker (`argv`: what follows `tbon broker`), forks each in a
+session of its own (stdin /dev/null, stdout and stderr appended to its log), writes their PIDs as
+one JSON list on stdout and exits without waiting for them. Its caller made itself a child
+subreaper (prctl(2) PR_SET_CHILD_SUBREAPER) before starting it: the brokers, orphaned, become the
+caller's children, and it waits for them as for its own (`Forked`). Where a caller cannot be a
+subreaper (not Linux), `Forker.start` says so (None) and the caller starts processes as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import NoReturn
+
+JOINERS_NEED = (
+    "encodings.idna",  # socket.gethostbyname, when a broker with children binds
+    "shlex",
+    "subprocess",
+    "tbon.keys.cert",
+    "tbon.overlay.boot.flub",
+    "tbon.overlay.broker.broker",
+    "tbon.overlay.broker.main",
+    "tbon.overlay.links.children",
+    "tbon.overlay.links.parent",
+    "tbon.overlay.links.uplink",
+    "tbon.overlay.state.heldtable",
+)
+"""What a joiner loads before it is online, whatever its rank: loaded once, here, before the
+forks (the links both up and down: which a joiner needs is known only once it has its rank)."""
+
+_PR_SET_CHILD_SUBREAPER = 36
+_ROOM = 4096
+"""Bytes of command line the forker starts with, blank: its brokers write their titles there
+(tbon/proctitle.py), which name their run directories and boot servers."""
+
+
+@dataclass
+class Forked:
+    """A broker the forker started, now a child of this process: what `subprocess.Popen` offers
+    for one, as far as `tbon expand` uses it."""
+
+    pid: int
+    returncode: int | None = None  # as Popen's: the exit status, or -N for signal N
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self._reap(0)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _reap(self, options: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, options)
+        except ChildProcessError:  # reaped already: nobody else waits for it here
+            self.returncode = -signal.SIGKILL
+            return
+        if pid == self.pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+
+def become_subreaper() -> bool:
+    """Adopt the orphans among this process's descendants; whether this system allows it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+_early: Forker | None = None
+
+
+def start_early() -> None:
+    """Start a forker before the CLI has loaded its own modules (cli/main.py does, for `tbon
+    expand`), so that its imports overlap theirs too; `cancel_early` once the command is over."""
+    global _early
+    _early = Forker.start()
+
+
+def cancel_early() -> None:
+    """Stop the forker started early if the command did not take it (a usage error, --help).
+    Left alone, it would end by itself, but only once it had imported the broker for nothing."""
+    global _early
+    if _early is not None:
+        _early.cancel()
+        _early = None
+
+
+def take_forker() -> Forker | None:
+    """The forker started early, or a new one (None: see `Forker.start`)."""
+    global _early
+    found, _early = _early, None
+    return found if found is not None else Forker.start()
+
+
+class Forker:
+    """A forker, started early so that its imports overlap the caller's own work (one round
+    trip or two to the instance), and used once: `fork` the brokers, or `cancel`."""
+
+    def __init__(self, command: list[str]) -> None:
+        """Start the forker, run as `command`; the caller is a child subreaper by now."""
+        self.process = subprocess.Popen(
+            [*command, " " * _ROOM],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    @classmethod
+    def start(cls) -> Forker | None:
+        """A forker, or None where this process cannot adopt what it forks (not Linux): the
+        caller starts its brokers as processes of their own then."""
+        # -P: never from the working directory, which may be a checkout (cli/common.py)
+        command = [sys.executable, "-P", "-m", "tbon.overlay.launch.forker"]
+        return cls(command) if become_subreaper() else None
+
+    def fork(self, brokers: list[tuple[list[str], str]]) -> list[Forked]:
+        """One broker for each (argv, log), now children of this process. TbonError if the
+        forker failed."""
+        from tbon.errors import TbonError
+
+        specs = json.dumps([{"argv": argv, "log": log} for argv, log in brokers]).encode()
+        try:
+            said, trouble = self.process.communicate(specs)
+        finally:
+            self.cancel()  # interrupted: it is ours, by PID
+        try:
+            pids = json.loads(said)
+        except ValueError:
+            pids = None
+        code = self.process.returncode
+        if code != 0 or not isinstance(pids, list) or len(pids) != len(brokers):
+            last = trouble.decode(errors="replace").strip().splitlines()[-1:] or ["no word"]
+            raise TbonError(f"cannot start brokers: the forker exited {code}: {last[0]}")
+        return [Forked(pid) for pid in pids]
+
+    def cancel(self) -> None:
+        """Stop a forker that was not used, or is still running: it has forked nothing then."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def main() -> NoReturn:
+    """The forker: import, read the brokers to start, fork them, say their PIDs, exit."""
+    import gc
+    import importlib
+
+    from tbon.proctitle import set_title
+
+    set_title("tbon expand: forking brokers")
+    for name in JOINERS_NEED:
+        importlib.import_module(name)
+    specs = json.loads(sys.stdin.buffer.read() or b"[]")
+    gc.collect()
+    gc.freeze()  # a broker's collections then leave the shared pages alone (local.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = []
+    for spec in specs:
+        log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        pid = os.fork()
+        if pid == 0:
+            _become_broker(spec["argv"], log)
+        os.close(log)
+        pids.append(pid)
+    sys.stdout.write(json.dumps(pids))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _become_broker(argv: list[str], log: int) -> NoReturn:
+    """`tbon broker ARGV`, in this forked child, which must never return into the forker."""
+    from tbon import exitcodes
+
+    code = exitcodes.INTERNAL
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        from tbon.overlay.broker.main import main as broker_main
+
+        code = broker_main(argv)
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"tbon broker: internal error: {error!r}\n")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
