@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 from brokers import title
-from conftest import process_gone, tbon, wait_for
+from conftest import child_env, process_gone, tbon, wait_for
 
 
 def test_a_forked_joiner_shows_its_whole_title_and_logs_to_its_file(instance) -> None:
@@ -31,3 +33,38 @@ def test_a_forked_joiner_shows_its_whole_title_and_logs_to_its_file(instance) ->
 
 def _logs(rundir: str) -> list[str]:
     return [n for n in os.listdir(os.path.join(rundir, "expand")) if n.endswith(".log")]
+
+
+# Run in a process of its own: it makes itself a child subreaper, which pytest's process must not
+# become (every orphan of every later test would be adopted, and left a zombie, by it).
+HALF_WAY = """
+import sys
+from tbon.errors import TbonError
+from tbon.overlay.launch.forker import Forker, _children
+
+forker = Forker.start()
+assert forker is not None, "no subreaper here"
+before = _children() - {forker.process.pid}
+try:
+    forker.fork([(["-S", "size=1"], sys.argv[1]), (["-S", "size=1"], sys.argv[2])])
+except TbonError as error:
+    print("refused:", error)
+print("left:", sorted(_children() - before))
+"""
+
+
+def test_a_forker_that_fails_half_way_leaves_no_broker_running(tmp_path) -> None:
+    """The forker started the first broker, then could not open the second's log and exited:
+    expand, the subreaper that adopted the first, kills and reaps it rather than leave a broker
+    that nobody follows."""
+    missing = tmp_path / "no-such-directory" / "broker.log"
+    ran = subprocess.run(
+        [sys.executable, "-c", HALF_WAY, str(tmp_path / "first.log"), str(missing)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "refused: cannot start brokers: the forker exited 1" in ran.stdout, ran.stdout
+    assert "left: []" in ran.stdout, ran.stdout

@@ -95,6 +95,27 @@ def become_subreaper() -> bool:
         return False
 
 
+def _children() -> set[int]:
+    """The PIDs of this process's children now (Linux's /proc/PID/task/TID/children), adopted
+    ones included; empty where the system does not say."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{os.getpid()}/task"):
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as listed:
+                found.update(int(pid) for pid in listed.read().split())
+    return found
+
+
+def _stop_strays(known: set[int]) -> None:
+    """Kill and reap the brokers a forker started but never named (it failed or was stopped
+    half-way): orphaned, they are this subreaper's children now, and not ones it knew before."""
+    for pid in _children() - known:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 _early: Forker | None = None
 
 
@@ -148,16 +169,21 @@ class Forker:
         from tbon.errors import TbonError
 
         specs = json.dumps([{"argv": argv, "log": log} for argv, log in brokers]).encode()
+        ours = _children()
         try:
             said, trouble = self.process.communicate(specs)
-        finally:
-            self.cancel()  # interrupted: it is ours, by PID
+        except BaseException:  # interrupted (Ctrl-C): it is ours, by PID, and so is what it forked
+            self.cancel()
+            _stop_strays(ours)
+            raise
+        self.cancel()
         try:
             pids = json.loads(said)
         except ValueError:
             pids = None
         code = self.process.returncode
         if code != 0 or not isinstance(pids, list) or len(pids) != len(brokers):
+            _stop_strays(ours)  # a fork that failed half-way: the brokers it started, unnamed
             last = trouble.decode(errors="replace").strip().splitlines()[-1:] or ["no word"]
             raise TbonError(f"cannot start brokers: the forker exited {code}: {last[0]}")
         return [Forked(pid) for pid in pids]
