@@ -6,8 +6,11 @@ Starts `tbon start --test-size=N` (kary:32) in wait mode, maps each broker's PID
 (`tbon status --json`), runs the CLI once to warm up, then R times, each time reading every
 broker's utime+stime and cutime+cstime (the jobs it reaped) from /proc before and after. Prints
 the medians: rank 0's own CPU, the interior brokers', the leaves', the jobs' (their children's),
-the launcher's, and the CLI's (RUSAGE_CHILDREN). Idle brokers' burn over the run is in it too:
-`--idle S` measures that alone, over S seconds without a run.
+the launcher's, the orphan guards' (one shell per broker that ran a job, overlay/broker/guard.py,
+told of each job's start and end; not reaped, so in no broker's cutime) and the CLI's
+(RUSAGE_CHILDREN). Idle brokers' burn over the run is in it too: `--idle S` measures that alone,
+over S seconds without a run. `--settle S` reads the CPU S seconds after the CLI ends, so that
+what the brokers do for the job after its client has its answers (exec.taken) is counted.
 """
 
 from __future__ import annotations
@@ -37,12 +40,34 @@ def _times(pid: int) -> tuple[float, float, float]:
     return int(fields[11]) / TICK, int(fields[12]) / TICK, reaped / TICK
 
 
+def _guards(brokers: set[int]) -> list[int]:
+    """The orphan guards of these brokers: their children that run the guard's script."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                stat = handle.read()
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+        except OSError:
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if parent in brokers and b"tbon-job-guard" in cmdline:
+            found.append(int(name))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
         "--idle", type=float, default=0.0, help="instead of a run, wait this many seconds"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=0.0, help="read the CPU this long after each run ends"
     )
     args = parser.parse_args()
     with tbon_start(args.size, ["tbon.topo=kary:32"], force=args.size > 1024) as launched:
@@ -57,6 +82,7 @@ def main() -> int:
                 role[entry["pid"]] = "rank 0"
             else:
                 role[entry["pid"]] = "interior" if entry["children"] else "leaf"
+        role.update({pid: "guards" for pid in _guards(set(role))})
         parts: dict[str, list[float]] = {}
         walls = []
         for run in range(args.runs):
@@ -67,6 +93,7 @@ def main() -> int:
                 walls.append(args.idle)
             else:
                 walls.append(time_command(argv))
+                time.sleep(args.settle)  # what the brokers do after the client has it all
             after_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
             sums: dict[str, float] = {}
             for pid, (user, system, reaped) in before.items():
@@ -74,7 +101,7 @@ def main() -> int:
                 kind = role.get(pid, "launcher")
                 sums[kind] = sums.get(kind, 0.0) + user2 + system2 - user - system
                 sums[kind + " sys"] = sums.get(kind + " sys", 0.0) + system2 - system
-                if kind != "launcher":
+                if kind not in ("launcher", "guards"):
                     sums["jobs"] = sums.get("jobs", 0.0) + reaped2 - reaped
             sums["cli"] = (after_usage.ru_utime + after_usage.ru_stime) - (
                 usage.ru_utime + usage.ru_stime
@@ -82,10 +109,10 @@ def main() -> int:
             for kind, value in sums.items():
                 parts.setdefault(kind, []).append(value)
             progress(f"split: run {run + 1}: {ms(walls[-1])} ms wall")
-    counts = {k: list(role.values()).count(k) for k in ("rank 0", "interior", "leaf")}
+    counts = {k: list(role.values()).count(k) for k in ("rank 0", "interior", "leaf", "guards")}
     print(f"size {args.size}: wall median {ms(median(walls))} ms")
     total = 0.0
-    for kind in ("rank 0", "interior", "leaf", "jobs", "launcher", "cli"):
+    for kind in ("rank 0", "interior", "leaf", "jobs", "guards", "launcher", "cli"):
         value = median(parts.get(kind, [0.0]))
         total += value
         each = f" ({value / counts[kind] * 1000:.2f} ms each)" if counts.get(kind) else ""

@@ -16,9 +16,8 @@ import sys
 import typer
 from typer._click import exceptions as click_exceptions
 
+from tbon.cli import running
 from tbon.cli.commands import TbonApp, TbonGroup
-from tbon.cli.common import end_by_signal
-from tbon.errors import Signalled, TbonError, debugging
 
 COMMAND_MODULES = (
     "start",
@@ -87,24 +86,16 @@ def _lift_uri(args: list[str]) -> list[str]:
     return args
 
 
-ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""Signals that end a command at once with 128+N (SIGINT does too, as KeyboardInterrupt).
-What a command started in the instance is its brokers' to end: they kill a client's jobs and
-streams once its connection closes."""
-
-
-def _end(signum: int, _frame: object) -> None:
-    end_by_signal(signum)
-
-
 def run(args: list[str]) -> int:
     """Run one command line; return its exit code instead of raising."""
     args = _lift_uri(args)
-    from tbon.cli import common
+    running.prepare(args)
+    return running.said(args, lambda: _main(args))
 
-    common.COMMAND = _command_name(args)
-    for signum in ENDING_SIGNALS:
-        signal.signal(signum, _end)
+
+def _main(args: list[str]) -> int:
+    """The command line through Typer: its own ends (Exit, Abort, usage errors) as exit codes;
+    everything else is raised, for running.said to word."""
     command = typer.main.get_command(app)
     prog = "tbon"
     try:
@@ -115,7 +106,7 @@ def run(args: list[str]) -> int:
         print(error.format_message())
         return 2
     except typer.Abort:
-        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
+        print(f"{running.command_name(args)}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except click_exceptions.UsageError as error:
         where = error.ctx.command_path if error.ctx else prog
@@ -125,27 +116,6 @@ def run(args: list[str]) -> int:
         )
         return 2
     except click_exceptions.ClickException as error:
-        print(f"{_command_name(args)}: {error.format_message()}", file=sys.stderr)
+        print(f"{running.command_name(args)}: {error.format_message()}", file=sys.stderr)
         return error.exit_code
-    except TbonError as error:
-        print(f"{_command_name(args)}: {error}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except Signalled as ended:
-        if ended.signum != signal.SIGINT:  # Ctrl-C needs no word: its person typed it
-            name = signal.Signals(ended.signum).name
-            print(f"{_command_name(args)}: ended by {name}", file=sys.stderr)
-        return 128 + ended.signum
-    except Exception as error:  # never leak a traceback to a user
-        if debugging():
-            raise
-        print(f"{_command_name(args)}: internal error: {error!r}", file=sys.stderr)
-        return 1
     return result if isinstance(result, int) else 0
-
-
-def _command_name(args: list[str]) -> str:
-    words = [a for a in args if not a.startswith("-")]
-    return f"tbon {words[0]}" if words else "tbon"

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import typer
-
 from tbon.limits import check_duration
 from tbon.overlay.parse.duration import parse_duration
 
@@ -97,7 +95,10 @@ def open_client(uri: str | None) -> Client:
 
 
 def print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=None, separators=(",", ":")))
+    """One line of JSON on stdout, flushed (as typer.echo wrote it: JSON has no raw escape
+    code for it to strip, and this module loads without Typer, for `tbon exec`)."""
+    sys.stdout.write(json.dumps(value, indent=None, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
 
 
 def python_module(name: str) -> list[str]:

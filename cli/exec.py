@@ -23,15 +23,16 @@ from fnmatch import fnmatchcase
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-import typer
-
 from tbon.cli.common import end_by_signal, open_client, print_json
+from tbon.cli.execargs import ExecArgs
 from tbon.cli.failures import failure, failure_lines, name_ranks
 from tbon.cli.interrupts import Interrupts
 from tbon.errors import RANK_TROUBLE, Signalled, TbonError, UsageError
 from tbon.overlay.parse.idset import format_idset, parse_idset
 
 if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
+    import typer
+
     from tbon.overlay.wire.flow import Returns, StdinRoom
     from tbon.overlay.wire.resend import Inbox
 
@@ -64,6 +65,10 @@ class Outcome:
 
 
 def register(app: typer.Typer) -> None:
+    """The command as Typer builds it: its options and help (a command line it would take the
+    same way is run before Typer is imported: cli/execargs.py)."""
+    import typer
+
     @app.command("exec", context_settings={"allow_interspersed_args": False})
     def exec_(
         words: list[str] = typer.Argument(
@@ -129,50 +134,58 @@ def register(app: typer.Typer) -> None:
         for a command not found, 126 for one that cannot run), or 68 if a rank named with -r
         does not exist or is not online, or a rank was lost while running.
         """
-        uri, command = _split(words)
-        uri = uri or uri_option
-        cwd = _directory(directory)
-        env = job_environment(os.environ, env_rules)
-        if directory is not None and "PWD" in env:
-            env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
-        _check_size(env)
-        with open_client(uri) as client:
-            watch, status = _watch_status(client)
-            targets, problems, skipped = _targets(status, ranks, exclude)
-            for line in _skipped_lines(skipped):
-                print(f"tbon exec: {line}", file=sys.stderr)
-            outcome = Outcome(set(targets))
-            for rank, why in problems.items():
-                outcome.errors[rank] = why
-                if not as_json:
-                    print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
-            if targets:
-                job = Job(command, cwd, env, noinput or _empty_stdin())
-                _run(client, watch, sorted(targets), job, label, as_json, outcome)
-        if not as_json and not quiet:
-            for line in failure_lines(
-                outcome.status, outcome.signals, outcome.notes, outcome.passed
-            ):
-                print(f"tbon exec: {line}", file=sys.stderr)
-        if as_json:
-            print_json(
-                {
-                    "status": outcome.exit_status(),
-                    "ranks": [
-                        {
-                            "rank": rank,
-                            "status": outcome.status.get(rank),
-                            "signal": _signal_name(outcome.signals.get(rank)),
-                            "failure": _failure(outcome, rank),
-                            "error": outcome.errors.get(rank, outcome.notes.get(rank)),
-                            "stdout": _text(outcome.output.get(rank, {}).get("stdout", [])),
-                            "stderr": _text(outcome.output.get(rank, {}).get("stderr", [])),
-                        }
-                        for rank in sorted(set(outcome.status) | set(outcome.errors))
-                    ],
-                }
-            )
-        raise typer.Exit(outcome.exit_status())
+        asked = ExecArgs(
+            words, uri_option, ranks, exclude, label, directory, env_rules, noinput, as_json, quiet
+        )
+        raise typer.Exit(run_exec(asked))
+
+
+def run_exec(asked: ExecArgs) -> int:
+    """`tbon exec` as asked; its exit status."""
+    directory, as_json = asked.directory, asked.as_json
+    uri, command = _split(asked.words)
+    uri = uri or asked.uri
+    cwd = _directory(directory)
+    env = job_environment(os.environ, asked.env_rules)
+    if directory is not None and "PWD" in env:
+        env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
+    _check_size(env)
+    with open_client(uri) as client:
+        watch, status = _watch_status(client)
+        targets, problems, skipped = _targets(status, asked.ranks, asked.exclude)
+        for line in _skipped_lines(skipped):
+            print(f"tbon exec: {line}", file=sys.stderr)
+        outcome = Outcome(set(targets))
+        for rank, why in problems.items():
+            outcome.errors[rank] = why
+            if not as_json:
+                print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
+        if targets:
+            job = Job(command, cwd, env, asked.noinput or _empty_stdin())
+            if _run(client, watch, sorted(targets), job, asked.label, as_json, outcome):
+                return 128 + signal.SIGPIPE  # as a shell's pipeline: the jobs die
+    if not as_json and not asked.quiet:
+        for line in failure_lines(outcome.status, outcome.signals, outcome.notes, outcome.passed):
+            print(f"tbon exec: {line}", file=sys.stderr)
+    if as_json:
+        print_json(
+            {
+                "status": outcome.exit_status(),
+                "ranks": [
+                    {
+                        "rank": rank,
+                        "status": outcome.status.get(rank),
+                        "signal": _signal_name(outcome.signals.get(rank)),
+                        "failure": _failure(outcome, rank),
+                        "error": outcome.errors.get(rank, outcome.notes.get(rank)),
+                        "stdout": _text(outcome.output.get(rank, {}).get("stdout", [])),
+                        "stderr": _text(outcome.output.get(rank, {}).get("stderr", [])),
+                    }
+                    for rank in sorted(set(outcome.status) | set(outcome.errors))
+                ],
+            }
+        )
+    return outcome.exit_status()
 
 
 def _signal_name(signum: int | None) -> str | None:
@@ -374,9 +387,10 @@ def _run(
     label: bool,
     as_json: bool,
     outcome: Outcome,
-) -> None:
+) -> bool:
     """Start the command, then pass output, input, signals and credit until every rank is done;
-    `watch` is the tag of the status stream that tells of ranks lost meanwhile.
+    `watch` is the tag of the status stream that tells of ranks lost meanwhile. True if the
+    output's reader went away (a broken pipe).
 
     Output is written as it comes and credited back once written (flow.py), so a reader that
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
@@ -464,11 +478,12 @@ def _run(
             if stdin is None and streams.stdin.ranks and not streams.eof_sent:
                 streams.send_eof()
     except BrokenPipeError:
-        raise typer.Exit(128 + signal.SIGPIPE) from None  # as a shell's pipeline: the jobs die
+        return True
     finally:
         signals.close()
         if watcher is not None:
             watcher.close()
+    return False
 
 
 STUCK = 4

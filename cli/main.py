@@ -1,17 +1,22 @@
 """The `tbon` console script.
 
 `tbon broker` and `tbon relay` are dispatched before Typer is imported, so that they start with
-nothing but pyzmq and PyNaCl loaded; every other command goes through the Typer app in
-`tbon.cli.app`. Each of the two shows in `ps` by what it is (tbon/proctitle.py): `tbon broker
-rank R/N ...`, `tbon relay ...`. `tbon relay --pmi` (the far end of `tbon alloc --launcher ssh`)
-is launch/pmi_shim.py, not the relay: a connector does not import the launcher (docs/design.md
-§13).
+nothing but pyzmq and PyNaCl loaded, and so is `tbon exec` when Typer would read its command line
+alike (cli/execargs.py); `tbon expand` starts its brokers' forker first (launch/forker.py), so
+that its imports overlap the CLI's. Every other command goes through the Typer app in
+`tbon.cli.app`. Broker and relay each show in `ps` by what they are (tbon/proctitle.py): `tbon
+broker rank R/N ...`, `tbon relay ...`. `tbon relay --pmi` (the far end of `tbon alloc
+--launcher ssh`) is launch/pmi_shim.py, not the relay: a connector does not import the launcher
+(docs/design.md §13).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         from tbon.overlay.connectors.relay import main as relay_main
 
         return relay_main(args[1:])
+    if args[:1] == ["exec"]:  # the command run at scale: before Typer if Typer would take it so
+        from tbon.cli.execargs import parse
+
+        if (asked := parse(args[1:])) is not None:
+            from tbon.cli import running
+            from tbon.cli.exec import run_exec
+
+            running.prepare(args)
+            return running.said(args, lambda: _exec(asked, run_exec))
     if args[:1] == ["expand"]:  # its brokers' forker imports while the CLI does (expand.py)
         from tbon.overlay.launch.forker import cancel_early, start_early
 
@@ -49,6 +63,20 @@ def _run(args: list[str]) -> int:
     from tbon.cli.app import run
 
     return run(args)
+
+
+def _exec(asked: Any, run_exec: Callable[[Any], int]) -> int:
+    """`tbon exec` without Typer, ending as Typer's main would end it: Ctrl-C before the jobs
+    take it, 130 without a word; a closed output, 1."""
+    try:
+        return run_exec(asked)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except EOFError:
+        print(file=sys.stderr)
+        raise KeyboardInterrupt from None  # said as Typer's Abort is: `tbon exec: interrupted`
+    except BrokenPipeError:
+        return 1
 
 
 def _entry() -> None:

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from tbon.cli.exec import _skipped_lines, _targets, job_environment
 from tbon.errors import UsageError
 from tbon.limits import ENV_LIMIT, environment_size
-from tbon.overlay.broker.program import SHELL, Launch, launch, program_environment
+from tbon.overlay.broker.program import (
+    SHELL,
+    Launch,
+    launch,
+    program_environment,
+    quick_launch,
+)
 from tbon.overlay.services.actions import Respond, StartJob
 from tbon.overlay.services.exec import (
     ExecService,
@@ -309,6 +315,28 @@ def test_a_script_without_hash_bang_runs_with_sh_as_a_shell_would(tmp_path: Path
         assert launch([f"./{name}", "a"], str(tmp_path), {}) == Launch([SHELL, f"./{name}", "a"])
     found = launch(["plain"], str(tmp_path), {"PATH": "."})
     assert found == Launch([SHELL, "./plain"])
+
+
+def test_the_quick_lookup_finds_what_access_allows_and_leaves_the_rest_to_launch(
+    tmp_path: Path,
+) -> None:
+    """quick_launch takes the first PATH entry access(2) says is executable, a directory
+    included (the exec then refuses it, and launch finds what a shell would run); a name with a
+    slash is the exec's to judge; anything not found so is launch's to word."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (first / "tool").mkdir()
+    executable(second / "tool", b"#!/bin/sh\n")
+    path = {"PATH": f"{first}:{second}"}
+    assert quick_launch(["tool", "x"], None, path) == Launch(["tool", "x"], path=f"{first}/tool")
+    assert launch(["tool", "x"], None, path) == Launch(["tool", "x"], path=f"{second}/tool")
+    assert quick_launch(["./anything"], "/nowhere", {}) == Launch(["./anything"])
+    assert quick_launch(["tbon-test-nosuchcmd"], None, path) is None
+    assert quick_launch(["sh"], None, {}) is not None  # no PATH: the default path
+    executable(tmp_path / "here", b"#!/bin/sh\n")
+    assert quick_launch(["here"], str(tmp_path), {"PATH": ""}) == Launch(["here"], path="./here")
+    assert quick_launch(["here"], "/", {"PATH": "."}) is None
 
 
 # --- what -r all says it skips ----------------------------------------------------------------

@@ -1019,10 +1019,11 @@ def test_a_client_that_leaves_early_kills_only_the_ranks_still_running() -> None
     assert send.message.payload["targets"] == [0, 4]
 
 
-def test_last_words_handed_to_the_client_are_acknowledged_together_once_a_turn() -> None:
+def test_last_words_handed_to_the_client_are_acknowledged_together_once_the_job_is_over() -> None:
     """The client's broker acknowledges each rank's last word for its client: not with one
-    exec.credit to each rank, but with one exec.taken per job and turn, fanned out to those
-    ranks, each of which then keeps nothing of that job. Other answers still go one by one."""
+    exec.credit to each rank, but with one exec.taken per job once every target's last word
+    was handed over (takenhold.py), fanned out to those ranks, each of which then keeps nothing
+    of that job. Other answers still go one by one."""
     service = exec_at(0)
     start = request(
         "exec.start",
@@ -1034,6 +1035,7 @@ def test_last_words_handed_to_the_client_are_acknowledged_together_once_a_turn()
     [credit] = of_type(service.answered("l0a", numbered), Send)
     assert credit.message.topic == "exec.credit" and credit.message.payload["seq"] == 1
     for rank, seq in ((3, 0), (0, 0), (4, 1)):
+        assert of_type(service.flush(0.0), Send) == []  # the job is not over: held
         said = {"rank": rank, "exit": 0, "seq": seq}
         assert service.answered("l0a", start.respond(said, streaming=True)) == []
     [taken] = of_type(service.flush(0.0), Send)

@@ -12,9 +12,10 @@ carries it out). Pipes are non-blocking and watched by the broker's poller: a co
 floods its output or ignores its input never stalls the broker.
 
 A command that cannot start is answered with its exit status (127, 126) and a `note` in a shell's
-words (program.py's launch checks it before the exec, and an exec that fails all the same, a file
-removed meanwhile, is worded alike). Whatever ends the broker, SIGKILL included, its jobs end
-with it: the orphan guard (guard.py) kills them.
+words. It is found in PATH and spawned at once (program.py's quick_launch); only if the exec
+refuses it does launch check it (what a shell would say, or run instead: sh for a script without
+#!), and an exec that fails all the same, a file removed meanwhile, is worded alike. Whatever
+ends the broker, SIGKILL included, its jobs end with it: the orphan guard (guard.py) kills them.
 
 A job whose client has no input for it (exec.start's `eof`) gets /dev/null as its stdin: no pipe,
 and no exec.stdin to wait for.
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.overlay.broker.guard import OrphanGuard
-from tbon.overlay.broker.program import launch, program_environment
+from tbon.overlay.broker.program import Launch, launch, program_environment, quick_launch
 from tbon.overlay.broker.spawn import Spawned, seal, spawn
 from tbon.overlay.links.descriptors import OUT_OF_DESCRIPTORS, Reserve
 from tbon.overlay.state.joblife import Finish, Instruction, JobLife, ReadFreely, SignalGroup
@@ -136,31 +137,30 @@ class JobRunner:
         self._prune(time.monotonic())
         self.tails.pop(job_id, None)
         env = program_environment(self.uri, self.rank, payload.get("size"), payload.get("env"))
-        plan = launch(argv, cwd, env)
+        plan = quick_launch(argv, cwd, env) or launch(argv, cwd, env)
         if plan.why:
             self._cannot_start(request, plan.why, plan.status)
             return None
         if not self._sealed:
             seal()  # once: no job inherits what this broker was started with
             self._sealed = True
-
-        def start() -> Spawned:
-            return spawn(plan.executable, plan.argv, cwd, env, bool(payload.get("eof")))
-
+        eof = bool(payload.get("eof"))
         try:
+            process = self._spawn(plan, cwd, env, eof)
+        except OSError as error:
+            # the exec refused it: what a shell would say, or run instead (launch's checks)
+            checked = launch(argv, cwd, env)
+            if checked.why:
+                self._cannot_start(request, checked.why, checked.status)
+                return None
+            if (checked.executable, checked.argv) == (plan.executable, plan.argv):
+                self._exec_failed(request, error, argv[0], cwd)
+                return None
             try:
-                process = start()
-            except OSError as error:
-                if error.errno not in OUT_OF_DESCRIPTORS or self.reserve is None:
-                    raise
-                with self.reserve.lending():  # descriptors.py: what a flood cannot take
-                    self.reserve.release(JOB_DESCRIPTORS)
-                    process = start()
-        except OSError as error:  # an exec that failed after the checks passed
-            code = 127 if isinstance(error, FileNotFoundError) else 126
-            what = cwd if cwd is not None and error.filename == cwd else argv[0]
-            self._cannot_start(request, f"{what}: {error.strerror}", code)
-            return None
+                process = self._spawn(checked, cwd, env, eof)
+            except OSError as failed:
+                self._exec_failed(request, failed, argv[0], cwd)
+                return None
         self.guard.watch(process.pid)
         window = payload.get("window", DEFAULT_WINDOW)
         outbox: Outbox[Kept] = Outbox(keep=bool(payload.get("acks")))
@@ -177,6 +177,25 @@ class JobRunner:
         if process.stdin is not None:
             os.set_blocking(process.stdin.fileno(), False)
         return None
+
+    def _spawn(self, plan: Launch, cwd: str | None, env: dict[str, str], eof: bool) -> Spawned:
+        """Start the job as `plan` says; OSError if it cannot start. With no descriptor left,
+        what the reserve holds for it is lent (descriptors.py: what a flood cannot take)."""
+        try:
+            return spawn(plan.executable, plan.argv, cwd, env, eof)
+        except OSError as error:
+            if error.errno not in OUT_OF_DESCRIPTORS or self.reserve is None:
+                raise
+            with self.reserve.lending():
+                self.reserve.release(JOB_DESCRIPTORS)
+                return spawn(plan.executable, plan.argv, cwd, env, eof)
+
+    def _exec_failed(self, request: Message, error: OSError, name: str, cwd: str | None) -> None:
+        """An exec that failed after the checks passed (a file removed meanwhile, no
+        descriptor left): said alike."""
+        code = 127 if isinstance(error, FileNotFoundError) else 126
+        what = cwd if cwd is not None and error.filename == cwd else name
+        self._cannot_start(request, f"{what}: {error.strerror}", code)
 
     def _cannot_start(self, request: Message, why: str, code: int) -> None:
         """The exit status a shell would give, and what it would say, as the job's note."""

@@ -92,6 +92,24 @@ def launch(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> Launch:
     return Launch(plan.argv, path=exe)  # found in PATH: that file, argv[0] as the user said
 
 
+def quick_launch(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> Launch | None:
+    """How to start `argv` if it looks runnable, found with one access(2) per PATH entry and
+    none of launch's checks; None if it is not found so (launch then says why). Every rank of
+    `tbon exec -r all` starts a job, so the common case pays only for the lookup: whatever the
+    exec then refuses (a directory, a script without #!, a missing interpreter), the caller
+    hands to launch, which says it in a shell's words or finds what a shell would run."""
+    name = argv[0]
+    if os.sep in name:
+        return Launch(argv)
+    path = env.get("PATH")
+    for directory in (os.defpath if path is None else path).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        where = candidate if cwd is None else os.path.join(cwd, candidate)
+        if os.access(where, os.X_OK):
+            return Launch(argv, path=candidate)
+    return None
+
+
 def _runnable(argv: list[str], exe: str, cwd: str | None) -> Launch:
     """launch's checks of the file `exe` that argv[0] names, once found."""
     name = argv[0]

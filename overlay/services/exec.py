@@ -38,6 +38,7 @@ from tbon.overlay.services.actions import (
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
+from tbon.overlay.state.takenhold import TakenHold
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.exits import BadExits, answers_of, decode, encode, exit_of
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
@@ -169,8 +170,8 @@ class ExecService:
         self.lifecycle = lifecycle
         # a local client's hop -> the tag of each exec.start it sent -> that job
         self._client_jobs: dict[str, dict[int, ClientJob]] = {}
-        # job id -> the ranks whose last answer was handed to its client since the last flush
-        self._taken: dict[str, list[int]] = {}
+        # the ranks whose last answer was handed to its client, until told (takenhold.py)
+        self._taken = TakenHold()
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
         # whether this broker is the root (the broker's term fence says; set by broker.py): a
@@ -336,6 +337,7 @@ class ExecService:
                     job.running.discard(rank)
                     job.handoffs.pop(rank, None)
         if not job.running:
+            self._taken.over(str(job.id))  # its ranks are told together: flush
             del jobs[reply.tag]
             if not jobs:
                 del self._client_jobs[hop]
@@ -354,31 +356,36 @@ class ExecService:
         if upto is None:
             return []
         if last and upto == seq + 1:  # its last word, in order: with the others' (flush)
-            self._taken.setdefault(str(job.id), []).append(rank)
+            self._taken.taken(str(job.id), rank)
             return []
         ack = {"id": job.id, "bytes": 0, "seq": upto}
         return [Send(Message(Kind.REQUEST, "exec.credit", ack, nodeid=rank))]
 
     def flush(self, now: float) -> list[Action]:
         """Once per turn of the broker's loop: the exits held long enough go up (exitmerge.py),
-        and the last answers handed over since the last flush are acknowledged together: one
-        exec.taken per job, fanned out like exec.start, rather than one exec.credit to each rank
-        (1024 at once for `tbon exec -r all true`)."""
+        and the last answers handed over are acknowledged together once their job is over
+        (takenhold.py): one exec.taken per job, fanned out like exec.start, rather than one
+        exec.credit to each rank (1024 at once for `tbon exec -r all true`)."""
         actions: list[Action] = []
         deadline = self.merge.next_deadline()
         if deadline is not None and now >= deadline:
             actions += self._sent_on(self.merge.due(now))
-        if not self._taken:
-            return actions
-        taken, self._taken = self._taken, {}
-        return actions + [
+        before = self._taken.next_deadline()
+        actions += [
             Send(Message(Kind.REQUEST, "exec.taken", {"id": i, "targets": ranks}, nodeid=0))
-            for i, ranks in taken.items()
+            for i, ranks in self._taken.due(now)
         ]
+        after = self._taken.next_deadline()
+        if after is not None and (before is None or after < before):
+            actions.append(Wake())  # a hold began: the loop's next deadline is sooner
+        return actions
 
     def next_deadline(self) -> float | None:
-        """When held exits are due to go up without the rest of their subtree's."""
-        return self.merge.next_deadline()
+        """When held exits are due to go up without the rest of their subtree's, or held
+        acknowledgements to go down."""
+        merge, taken = self.merge.next_deadline(), self._taken.next_deadline()
+        deadlines = [d for d in (merge, taken) if d is not None]
+        return min(deadlines) if deadlines else None
 
     # --- exits merged on their way up -------------------------------------------------------
 
@@ -436,6 +443,8 @@ class ExecService:
         last word that finds the client gone needs no client.disconnect (`last_word`)."""
         actions: list[Action] = []
         for job in self._client_jobs.pop(hop, {}).values():
+            if self._taken.over(str(job.id)):  # what was handed over before it left: told
+                actions.append(Wake())  # at the next turn's flush, even if this one's is past
             kill = {
                 "id": job.id,
                 "signal": int(signal.SIGKILL),
