@@ -977,6 +977,13 @@ class RankTableMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
+    def the_timers_see_every_deadline(self) -> None:
+        """`deadlined`, what the loop's timers walk, is every entry with a lease or adrift."""
+        every = [e for e in self.table.entries if e.lease is not None or e.adrift_until is not None]
+        assert self.table.deadlined() == every
+
+    @precondition(lambda self: hasattr(self, "table"))
+    @invariant()
     def ownership_is_explicit(self) -> None:
         """A config rank is in a config phase, never lost or vacant here; an open one never."""
         for entry in self.table.entries:

@@ -497,6 +497,7 @@ def lease(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> tup
     """A new incarnation for the joiner's key, shown on its host until the lease lapses."""
     entry.incarnation += 1
     entry.lease = Lease(now + event.lease, entry.host)
+    table.timed.add(entry.rank)
     entry.host, entry.key = event.host, event.public_key
     return ()
 
@@ -569,6 +570,7 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
             changed.append(rank)
         elif connected and below.attached_to == entry.rank:
             below.attached_to, below.adrift_until = None, grace_ends
+            table.timed.add(rank)
             changed.append(rank)
         elif not connected and not parent_there:
             rule = TRANSITIONS.get((below.phase, Orphaned))
@@ -779,6 +781,9 @@ class RankTable:
         self.root = 0  # the rank whose broker holds the table: a member, after a takeover
         self.former_roots: tuple[int, ...] = ()  # the roots that died, each taken over
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
+        # the ranks given a lease or an adrift deadline since `deadlined` last looked (the rows
+        # that set one add it): what the loop's timers walk, not the whole table, each turn
+        self.timed: set[int] = set()
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
         self.entries: Entries = store(first, topology.size, now)
@@ -931,18 +936,27 @@ class RankTable:
             return f"rank {rank} is reserved for another key"
         return None
 
+    def deadlined(self) -> list[RankEntry]:
+        """The entries with a lease or an adrift deadline, in rank order: `timed`, less the
+        ranks whose deadline has gone since (it keeps those it returns)."""
+        entries = [self.entries.peek(rank) for rank in sorted(self.timed)]
+        held = [e for e in entries if e.lease is not None or e.adrift_until is not None]
+        if len(held) < len(entries):
+            self.timed = {entry.rank for entry in held}
+        return held
+
     def expired(self, now: float) -> list[Expire]:
         """Reservations whose lease has run out."""
         return [
             Expire(e.rank, e.incarnation)
-            for e in self.entries.held()
+            for e in self.deadlined()
             if e.lease is not None and now >= e.lease.until
         ]
 
     def next_expiry(self) -> float | None:
         """The next lease or reattach grace to run out."""
         soonest: float | None = None
-        for entry in self.entries.held():  # a rank is reserved or adrift, never both
+        for entry in self.deadlined():  # a rank is reserved or adrift, never both
             end = entry.lease.until if entry.lease is not None else entry.adrift_until
             if end is not None and (soonest is None or end < soonest):
                 soonest = end
@@ -952,7 +966,7 @@ class RankTable:
         """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
         return [
             Lost(e.rank, e.incarnation, "did not reattach in time")
-            for e in self.entries.held()
+            for e in self.deadlined()
             if e.adrift_until is not None and now >= e.adrift_until and e.state in CONNECTED
         ]
 
