@@ -788,13 +788,26 @@ class RankTable:
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
         self.entries: Entries = store(first, topology.size, now)
         spares = topology.size - len(hosts)
-        self.rollup = Rollup(
+        self._rollup = Rollup(
             topology, [first[0].state] * len(hosts) + [RankState.VACANT] * spares, now
         )
+        # ranks moved online at `_onward_at` whose roll-up waits: a run of them is rolled up in
+        # one pass (Rollup.set_online) when the roll-up is next read or moved otherwise
+        self._onward: list[int] = []
+        self._onward_at = now
 
     @property
     def size(self) -> int:
         return self.topology.size
+
+    @property
+    def rollup(self) -> Rollup:
+        """Every rank's subtree status, current: the ranks moved online since it was last read
+        are rolled up first, in one pass (a report of many Onlines: one roll-up, not one each)."""
+        if self._onward:
+            self._rollup.set_online(self._onward, self._onward_at)
+            self._onward = []
+        return self._rollup
 
     def parent_of(self, rank: int) -> int | None:
         """The rank a broker of `rank` joins under: its topology parent; for rank 0, once
@@ -868,7 +881,14 @@ class RankTable:
             why = rule.why if isinstance(rule.why, str) else rule.why(event)
             entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
             state = PUBLIC[rule.target]
-            self.rollup.set(entry.rank, state, now)
+            if state is RankState.ONLINE:  # the roll-up waits for the run (`rollup`)
+                if self._onward and now != self._onward_at:
+                    self._rollup.set_online(self._onward, self._onward_at)
+                    self._onward = []
+                self._onward.append(entry.rank)
+                self._onward_at = now
+            else:
+                self.rollup.set(entry.rank, state, now)
             if state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
