@@ -127,7 +127,7 @@ the guards and effects its rows name are meant to be read side by side. The even
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -828,6 +828,37 @@ class RankTable:
         if outcome.changed:
             self.generation += 1
         return outcome
+
+    def apply_all(self, events: Sequence[Event], now: float) -> list[Outcome]:
+        """A report's events in one pass, in order, each decided by its row as `apply` decides
+        it, until one is refused: its outcome ends the list, and the caller acts on it before
+        the table moves on (rankpath.py voids a refused Online). The ranks moved online are
+        rolled up once for the lot (`rollup`). The same table and outcomes as `apply` one by
+        one (tests/test_rankpath_batch.py)."""
+        outcomes: list[Outcome] = []
+        entries, size = self.entries, self.size
+        for event in events:
+            if not 0 <= event.rank < size or isinstance(event, Reboot):
+                outcome = self._event(event, now)
+            else:  # what _event and _step do of one event, without their calls
+                entry = entries.peek(event.rank)
+                if event.incarnation != entry.incarnation:
+                    outcome = self._event(event, now)  # refused: _event words it
+                else:
+                    stimulus = one_of_several(entry, event)
+                    rule = self._rule(entry, stimulus, now)
+                    if isinstance(rule, str):
+                        outcome = refused(rule)
+                    else:
+                        entry = entries[entry.rank]
+                        note = rule.note.format(rank=entry.rank) if rule.note else ""
+                        outcome = Outcome(True, self._fire(entry, rule, stimulus, now), note)
+            if outcome.changed:
+                self.generation += 1
+            outcomes.append(outcome)
+            if not outcome.applied:
+                break
+        return outcomes
 
     def idle(self, event: Event | Reserve, now: float) -> bool:
         """Whether `event` would apply and change nothing: its row moves nowhere and has no
