@@ -1011,6 +1011,13 @@ class FlubMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.incarnations)
     @invariant()
+    def the_timers_see_every_deadline(self) -> None:
+        """`deadlined`, what the loop's timers walk, is every entry with a lease or adrift."""
+        every = [e for e in self.table.entries if e.lease is not None or e.adrift_until is not None]
+        assert self.table.deadlined() == every
+
+    @precondition(lambda self: self.incarnations)
+    @invariant()
     def rank_zero_is_online(self) -> None:
         assert self.table.entry(0).state is RankState.ONLINE
 

@@ -37,14 +37,14 @@ def public_key(seed: int) -> str:
 
 
 def applies(source: Path) -> list[int]:
-    """The lines of `source` that call something's `.apply(...)`."""
+    """The lines of `source` that call something's `.apply(...)` or `.apply_all(...)`."""
     tree = ast.parse(source.read_text(), filename=str(source))
     return [
         node.lineno
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "apply"
+        and node.func.attr in ("apply", "apply_all")
     ]
 
 

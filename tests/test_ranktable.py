@@ -977,6 +977,13 @@ class RankTableMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
+    def the_timers_see_every_deadline(self) -> None:
+        """`deadlined`, what the loop's timers walk, is every entry with a lease or adrift."""
+        every = [e for e in self.table.entries if e.lease is not None or e.adrift_until is not None]
+        assert self.table.deadlined() == every
+
+    @precondition(lambda self: hasattr(self, "table"))
+    @invariant()
     def ownership_is_explicit(self) -> None:
         """A config rank is in a config phase, never lost or vacant here; an open one never."""
         for entry in self.table.entries:
@@ -1068,6 +1075,29 @@ def test_a_roll_up_kept_live_starts_as_the_roll_up(
     assert rollup.statuses == roll_up(topology, states)
     assert rollup.offline == states.count(RankState.OFFLINE)
     assert rollup.since == [5.0] * size
+
+
+@given(trees(40), st.data())
+@settings(max_examples=200, deadline=None)
+def test_a_batch_of_ranks_coming_online_rolls_up_as_one_by_one(
+    tree: tuple[str, int], data: st.DataObject
+) -> None:
+    """`set_online` (a report's Onlines rolled up in one pass) leaves what `set` one rank at a
+    time does: states, counts, statuses and when each changed, from any states on any tree,
+    for any ranks in any order (repeats and ranks online already included)."""
+    spec, size = tree
+    topology = Topology(spec, size)
+    states = data.draw(st.lists(st.sampled_from(list(RankState)), min_size=size, max_size=size))
+    ranks = data.draw(st.lists(st.integers(0, size - 1), max_size=2 * size))
+    one_by_one, batched = Rollup(topology, states, 5.0), Rollup(topology, states, 5.0)
+    for rank in ranks:
+        one_by_one.set(rank, RankState.ONLINE, 7.0)
+    batched.set_online(ranks, 7.0)
+    assert batched.states == one_by_one.states
+    assert batched.statuses == one_by_one.statuses == roll_up(topology, batched.states)
+    assert batched.since == one_by_one.since
+    assert +batched.counts == +one_by_one.counts and batched.offline == one_by_one.offline
+    assert (batched.lost_kids, batched.short_kids) == (one_by_one.lost_kids, one_by_one.short_kids)
 
 
 # --- retire ---------------------------------------------------------------------------------

@@ -112,27 +112,53 @@ class RankPath:
         """A report's events in one pass, in their order: each is decided, and its follow-ups
         taken, before the next (so the outcomes and actions are those of `handle` one by one);
         the loop is woken once for the lot, and status streams push once for it (they follow
-        the table's generation after each turn of the loop)."""
+        the table's generation after each turn of the loop).
+
+        A run of Onlines whose one follow-up is `Admissions.told` (`_quiet`: most of a wire-up)
+        goes to the table in one `apply_all`, which stops at a refusal; their follow-ups are
+        then taken in their order, and the refusal's (a void) before anything after it
+        (tests/test_rankpath_batch.py holds it to `handle` one by one)."""
         generation = self.table.generation
         outcomes: list[Outcome] = []
         actions: list[Action] = []
-        for event in events:
-            if type(event) is Online:  # most of them: what `handle` does of one, written out
-                outcome = self.table.apply(event, now)
-                if outcome.applied:
-                    actions += self._welcomed(event)
-                    actions += self._withdraw_moot()
-                else:
-                    actions += self._follow_ups(event, outcome, now, [])
-                outcomes.append(outcome)
+        at, count = 0, len(events)
+        while at < count:
+            end = at
+            while end < count and self._quiet(events[end]):
+                end += 1
+            if end > at:
+                run = events[at:end]
+                done = self.table.apply_all(run, now)
+                for event, outcome in zip(run, done, strict=False):
+                    if outcome.applied:
+                        self._told(event)  # type: ignore[arg-type]  # quiet: Onlines
+                    else:
+                        actions += self._follow_ups(event, outcome, now, [])
+                outcomes += done
+                at += len(done)
                 continue
+            event = events[at]
             chains = self._chains_before(event)
             outcome = self.table.apply(event, now)
             actions += self._follow_ups(event, outcome, now, chains)
             outcomes.append(outcome)
+            at += 1
         if self.table.generation != generation:
             actions.append(Wake())
         return AppliedAll(outcomes, actions)
+
+    def _quiet(self, event: Event) -> bool:
+        """Whether, applied, `event` calls for nothing but `Admissions.told`, whatever the events
+        around it do: an Online at home (no foster parent to send it home from) of a rank with no
+        children in the tree (none to call home), while no foster admission is open (none to
+        withdraw). An Online refused is voided all the same."""
+        return (
+            type(event) is Online
+            and 0 < event.rank < self.topology.size
+            and (event.parent is None or event.parent == self.topology.parent(event.rank))
+            and not self.topology.children(event.rank)
+            and not self.admissions.any_open()
+        )
 
     def _follow_ups(
         self, event: Event | Reserve, outcome: Outcome, now: float, chains: Chains
@@ -225,10 +251,14 @@ class RankPath:
     def _welcomed(self, event: Online) -> list[Action]:
         """An Online applied: the parent that welcomed it may admit it again, and the ranks
         away from home go home (`_send_home`)."""
+        self._told(event)
+        return self._send_home(event.rank, event.parent)
+
+    def _told(self, event: Online) -> None:
+        """The parent that welcomed an Online applied may admit that incarnation again."""
         welcomer = event.parent if event.parent is not None else self.topology.parent(event.rank)
         if welcomer is not None:
             self.admissions.told(event.rank, event.incarnation, welcomer)
-        return self._send_home(event.rank, event.parent)
 
     def _chains_before(self, event: Event | Reserve) -> Chains:
         """The chains of links above the rank this event may end, taken before the table applies

@@ -183,4 +183,4 @@ def admission_fate(table: RankTable, rank: int, incarnation: int, parent: int) -
 
 def adrift(table: RankTable) -> bool:
     """Whether some connected rank is seeking a parent now."""
-    return any(entry.adrift_until is not None for entry in table.entries.held())
+    return any(entry.adrift_until is not None for entry in table.deadlined())

@@ -265,3 +265,49 @@ class Rollup:
             lost_kids[parent] += after[0] - before[0]
             short_kids[parent] += after[1] - before[1]
             current, before = parent, parent_before
+
+    def set_online(self, ranks: list[int], now: float) -> None:
+        """Each of `ranks` is now online, restated in one pass rather than one walk up each.
+
+        Their ancestors are restated from the deepest level up, each once however many of its
+        children moved, and only while what a subtree holds changes, as `set` does. The same
+        as `set` one by one, `since` included, because every move is toward online: what a
+        subtree holds (a lost rank, a rank not online) only clears, so no status can change
+        and change back within the batch, which `set` would have stamped and this would not.
+        """
+        states, lost_kids, short_kids = self.states, self.lost_kids, self.short_kids
+        parents, statuses, since = self.parents, self.statuses, self.since
+        before: dict[int, tuple[bool, bool]] = {}  # what each subtree held before the batch
+        levels: dict[int, set[int]] = {}  # the ranks to restate, by depth
+        for rank in ranks:
+            was = states[rank]
+            if was is _ONLINE:
+                continue
+            if rank not in before:
+                before[rank] = self._holds(rank)
+            self.offline -= was is _OFFLINE
+            self.counts[was] -= 1
+            self.counts[_ONLINE] += 1
+            states[rank] = _ONLINE
+            depth, up = 0, parents[rank]
+            while up is not None:
+                depth, up = depth + 1, parents[up]
+            levels.setdefault(depth, set()).add(rank)
+        depth = max(levels, default=-1)
+        while depth >= 0:
+            for rank in levels.get(depth, ()):
+                held = states[rank]
+                lost, short = lost_kids[rank] > 0, short_kids[rank] > 0
+                status = SUBTREE_STATUS[held, lost, short]
+                if status is not statuses[rank]:
+                    statuses[rank], since[rank] = status, now
+                after = (held is _LOST or lost, held is not _ONLINE or short)
+                parent, was_held = parents[rank], before[rank]
+                if parent is None or after == was_held:
+                    continue
+                if parent not in before:
+                    before[parent] = self._holds(parent)
+                lost_kids[parent] += after[0] - was_held[0]
+                short_kids[parent] += after[1] - was_held[1]
+                levels.setdefault(depth - 1, set()).add(parent)
+            depth -= 1

@@ -127,7 +127,7 @@ the guards and effects its rows name are meant to be read side by side. The even
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -497,6 +497,7 @@ def lease(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> tup
     """A new incarnation for the joiner's key, shown on its host until the lease lapses."""
     entry.incarnation += 1
     entry.lease = Lease(now + event.lease, entry.host)
+    table.timed.add(entry.rank)
     entry.host, entry.key = event.host, event.public_key
     return ()
 
@@ -569,6 +570,7 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
             changed.append(rank)
         elif connected and below.attached_to == entry.rank:
             below.attached_to, below.adrift_until = None, grace_ends
+            table.timed.add(rank)
             changed.append(rank)
         elif not connected and not parent_there:
             rule = TRANSITIONS.get((below.phase, Orphaned))
@@ -779,17 +781,33 @@ class RankTable:
         self.root = 0  # the rank whose broker holds the table: a member, after a takeover
         self.former_roots: tuple[int, ...] = ()  # the roots that died, each taken over
         self.retired_keys: dict[str, int] = {}  # a barred key -> the rank it retired from
+        # the ranks given a lease or an adrift deadline since `deadlined` last looked (the rows
+        # that set one add it): what the loop's timers walk, not the whole table, each turn
+        self.timed: set[int] = set()
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
         self.entries: Entries = store(first, topology.size, now)
         spares = topology.size - len(hosts)
-        self.rollup = Rollup(
+        self._rollup = Rollup(
             topology, [first[0].state] * len(hosts) + [RankState.VACANT] * spares, now
         )
+        # ranks moved online at `_onward_at` whose roll-up waits: a run of them is rolled up in
+        # one pass (Rollup.set_online) when the roll-up is next read or moved otherwise
+        self._onward: list[int] = []
+        self._onward_at = now
 
     @property
     def size(self) -> int:
         return self.topology.size
+
+    @property
+    def rollup(self) -> Rollup:
+        """Every rank's subtree status, current: the ranks moved online since it was last read
+        are rolled up first, in one pass (a report of many Onlines: one roll-up, not one each)."""
+        if self._onward:
+            self._rollup.set_online(self._onward, self._onward_at)
+            self._onward = []
+        return self._rollup
 
     def parent_of(self, rank: int) -> int | None:
         """The rank a broker of `rank` joins under: its topology parent; for rank 0, once
@@ -810,6 +828,37 @@ class RankTable:
         if outcome.changed:
             self.generation += 1
         return outcome
+
+    def apply_all(self, events: Sequence[Event], now: float) -> list[Outcome]:
+        """A report's events in one pass, in order, each decided by its row as `apply` decides
+        it, until one is refused: its outcome ends the list, and the caller acts on it before
+        the table moves on (rankpath.py voids a refused Online). The ranks moved online are
+        rolled up once for the lot (`rollup`). The same table and outcomes as `apply` one by
+        one (tests/test_rankpath_batch.py)."""
+        outcomes: list[Outcome] = []
+        entries, size = self.entries, self.size
+        for event in events:
+            if not 0 <= event.rank < size or isinstance(event, Reboot):
+                outcome = self._event(event, now)
+            else:  # what _event and _step do of one event, without their calls
+                entry = entries.peek(event.rank)
+                if event.incarnation != entry.incarnation:
+                    outcome = self._event(event, now)  # refused: _event words it
+                else:
+                    stimulus = one_of_several(entry, event)
+                    rule = self._rule(entry, stimulus, now)
+                    if isinstance(rule, str):
+                        outcome = refused(rule)
+                    else:
+                        entry = entries[entry.rank]
+                        note = rule.note.format(rank=entry.rank) if rule.note else ""
+                        outcome = Outcome(True, self._fire(entry, rule, stimulus, now), note)
+            if outcome.changed:
+                self.generation += 1
+            outcomes.append(outcome)
+            if not outcome.applied:
+                break
+        return outcomes
 
     def idle(self, event: Event | Reserve, now: float) -> bool:
         """Whether `event` would apply and change nothing: its row moves nowhere and has no
@@ -863,7 +912,14 @@ class RankTable:
             why = rule.why if isinstance(rule.why, str) else rule.why(event)
             entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
             state = PUBLIC[rule.target]
-            self.rollup.set(entry.rank, state, now)
+            if state is RankState.ONLINE:  # the roll-up waits for the run (`rollup`)
+                if self._onward and now != self._onward_at:
+                    self._rollup.set_online(self._onward, self._onward_at)
+                    self._onward = []
+                self._onward.append(entry.rank)
+                self._onward_at = now
+            else:
+                self.rollup.set(entry.rank, state, now)
             if state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
@@ -931,18 +987,27 @@ class RankTable:
             return f"rank {rank} is reserved for another key"
         return None
 
+    def deadlined(self) -> list[RankEntry]:
+        """The entries with a lease or an adrift deadline, in rank order: `timed`, less the
+        ranks whose deadline has gone since (it keeps those it returns)."""
+        entries = [self.entries.peek(rank) for rank in sorted(self.timed)]
+        held = [e for e in entries if e.lease is not None or e.adrift_until is not None]
+        if len(held) < len(entries):
+            self.timed = {entry.rank for entry in held}
+        return held
+
     def expired(self, now: float) -> list[Expire]:
         """Reservations whose lease has run out."""
         return [
             Expire(e.rank, e.incarnation)
-            for e in self.entries.held()
+            for e in self.deadlined()
             if e.lease is not None and now >= e.lease.until
         ]
 
     def next_expiry(self) -> float | None:
         """The next lease or reattach grace to run out."""
         soonest: float | None = None
-        for entry in self.entries.held():  # a rank is reserved or adrift, never both
+        for entry in self.deadlined():  # a rank is reserved or adrift, never both
             end = entry.lease.until if entry.lease is not None else entry.adrift_until
             if end is not None and (soonest is None or end < soonest):
                 soonest = end
@@ -952,7 +1017,7 @@ class RankTable:
         """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
         return [
             Lost(e.rank, e.incarnation, "did not reattach in time")
-            for e in self.entries.held()
+            for e in self.deadlined()
             if e.adrift_until is not None and now >= e.adrift_until and e.state in CONNECTED
         ]
 
