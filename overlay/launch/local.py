@@ -50,6 +50,7 @@ from tbon.proctitle import name_broker
 PROG = "tbon start"
 FORKED_BROKERS_NEED = (
     "encodings.idna",  # socket.gethostbyname, when a broker with children binds
+    "hmac",  # and hashlib: rank 0's check of a joiner's proof, group.state's digest
     "shlex",
     "subprocess",
     "tbon.overlay.boot.pmi",
@@ -61,8 +62,8 @@ FORKED_BROKERS_NEED = (
 )
 """Modules a broker loads only once it needs them (so that one started on its own stays small:
 tests/test_broker_imports.py), which brokers of `tbon start` do need: jobs, PMI, links, rank 0's
-status and rank path, the IDNA codec a bind's host lookup loads. The launcher loads them before
-it forks, once, rather than each broker after."""
+status and rank path, the IDNA codec a bind's host lookup loads, OpenSSL's hashes. The launcher
+loads them before it forks, once, rather than each broker after."""
 _PR_SET_PDEATHSIG = 1
 SHUTDOWN_ASK_S = 3.0
 """How long a launcher whose rank 0 is gone waits for the root to agree to shut down."""

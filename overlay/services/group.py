@@ -27,7 +27,6 @@ With K = 0 this service is idle: `active` is false and the performer applies at 
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -489,6 +488,8 @@ class GroupService:
 
 def digest(table: RankTable) -> str:
     """A digest of every rank's entry and the retired keys: equal tables, equal digests."""
+    import hashlib  # here, not at the top: asked for by group.state alone, it loads OpenSSL
+
     hashed = hashlib.sha256()
     for rank in range(table.size):
         hashed.update(repr(table.entries.peek(rank)).encode())
