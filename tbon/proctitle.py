@@ -20,6 +20,7 @@ from __future__ import annotations
 BROKER_COMM = b"tbon-broker"
 
 _detail = ""  # what follows the rank in a broker's title: its own arguments, if it has any
+_shown: str | None = None  # the title name_broker last set (a forked broker inherits its own)
 
 
 def _argv_area() -> tuple[int, int] | None:
@@ -66,8 +67,9 @@ def name_broker(
     rank: int | None = None, size: int | None = None, detail: str | None = None
 ) -> None:
     """`tbon broker rank R/N DETAIL`; before the rank is known, `tbon broker DETAIL`. `detail`
-    is kept for later calls."""
-    global _detail
+    is kept for later calls. A title already shown is not written again (three opens of /proc
+    saved: a broker `tbon start` forked is named before it boots, and the same after)."""
+    global _detail, _shown
     if detail is not None:
         _detail = detail
     words = ["tbon broker"]
@@ -75,4 +77,8 @@ def name_broker(
         words.append(f"rank {rank}/{size}")
     if _detail:
         words.append(_detail)
-    set_title(" ".join(words), BROKER_COMM)
+    title = " ".join(words)
+    if title == _shown:
+        return  # already shown: a forked broker is named before it boots, and again after
+    if set_title(title, BROKER_COMM):
+        _shown = title

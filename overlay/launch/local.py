@@ -43,6 +43,13 @@ from tbon.overlay.config.attributes import BrokerConfig, broker_config, parse_as
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.launch.rundirs import listening_joiners
+from tbon.overlay.links.descriptors import (
+    Reserve,
+    descriptor_limit,
+    hand_down,
+    raise_limit,
+    reserve_size,
+)
 from tbon.overlay.parse.duration import parse_duration
 from tbon.overlay.parse.idset import format_idset
 from tbon.proctitle import name_broker
@@ -125,6 +132,18 @@ class Launch:
     alone: bool = False  # said: the instance lives on in joiners only
 
     def start(self) -> SocketPmiServer:
+        # Done once here, for every broker: the descriptor limit each would raise, and the
+        # reserve each would open at that limit (overlay/links/descriptors.py), inherited.
+        raise_limit()
+        reserve = Reserve(reserve_size(descriptor_limit()))
+        try:
+            hand_down(reserve)
+            return self._fork_brokers()
+        finally:
+            hand_down(None)
+            reserve.close()
+
+    def _fork_brokers(self) -> SocketPmiServer:
         server = SocketPmiServer(self.size, fd_floor=_fd_floor(self.size))
         launcher = os.getpid()
         # Every object the launcher holds now is shared with every broker, page for page, until
