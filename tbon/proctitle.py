@@ -17,14 +17,19 @@ bootstrap has told it (overlay/broker/broker.py), so that `pgrep -f "tbon broker
 
 from __future__ import annotations
 
+import functools
+
 BROKER_COMM = b"tbon-broker"
 
 _detail = ""  # what follows the rank in a broker's title: its own arguments, if it has any
 _shown: str | None = None  # the title name_broker last set (a forked broker inherits its own)
 
 
-def _argv_area() -> tuple[int, int] | None:
-    """Where this process's argument strings lie: (start, end) addresses, or None."""
+@functools.cache
+def argv_area() -> tuple[int, int] | None:
+    """Where this process's argument strings lie: (start, end) addresses, or None. Read once:
+    they never move, and a forked child's lie where its parent's do, so `tbon start`'s launcher
+    reads them before it forks and no broker reads /proc/self/stat for them again."""
     try:
         with open("/proc/self/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()  # fields[0] is field 3, the state
@@ -48,7 +53,7 @@ def set_title(title: str, comm: bytes | None = None) -> bool:
     """Show `title` as this process's command line; False if it could not be."""
     if comm is not None:
         set_comm(comm)
-    area = _argv_area()
+    area = argv_area()
     if area is None:
         return False
     start, end = area

@@ -52,7 +52,7 @@ from tbon.overlay.links.descriptors import (
 )
 from tbon.overlay.parse.duration import parse_duration
 from tbon.overlay.parse.idset import format_idset
-from tbon.proctitle import name_broker
+from tbon.proctitle import argv_area, name_broker
 
 PROG = "tbon start"
 FORKED_BROKERS_NEED = (
@@ -152,6 +152,7 @@ class Launch:
         # objects are never visited again. (Reference counts still write: fewer, fairer copies.)
         for name in FORKED_BROKERS_NEED:
             importlib.import_module(name)
+        argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
         gc.collect()
         gc.freeze()
         size = instance_size(self.config.size, self.size)

@@ -122,5 +122,13 @@ class Reserve:
             self.refill()
 
     def close(self) -> None:
-        self.release(len(self._held))
+        """Close every held descriptor, each run of consecutive ones with one close_range(2): a
+        reserve opened at once (a forked broker's, inherited) is one run, not 256 closes."""
+        held = sorted(self._held)
+        self._held.clear()
+        first = 0
+        for i in range(1, len(held) + 1):
+            if i == len(held) or held[i] != held[i - 1] + 1:
+                os.closerange(held[first], held[i - 1] + 1)
+                first = i
         self.size = 0
