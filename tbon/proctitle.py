@@ -17,13 +17,19 @@ bootstrap has told it (overlay/broker/broker.py), so that `pgrep -f "tbon broker
 
 from __future__ import annotations
 
+import functools
+
 BROKER_COMM = b"tbon-broker"
 
 _detail = ""  # what follows the rank in a broker's title: its own arguments, if it has any
+_shown: str | None = None  # the title name_broker last set (a forked broker inherits its own)
 
 
-def _argv_area() -> tuple[int, int] | None:
-    """Where this process's argument strings lie: (start, end) addresses, or None."""
+@functools.cache
+def argv_area() -> tuple[int, int] | None:
+    """Where this process's argument strings lie: (start, end) addresses, or None. Read once:
+    they never move, and a forked child's lie where its parent's do, so `tbon start`'s launcher
+    reads them before it forks and no broker reads /proc/self/stat for them again."""
     try:
         with open("/proc/self/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()  # fields[0] is field 3, the state
@@ -47,7 +53,7 @@ def set_title(title: str, comm: bytes | None = None) -> bool:
     """Show `title` as this process's command line; False if it could not be."""
     if comm is not None:
         set_comm(comm)
-    area = _argv_area()
+    area = argv_area()
     if area is None:
         return False
     start, end = area
@@ -66,8 +72,9 @@ def name_broker(
     rank: int | None = None, size: int | None = None, detail: str | None = None
 ) -> None:
     """`tbon broker rank R/N DETAIL`; before the rank is known, `tbon broker DETAIL`. `detail`
-    is kept for later calls."""
-    global _detail
+    is kept for later calls. A title already shown is not written again (three opens of /proc
+    saved: a broker `tbon start` forked is named before it boots, and the same after)."""
+    global _detail, _shown
     if detail is not None:
         _detail = detail
     words = ["tbon broker"]
@@ -75,4 +82,8 @@ def name_broker(
         words.append(f"rank {rank}/{size}")
     if _detail:
         words.append(_detail)
-    set_title(" ".join(words), BROKER_COMM)
+    title = " ".join(words)
+    if title == _shown:
+        return  # already shown: a forked broker is named before it boots, and again after
+    if set_title(title, BROKER_COMM):
+        _shown = title

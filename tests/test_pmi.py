@@ -270,13 +270,11 @@ INIT_HYDRA3 = (
     b"cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n"
     b"cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024\n"
     b"cmd=my_kvsname kvsname=kvs_1234_0\n"
-    b"cmd=universe_size size=4\n"
 )
 INIT_FLUX = (
     b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n"
     b"cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024\n"
     b"cmd=my_kvsname rc=0 kvsname=\xc6\x92ABRxM89qL3\n"
-    b"cmd=universe_size rc=0 size=2\n"
 )
 
 
@@ -319,22 +317,31 @@ def test_client_speaks_to_hydra_and_flux_reply_styles(init: bytes) -> None:
         assert client.get("addr-0") == "tcp://h:1/x=y"
         client.finalize()
         sent = _sent(server_end)
-    assert sent[:4] == [
+    assert sent[:3] == [
         b"cmd=init pmi_version=1 pmi_subversion=1",
         b"cmd=get_maxes",
         b"cmd=get_my_kvsname",
-        b"cmd=get_universe_size",
     ]
     assert (
-        sent[4]
+        sent[3]
         == b"cmd=put kvsname=" + client.kvsname.encode() + b" key=addr-0 value=tcp://h:1/x=y"
     )
-    assert sent[5:] == [
+    assert sent[4:] == [
         b"cmd=barrier_in",
         b"cmd=get kvsname=" + client.kvsname.encode() + b" key=addr-0",
         b"cmd=finalize",
     ]
     assert (client.keylen_max, client.vallen_max) == (64, 1024)
+
+
+def test_client_asks_the_universe_size_only_when_asked() -> None:
+    with canned(INIT_HYDRA3 + b"cmd=universe_size size=-1\n") as (client, server_end):
+        with pytest.raises(PmiError, match="before init"):
+            client.universe_size()
+        client.init()
+        assert _sent(server_end)[-1] == b"cmd=get_my_kvsname"  # not asked by init
+        assert client.universe_size() == -1  # Hydra's unlimited universe
+        assert _sent(server_end) == [b"cmd=get_universe_size"]
 
 
 @pytest.mark.parametrize(
@@ -580,7 +587,7 @@ def _full_exchange(rank: int, env: dict[str, str]) -> None:
     assert client is not None
     client.init()
     size = client.size
-    assert (client.rank, client.kvsname, client.universe_size) == (rank, "tbon", size)
+    assert (client.rank, client.kvsname, client.universe_size()) == (rank, "tbon", size)
     assert (client.keylen_max, client.vallen_max) == (64, 1024)
     client.put(f"addr-{rank}", _address(rank))
     client.barrier()

@@ -4,6 +4,7 @@ back. Pure, but for the filter, which is tried on a real listening socket on 127
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from tbon.errors import UsageError
 from tbon.overlay.config.attributes import broker_config
 from tbon.overlay.links.blocklist import MAX_BLOCKED, Blocklist, attach
-from tbon.overlay.links.descriptors import Reserve, reserve_size, target_limit
+from tbon.overlay.links.descriptors import Reserve, hand_down, reserve_size, target_limit
 from tbon.overlay.links.strangers import Caps, FloodLog, Strangers, caps_for
 
 CAPS = Caps(per_source=3, in_all=5)
@@ -155,6 +156,42 @@ def test_the_reserve_lends_and_fills_again() -> None:
     finally:
         reserve.close()
     assert len(reserve) == 0
+
+
+def _open(fd: int) -> bool:
+    return os.path.exists(f"/proc/self/fd/{fd}")
+
+
+def test_closing_the_reserve_closes_its_own_descriptors_only() -> None:
+    reserve = Reserve(6)
+    other = None
+    try:
+        reserve.release(3)  # the three highest: one of them is taken by another, in between
+        other = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        reserve.refill()
+        held = list(reserve._held)
+        assert other in range(min(held), max(held))  # the reserve is two runs around it
+        reserve.close()
+        assert len(reserve) == 0 and not any(_open(fd) for fd in held)
+        assert _open(other)
+    finally:
+        reserve.close()
+        if other is not None:
+            os.close(other)
+
+
+def test_a_broker_takes_the_reserve_its_launcher_handed_down() -> None:
+    launcher = Reserve(4)
+    hand_down(launcher)
+    try:
+        broker = Reserve(4)  # as in a forked broker: what it inherited becomes its own
+        assert len(broker) == 4 and broker._held == launcher._held
+        again = Reserve(4)  # taken once only: another reserve opens its own
+        assert set(again._held).isdisjoint(launcher._held)
+        again.close()
+    finally:
+        hand_down(None)
+        launcher.close()  # (and so the broker's: they are the same descriptors here)
 
 
 def test_the_handshake_timeout_attribute() -> None:

@@ -94,8 +94,9 @@ class PmiClient:
     each wait for a reply (``None`` waits for ever, which a barrier may legitimately need).
 
     ``rank``, ``size`` and ``debug`` come from the environment or the initack handshake;
-    ``init()`` fills ``kvsname``, ``kvsname_max``, ``keylen_max``, ``vallen_max`` and
-    ``universe_size`` (Hydra reports -1 for an unlimited universe).
+    ``init()`` fills ``kvsname``, ``kvsname_max``, ``keylen_max`` and ``vallen_max``;
+    ``universe_size()`` asks the server when it is wanted (Hydra reports -1 for an unlimited
+    universe), as MPICH's PMI_Get_universe_size does, and not at every start.
     """
 
     def __init__(
@@ -117,7 +118,6 @@ class PmiClient:
         self.kvsname_max = 0
         self.keylen_max = 0
         self.vallen_max = 0
-        self.universe_size = 0
         self.initialized = False
         self._sock: socket.socket | None = sock
         self._lines = LineBuffer()
@@ -214,7 +214,7 @@ class PmiClient:
     # ----------------------------------------------------------------- PMI operations
 
     def init(self) -> None:
-        """Handshake version 1.1 and learn the maxes, the KVS name and the universe size."""
+        """Handshake version 1.1 and learn the maxes and the KVS name: three round trips."""
         reply = self._request("init", "response_to_init", pmi_version=1, pmi_subversion=1)
         version = reply.get("pmi_version", "1")
         if version != "1":
@@ -230,9 +230,13 @@ class PmiClient:
         if not kvsname:
             raise PmiError(f"PMI reply to get_my_kvsname lacks kvsname=: {_show(_fmt(kvs))}")
         self.kvsname = kvsname
-        universe = self._request("get_universe_size", "universe_size")
-        self.universe_size = _reply_int(universe, "size", "get_universe_size")
         self.initialized = True
+
+    def universe_size(self) -> int:
+        """How many processes the job may grow to, as the server says (-1: unlimited)."""
+        self._require_init("get_universe_size")
+        universe = self._request("get_universe_size", "universe_size")
+        return _reply_int(universe, "size", "get_universe_size")
 
     def put(self, key: str, value: str) -> None:
         """Publish ``key=value`` in the job's KVS; peers may read it after the next barrier."""

@@ -43,9 +43,16 @@ from tbon.overlay.config.attributes import BrokerConfig, broker_config, parse_as
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
 from tbon.overlay.launch.rundirs import listening_joiners
+from tbon.overlay.links.descriptors import (
+    Reserve,
+    descriptor_limit,
+    hand_down,
+    raise_limit,
+    reserve_size,
+)
 from tbon.overlay.parse.duration import parse_duration
 from tbon.overlay.parse.idset import format_idset
-from tbon.proctitle import name_broker
+from tbon.proctitle import argv_area, name_broker
 
 PROG = "tbon start"
 FORKED_BROKERS_NEED = (
@@ -126,6 +133,18 @@ class Launch:
     alone: bool = False  # said: the instance lives on in joiners only
 
     def start(self) -> SocketPmiServer:
+        # Done once here, for every broker: the descriptor limit each would raise, and the
+        # reserve each would open at that limit (overlay/links/descriptors.py), inherited.
+        raise_limit()
+        reserve = Reserve(reserve_size(descriptor_limit()))
+        try:
+            hand_down(reserve)
+            return self._fork_brokers()
+        finally:
+            hand_down(None)
+            reserve.close()
+
+    def _fork_brokers(self) -> SocketPmiServer:
         server = SocketPmiServer(self.size, fd_floor=_fd_floor(self.size))
         launcher = os.getpid()
         # Every object the launcher holds now is shared with every broker, page for page, until
@@ -134,28 +153,43 @@ class Launch:
         # objects are never visited again. (Reference counts still write: fewer, fairer copies.)
         for name in FORKED_BROKERS_NEED:
             importlib.import_module(name)
+        argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
         gc.collect()
         gc.freeze()
+        size = instance_size(self.config.size, self.size)
         for rank in range(self.size):
             client_end = server.make_pair(rank)
+            # The broker's config is made here, where the code that makes it is warm, rather
+            # than in each broker, for which every line run first is pages copied.
+            config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
             pid = os.fork()
             if pid == 0:
-                self._become_broker(rank, client_end, server, launcher)
+                self._become_broker(rank, size, config, client_end, server, launcher)
             client_end.close()
             self.brokers[pid] = BrokerProcess(rank, pid)
         return server
 
     def _become_broker(
-        self, rank: int, pmi: socket.socket, server: SocketPmiServer, launcher: int
+        self,
+        rank: int,
+        size: int,
+        config: BrokerConfig,
+        pmi: socket.socket,
+        server: SocketPmiServer,
+        launcher: int,
     ) -> NoReturn:
         code = exitcodes.INTERNAL
         try:
             die_with_parent(launcher)
             # `tbon broker rank R/N`, as a broker started on its own shows (tbon/proctitle.py).
-            name_broker(rank, instance_size(self.config.size, self.size), detail="")
+            name_broker(rank, size, detail="")
             server.close_in_child(keep=pmi.fileno())
-            os.environ.update(PMI_FD=str(pmi.fileno()), PMI_RANK=str(rank), PMI_SIZE=str(self.size))
-            config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
+            # One item at a time: update() goes through the ABCs' isinstance checks, which
+            # cost a forked broker a third of a millisecond, mostly copied pages.
+            environ = os.environ
+            environ["PMI_FD"] = str(pmi.fileno())
+            environ["PMI_RANK"] = str(rank)
+            environ["PMI_SIZE"] = str(self.size)
             code = run_broker(config, self.command if rank == 0 else [])
         except BaseException as error:  # a forked child must never return into the launcher
             sys.stderr.write(f"tbon-broker[{rank}]: internal error: {error!r}\n")

@@ -30,8 +30,9 @@ class SocketPmiServer:
     closes all the server ends it inherited with one ``close_range(2)``, whatever the size, rather
     than one ``close`` per rank (O(N) per broker, O(N²) across an instance).
 
-    Replies are written with a blocking ``sendall`` bounded by ``send_timeout``; a rank that
-    stops reading for that long, that sends garbage, or that closes, is disconnected.
+    A reply is written without blocking, and what the socket does not take at once with a
+    blocking ``sendall`` bounded by ``send_timeout``; a rank that stops reading for that long,
+    that sends garbage, or that closes, is disconnected.
     """
 
     def __init__(
@@ -161,8 +162,17 @@ class SocketPmiServer:
             if sock is None:
                 continue
             try:
+                sent = sock.send(line)  # a reply is small: it goes at once, almost always
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                queue.extend(self._close(rank))
+                continue
+            if sent == len(line):
+                continue
+            try:  # the rest, blocking (four more system calls): a rank slow to read
                 sock.settimeout(self.send_timeout)
-                sock.sendall(line)
+                sock.sendall(line[sent:])
             except OSError:  # includes TimeoutError: a rank that stopped reading
                 queue.extend(self._close(rank))
             else:
