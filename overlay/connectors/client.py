@@ -2,16 +2,21 @@
 
 A request names a target rank; the broker it reaches routes it through the tree and the answer
 comes back the same way. Errors arrive as one-line TbonErrors.
+
+Every command that talks to an instance imports this module first, so it imports little: the
+socket is `_socket`'s, the C type that the `socket` module wraps (whose import alone, building
+its enums of every address family and flag, costs a `tbon ping` ~2 ms of its ~200), and
+ACK_EVERY lives here rather than with exec's windows in wire/flow.py, which a ping never uses.
 """
 
 from __future__ import annotations
 
+import _socket
 import collections
 import itertools
 import math
 import os
 import select
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -19,7 +24,6 @@ from typing import Any, Protocol
 from tbon.errors import TbonError
 from tbon.overlay.connectors.patience import ANSWER_WAIT, Patience
 from tbon.overlay.connectors.uri import Uri, parse_uri, parse_uri_list
-from tbon.overlay.wire.flow import ACK_EVERY
 from tbon.overlay.wire.frames import Buffer as Part
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode
@@ -32,6 +36,9 @@ in milliseconds, a loaded one well within this; a stopped broker, an ssh host th
 answer, a socket whose backlog is full cost this much each, and a whole list at most MAX_URIS
 times as much."""
 CHUNK = 256 << 10  # bytes read from the broker's socket at a time
+ACK_EVERY = 1024 * 1024
+"""A client acknowledges (`client.ack`) what it has read at least this often: the broker drops
+one that leaves more than its backlog unread (docs/protocol.md §1.2, wire/flow.py)."""
 
 
 class RequestError(TbonError):
@@ -259,7 +266,7 @@ class LocalTransport:
             self._broken = True
 
     def _sendmsg(self, parts: list[Part]) -> int:
-        return self.socket.sendmsg(parts, (), socket.MSG_NOSIGNAL)
+        return self.socket.sendmsg(parts, (), _socket.MSG_NOSIGNAL)
 
     def poll(self, timeout_ms: int | None) -> bool:
         return self.wait([], timeout_ms)[0]
@@ -296,7 +303,7 @@ class LocalTransport:
     def _fill(self) -> None:
         """Read what the broker sent, keeping whole messages; note the connection's end."""
         try:
-            size = self.socket.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
+            size = self.socket.recv_into(self._scratch, 0, _socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
@@ -331,11 +338,11 @@ def _payload(reply: Message) -> dict[str, Any]:
     return reply.payload
 
 
-def open_socket(path: str, within: float | None = None) -> socket.socket:
+def open_socket(path: str, within: float | None = None) -> _socket.socket:
     """A connection to the broker's socket at `path` (within `within` seconds, if given: a
     broker whose backlog is full makes connect(2) wait), or one clear line saying why not."""
     uri = f"local://{path}"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(within)
         sock.connect(path)

@@ -10,9 +10,9 @@ the broker sent before). Started by ssh, never by hand.
 
 from __future__ import annotations
 
+import _socket  # the socket client.open_socket makes: the C type, as the client's docstring says
 import os
 import select
-import socket
 import sys
 
 from tbon.overlay.wire.frames import write_all
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         sock.close()
 
 
-def _pump(sock: socket.socket, stdin: int, stdout: int) -> bool:
+def _pump(sock: _socket.socket, stdin: int, stdout: int) -> bool:
     """Carry bytes until one side ends: True if the client's (stdin) did, False if the
     broker's did (what it sent before is passed on first)."""
     poller = select.poll()
@@ -94,13 +94,13 @@ def _pump(sock: socket.socket, stdin: int, stdout: int) -> bool:
                 if not data:
                     return True  # the client went away
                 try:
-                    sock.sendall(data, socket.MSG_NOSIGNAL)
+                    sock.sendall(data, _socket.MSG_NOSIGNAL)
                 except OSError:
                     _drain(sock, buffer, stdout)
                     return False
 
 
-def _recv(sock: socket.socket, buffer: bytearray) -> int:
+def _recv(sock: _socket.socket, buffer: bytearray) -> int:
     """Bytes read from the broker; 0 once its end has closed (or been reset)."""
     try:
         return sock.recv_into(buffer)
@@ -108,7 +108,7 @@ def _recv(sock: socket.socket, buffer: bytearray) -> int:
         return 0
 
 
-def _drain(sock: socket.socket, buffer: bytearray, stdout: int) -> None:
+def _drain(sock: _socket.socket, buffer: bytearray, stdout: int) -> None:
     """The broker's end is closed: pass on what it sent before."""
     with memoryview(buffer) as view:
         while size := _recv(sock, buffer):

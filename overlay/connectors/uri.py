@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import _socket  # gethostname as socket's is, without that module's import (client.py says why)
 import itertools
 import os
 import re
-import socket
 from dataclasses import dataclass
 
 from tbon.errors import TbonError, UsageError
@@ -111,7 +111,7 @@ def to_remote(uri: Uri) -> Uri:
     """The form of `uri` that reaches it from another host."""
     if uri.scheme == "ssh":
         return uri
-    return Uri("ssh", uri.path, socket.gethostname())
+    return Uri("ssh", uri.path, _socket.gethostname())
 
 
 def to_local(uri: Uri) -> Uri:
@@ -124,7 +124,7 @@ def reach(local: str, host: str, given: Uri, remote: bool = False) -> Uri:
     user and port `given` took if it went to that host; ssh:// always if `remote` (for use on
     another host)."""
     path = local.removeprefix("local://")
-    if remote or host != socket.gethostname():
+    if remote or host != _socket.gethostname():
         same = given.scheme == "ssh" and given.host == host
         return Uri("ssh", path, host, given.user if same else "", given.port if same else None)
     return Uri("local", path)
