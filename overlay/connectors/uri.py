@@ -1,9 +1,9 @@
 """Instance URIs: `local://PATH` and `ssh://[user@]host[:port]/PATH`, and how to find one.
 
 Every command that talks to an instance imports this module (connectors/client.py does), so
-what it builds at import is kept cheap: `Uri` is a NamedTuple (a frozen dataclass is built in
-~0.6 ms on a quiet machine), and each pattern is a string that `re` compiles, and caches, the
-first time it is matched, which a `local://` URI never is.
+what it builds at import is kept cheap: `Uri` is a record (tbon/record.py), not a dataclass,
+and each pattern is a string that `re` compiles, and caches, the first time it is matched,
+which a `local://` URI never is.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import _socket  # gethostname as socket's is, without that module's import (clie
 import itertools
 import os
 import re
-from typing import NamedTuple
 
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.parse.numbers import is_decimal
+from tbon.record import Record
 
 SOCKET_NAME = "local"
 """A broker's socket in its run directory (overlay/links/local.py binds it): named here, so that
@@ -26,12 +26,17 @@ _SCHEME = r"^[A-Za-z][A-Za-z0-9+.-]*://"
 _SSH = r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>[0-9]+))?(?P<path>/.*)$"
 
 
-class Uri(NamedTuple):
-    scheme: str  # "local" or "ssh"
-    path: str
-    host: str = ""
-    user: str = ""
-    port: int | None = None
+class Uri(Record):
+    __slots__ = __match_args__ = ("scheme", "path", "host", "user", "port")
+
+    def __init__(
+        self, scheme: str, path: str, host: str = "", user: str = "", port: int | None = None
+    ) -> None:
+        self.scheme = scheme  # "local" or "ssh"
+        self.path = path
+        self.host = host
+        self.user = user
+        self.port = port
 
     def __str__(self) -> str:
         if self.scheme == "local":
