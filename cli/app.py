@@ -8,7 +8,8 @@ unexpected (with the traceback only under TBON_DEBUG=1). `tbon` alone prints the
 exits 2.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Typer evaluates the annotations of the root's
+# callback at every start, and strings it compiles and evaluates again and again (cli/status.py).
 
 import signal
 import sys

@@ -1,6 +1,7 @@
 """`tbon ping`: round-trip times to a rank, through the tree."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Typer reads a command's annotations at every
+# start, and strings it compiles and evaluates four times over.
 
 import errno
 import time

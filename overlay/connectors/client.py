@@ -2,6 +2,9 @@
 
 A request names a target rank; the broker it reaches routes it through the tree and the answer
 comes back the same way. Errors arrive as one-line TbonErrors.
+
+Every command that talks to an instance imports this module first, so it imports little:
+ACK_EVERY lives here rather than with exec's windows in wire/flow.py, which a ping never uses.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from typing import Any, Protocol
 from tbon.errors import TbonError
 from tbon.overlay.connectors.patience import ANSWER_WAIT, Patience
 from tbon.overlay.connectors.uri import Uri, parse_uri, parse_uri_list
-from tbon.overlay.wire.flow import ACK_EVERY
 from tbon.overlay.wire.frames import Buffer as Part
 from tbon.overlay.wire.frames import FrameError, FrameReader, Outbox, frame_parts
 from tbon.overlay.wire.message import ANY_RANK, Buffer, Kind, Message, decode_sized, encode
@@ -32,6 +34,9 @@ in milliseconds, a loaded one well within this; a stopped broker, an ssh host th
 answer, a socket whose backlog is full cost this much each, and a whole list at most MAX_URIS
 times as much."""
 CHUNK = 256 << 10  # bytes read from the broker's socket at a time
+ACK_EVERY = 1024 * 1024
+"""A client acknowledges (`client.ack`) what it has read at least this often: the broker drops
+one that leaves more than its backlog unread (docs/protocol.md §1.2, wire/flow.py)."""
 
 
 class RequestError(TbonError):

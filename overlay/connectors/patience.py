@@ -11,12 +11,15 @@ torpid (`tbon.torpid`'s default). Flux's RPCs wait 0.5 s; a tree under heal need
 What legitimately takes long (the jobs of `tbon exec`, `status --wait`, `dmesg --follow`) has
 no bound of its own; on a terminal it says, after PROGRESS_AFTER seconds of silence, whom it is
 waiting for: `tbon exec: waiting for rank 3: no answer for 3 s`.
+
+Every command that talks to an instance imports this module (connectors/client.py does), so
+its classes are plain ones: a dataclass is built at import, ~0.3 ms each on a quiet machine,
+which a `tbon ping` of ~200 ms would pay for nothing.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 ANSWER_WAIT = 10.0
 """Seconds a command waits for one answer when it has no --timeout of its own."""
@@ -43,19 +46,20 @@ def silence_line(whom: str, silent: float) -> str:
     return f"waiting for {whom}: no answer for {math.floor(silent)} s"
 
 
-@dataclass
 class Patience:
     """One awaited answer: when to give up (`limit` seconds after `started`; None: never), and
     when to say, at a terminal, that it has not come."""
 
-    whom: str  # "rank 0", "local:///..."
-    limit: float | None
-    started: float
-    progress: bool = False  # say so (a person is at a terminal)
-    _next_line: float = field(init=False)
+    __slots__ = ("_next_line", "limit", "progress", "started", "whom")
 
-    def __post_init__(self) -> None:
-        self._next_line = self.started + PROGRESS_AFTER
+    def __init__(
+        self, whom: str, limit: float | None, started: float, progress: bool = False
+    ) -> None:
+        self.whom = whom  # "rank 0", "local:///..."
+        self.limit = limit
+        self.started = started
+        self.progress = progress  # say so (a person is at a terminal)
+        self._next_line = started + PROGRESS_AFTER
 
     def expired(self, now: float) -> bool:
         return self.limit is not None and now >= self.started + self.limit
@@ -80,21 +84,23 @@ class Patience:
         return f"no answer from {self.whom} within {self.limit:g}s (is it stopped or overloaded?)"
 
 
-@dataclass
 class Silence:
     """Many ranks that each answer now and then (the targets of `tbon exec`): which to probe
     with a ping to learn whether their broker is still there, and the line to show for those
     whose broker has not answered either. Used at a terminal only: a round of at most
     PROBE_MOST pings a second, the longest silent first, whatever the size of the instance."""
 
-    heard: dict[int, float]  # rank -> when something last came from it
-    probing: dict[int, float] = field(default_factory=dict)  # rank -> when its ping went
-    _next_round: float = 0.0
-    _next_line: float = 0.0
+    __slots__ = ("_next_line", "_next_round", "heard", "probing")
+
+    def __init__(self, heard: dict[int, float], next_round: float = 0.0) -> None:
+        self.heard = heard  # rank -> when something last came from it
+        self.probing: dict[int, float] = {}  # rank -> when its ping went
+        self._next_round = next_round
+        self._next_line = 0.0
 
     @classmethod
     def of(cls, ranks: list[int], now: float) -> Silence:
-        return cls({rank: now for rank in ranks}, _next_round=now + PROBE_AFTER)
+        return cls({rank: now for rank in ranks}, next_round=now + PROBE_AFTER)
 
     def hear(self, rank: int, now: float) -> None:
         if rank in self.heard:

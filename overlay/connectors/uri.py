@@ -1,4 +1,10 @@
-"""Instance URIs: `local://PATH` and `ssh://[user@]host[:port]/PATH`, and how to find one."""
+"""Instance URIs: `local://PATH` and `ssh://[user@]host[:port]/PATH`, and how to find one.
+
+Every command that talks to an instance imports this module (connectors/client.py does), so
+what it builds at import is kept cheap: `Uri` is a record (tbon/record.py), not a dataclass,
+and each pattern is a string that `re` compiles, and caches, the first time it is matched,
+which a `local://` URI never is.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +12,31 @@ import itertools
 import os
 import re
 import socket
-from dataclasses import dataclass
 
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.parse.numbers import is_decimal
+from tbon.record import Record
 
 SOCKET_NAME = "local"
 """A broker's socket in its run directory (overlay/links/local.py binds it): named here, so that
 a command finds it without importing the broker's side."""
 
-_BOUND_NAME = re.compile(rf"{SOCKET_NAME}(\.\d+)?")
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_SSH = re.compile(
-    r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>[0-9]+))?(?P<path>/.*)$"
-)
+_BOUND_NAME = rf"{SOCKET_NAME}(\.\d+)?"
+_SCHEME = r"^[A-Za-z][A-Za-z0-9+.-]*://"
+_SSH = r"^ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>[0-9]+))?(?P<path>/.*)$"
 
 
-@dataclass(frozen=True, slots=True)
-class Uri:
-    scheme: str  # "local" or "ssh"
-    path: str
-    host: str = ""
-    user: str = ""
-    port: int | None = None
+class Uri(Record):
+    __slots__ = __match_args__ = ("scheme", "path", "host", "user", "port")
+
+    def __init__(
+        self, scheme: str, path: str, host: str = "", user: str = "", port: int | None = None
+    ) -> None:
+        self.scheme = scheme  # "local" or "ssh"
+        self.path = path
+        self.host = host
+        self.user = user
+        self.port = port
 
     def __str__(self) -> str:
         if self.scheme == "local":
@@ -41,7 +49,7 @@ class Uri:
 def looks_like_uri(word: str) -> bool:
     """`SCHEME://...`, of any scheme: a word that is meant as a URI, so that a mistyped one
     (`bogus://x`) is refused as a URI, not run as a command by `tbon exec`."""
-    return _SCHEME.match(word) is not None
+    return re.match(_SCHEME, word) is not None
 
 
 FORMS = "use local://PATH or ssh://[user@]host[:port]/PATH"
@@ -61,7 +69,7 @@ def _parsed(text: str) -> Uri | str:
         if not path.startswith("/"):
             return "local:// takes an absolute path"
         return Uri("local", path)
-    match = _SSH.match(text)
+    match = re.match(_SSH, text)
     if match:
         digits = match["port"]
         # checked on the digits first: int() refuses very long ones
@@ -236,7 +244,7 @@ def _broker_socket(pid: int) -> Uri | None:
                     # then renamed to SOCKET_NAME (overlay/links/local.py).
                     bound = os.path.basename(fields[7])
                     path = os.path.join(os.path.dirname(fields[7]), SOCKET_NAME)
-                    if _BOUND_NAME.fullmatch(bound) and os.path.exists(path):
+                    if re.fullmatch(_BOUND_NAME, bound) and os.path.exists(path):
                         return Uri("local", path)
     except OSError:
         return None

@@ -7,12 +7,14 @@ import re
 from tbon.errors import UsageError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|)\s*$")
+_PATTERN = r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|)\s*$"
+"""Compiled (and cached by `re`) when first matched: every command imports this module, and
+most are given no duration."""
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
     """Seconds in `text`; a clear UsageError for anything else (negative, no number, bad unit)."""
-    match = _PATTERN.match(text)
+    match = re.match(_PATTERN, text)
     if not match:
         raise UsageError(f"invalid {what} {text!r}: use a number with a unit: 250ms, 2s, 5m, 1h")
     return float(match.group(1)) * _UNITS[match.group(2)]

@@ -15,7 +15,7 @@ only their bytes, so that a job that prints one short line at a time is bounded 
 
 A third bound is not per stream but per client: a broker drops a local client that leaves more
 than its backlog unread (overlay/links/local.py), and the client says what it has read every
-ACK_EVERY bytes.
+ACK_EVERY bytes (overlay/connectors/client.py, its only user, which every command imports).
 
 docs/protocol.md §7.1 is the reference.
 """
@@ -44,9 +44,6 @@ STDIN_WINDOW = 1024 * 1024
 LINK_HWM = 65536
 """High-water mark, in messages, of each tree link, each way. Flow control keeps a link far below
 it; a link that reaches it has a peer that stopped reading, which is then treated as gone."""
-
-ACK_EVERY = 1024 * 1024
-"""A local client acknowledges (`client.ack`) what it has read at least this often."""
 
 
 def output_window(targets: int) -> int:
