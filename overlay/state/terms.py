@@ -4,8 +4,8 @@ a verdict or news out. The adapters are the router (requests), the uplink (a par
 and the children's side (what this broker stamps on its own welcomes and orders).
 
 Rules.
-- Every broker keeps the highest term it has seen (`TermFence`, leadership.py) and the root of
-  that term where it knows it. Orders, welcomes and lineages raise it; nothing lowers it.
+- Every broker keeps the highest term it has seen (`TermFence`) and the root of that term
+  where it knows it. Orders, welcomes and lineages raise it; nothing lowers it.
 - An order (a request from the root, or a parent's `retire` or `shutdown`) of a term below the
   fence is refused, ESTALE: `stale term T: rank R is the root in term T'` (`term T' is under way`
   when the root of T' is not known here). Of the fence's term or a later one it is obeyed, and a
@@ -22,7 +22,7 @@ Rules.
   obeyed; a welcome or lineage carrying it is taken without it (the fence is not moved).
 - A broker that leads a term (the root: rank 0 leads term 1 at the instance's start) and hears of
   a later one (a raised fence, or an ESTALE answer to one of its orders that names one) is told
-  `Superseded`, once per news: a `StaleTerm` (leadership.py's stimulus, for the member machine)
+  `Superseded`, once per news: a `StaleTerm` (the stimulus of leadership.py's member machine)
   and the root of that term if known. The broker with no member machine leaves (77) when the root
   is known (§13.5).
 """
@@ -33,7 +33,6 @@ import errno
 from dataclasses import dataclass
 
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.leadership import StaleTerm, TermFence
 
 MAX_TERM = 2**63 - 1
 """The highest term a broker accepts: a leadership a second, for longer than the age of the
@@ -46,6 +45,27 @@ root's, passed down), fenced by the child; a welcome and a lineage only raise it
 
 UNTERMED = 1
 """The term of a message without one (an older broker's): its instance has only the first."""
+
+
+class TermFence:
+    """The highest term this broker has seen: an order of a lower term is refused."""
+
+    def __init__(self) -> None:
+        self.term = 0
+
+    def admit(self, term: int) -> bool:
+        if term < self.term:
+            return False
+        self.term = term
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class StaleTerm:
+    """What the fence tells a member machine that leads a term (leadership.py's stimulus): a
+    broker knows `term`, a later one (it refused an order of this member's, or the fence rose)."""
+
+    term: int
 
 
 class BadTerm(ValueError):
