@@ -32,7 +32,6 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.links.cards import Card, card_ok
@@ -66,13 +65,14 @@ def patience_for(timeout: float) -> float:
 PAUSED = "grants are paused: no majority of the root group (ranks {}) answers"
 
 
-@dataclass
 class Asked:
     """An Apply proposed (or queued) at the root: who waits for it, and until when."""
 
-    action: Apply
-    deadline: float
-    answered: bool = False  # its request was refused: the event may still commit, unanswered
+    __slots__ = ("action", "answered", "deadline")
+
+    def __init__(self, action: Apply, deadline: float) -> None:
+        self.action, self.deadline = action, deadline
+        self.answered = False  # its request was refused: the event may still commit, unanswered
 
 
 class GroupService:

@@ -30,9 +30,9 @@ Rules.
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 
 from tbon.overlay.parse.numbers import is_int
+from tbon.record import Record
 
 MAX_TERM = 2**63 - 1
 """The highest term a broker accepts: a leadership a second, for longer than the age of the
@@ -60,12 +60,14 @@ class TermFence:
         return True
 
 
-@dataclass(frozen=True, slots=True)
-class StaleTerm:
+class StaleTerm(Record):
     """What the fence tells a member machine that leads a term (leadership.py's stimulus): a
     broker knows `term`, a later one (it refused an order of this member's, or the fence rose)."""
 
-    term: int
+    __slots__ = __match_args__ = ("term",)
+
+    def __init__(self, term: int) -> None:
+        self.term = term
 
 
 class BadTerm(ValueError):
@@ -82,36 +84,41 @@ def read_term(raw: object) -> int:
     return raw
 
 
-@dataclass(frozen=True, slots=True)
-class Obey:
+class Obey(Record):
     """The order is of the fence's term or a later one: carry it out."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True)
-class Refuse:
+
+class Refuse(Record):
     """The order is not obeyed: answer (where the order can be answered) `errnum`, `errstr`.
     `term` and `root`: what this broker knows (on ESTALE), for its sender to learn from."""
 
-    errnum: int
-    errstr: str
-    term: int | None = None
-    root: int | None = None
+    __slots__ = __match_args__ = ("errnum", "errstr", "term", "root")
+
+    def __init__(
+        self, errnum: int, errstr: str, term: int | None = None, root: int | None = None
+    ) -> None:
+        self.errnum, self.errstr, self.term, self.root = errnum, errstr, term, root
 
 
-@dataclass(frozen=True, slots=True)
-class Ignored:
+class Ignored(Record):
     """A welcome's or lineage's term that is not a term: said in the log, the fence unmoved."""
 
-    why: str
+    __slots__ = __match_args__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
-@dataclass(frozen=True, slots=True)
-class Superseded:
+class Superseded(Record):
     """This broker led a term and a later one exists: `stale` for its member machine, `root` the
     later term's root if known (then it is no root any more: §13.5)."""
 
-    stale: StaleTerm
-    root: int | None
+    __slots__ = __match_args__ = ("stale", "root")
+
+    def __init__(self, stale: StaleTerm, root: int | None) -> None:
+        self.stale, self.root = stale, root
 
     @property
     def reason(self) -> str:
