@@ -19,26 +19,31 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from dataclasses import dataclass, field
 
 import nacl.exceptions
 import nacl.public
 
 from tbon.keys.cert import decode_key, encode_key
+from tbon.record import Record
 
 NONCE_PREFIX = b"tbonPoP1"
 """The first 8 of a proof's 24 nonce bytes; the challenge gives the other 16."""
 CHALLENGE_BYTES = 16
 
 
-@dataclass(frozen=True, slots=True)
-class Challenge:
+class Challenge(Record):
     """One challenge: its random bytes, and the key pair made for it alone. The secret half
-    never leaves rank 0, and is left out of the repr."""
+    never leaves rank 0, and is left out of the repr and str."""
 
-    nonce: bytes
-    public: str  # Z85, sent to the joiner
-    secret: bytes = field(repr=False)
+    __slots__ = __match_args__ = ("nonce", "public", "secret")
+
+    def __init__(self, nonce: bytes, public: str, secret: bytes) -> None:
+        self.nonce, self.public, self.secret = nonce, public, secret  # public: Z85, to the joiner
+
+    def __repr__(self) -> str:
+        return f"Challenge(nonce={self.nonce!r}, public={self.public!r})"
+
+    __str__ = __repr__
 
 
 def new_challenge() -> Challenge:

@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+from conftest import DEADLINE, child_env, free_port, tbon, wait_for
 
 from tbon.errors import UsageError
 from tbon.overlay.broker.main import parse_args
+from tbon.overlay.connectors.client import Client
 
 NEVER = (
     "typer",  # the CLI: `tbon broker` is dispatched before it loads (cli/main.py)
@@ -32,6 +36,8 @@ NEVER = (
     "tbon.overlay.links.upward",
     "tbon.overlay.boot.flub",  # bootstraps it did not use
     "tbon.overlay.boot.config_file",
+    "tbon.overlay.state.leadership",  # no standbys: no member of the root group
+    "tbon.overlay.state.groupwire",
 )
 
 RUN = """
@@ -55,6 +61,72 @@ def test_a_singleton_broker_loads_neither_the_cli_nor_what_it_has_no_use_for(tmp
     assert "tbon.overlay.broker.broker" in loaded
     assert "tbon.overlay.services.status" in loaded  # rank 0 serves status
     assert sorted(set(NEVER) & set(loaded)) == []
+
+
+MEMBER_MACHINE = ("tbon.overlay.state.leadership", "tbon.overlay.state.groupwire")
+
+RUN_CONFIGURED = """
+import json, sys
+from tbon.cli.main import main
+code = main(["broker", *sys.argv[1:]])
+print(json.dumps([code, sorted(m for m in sys.modules if m in MEMBERS)]))
+""".replace("MEMBERS", repr(MEMBER_MACHINE))
+
+
+@pytest.mark.parametrize("standbys", [0, 2])
+def test_only_the_root_groups_members_load_its_machine(tmp_path: Path, standbys: int) -> None:
+    """Four brokers started on their own, as srun or a config file starts them (no launcher
+    loads anything for them): with no standbys none loads the member machine; with two, the
+    root and its standbys do, and the one other broker does not. Then a `tbon shutdown`."""
+    cert = tmp_path / "instance.cert"
+    assert tbon("keygen", str(cert)).returncode == 0
+    hosts = [f"tcp://127.0.0.1:{free_port()}" for _ in range(4)]
+    config = tmp_path / "tbon.toml"
+    config.write_text(
+        f'[bootstrap]\ncurve_cert = "{cert}"\nhosts = [\n'
+        + "".join(
+            f'  {{ host = "node{i}", bind = "{u}", connect = "{u}" }},\n'
+            for i, u in enumerate(hosts)
+        )
+        + "]\n"
+    )
+
+    def start(index: int) -> subprocess.Popen[str]:
+        argv = ["-c", str(config), "-S", f"hostname=node{index}", "-S", f"tbon.standbys={standbys}"]
+        argv += ["-S", f"broker.rundir={tmp_path}/rank{index}"]
+        return subprocess.Popen(
+            [sys.executable, "-c", RUN_CONFIGURED, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+
+    brokers = [start(index) for index in range(4)]
+    socket = tmp_path / "rank0" / "local"
+    try:
+        wait_for(socket.exists, "rank 0's socket")
+        with Client(f"local://{socket}") as client:
+            for status in client.watch_status(deadline=time.monotonic() + DEADLINE):
+                if all(rank["state"] == "online" for rank in status["ranks"]):
+                    break
+            else:
+                raise AssertionError("the four brokers never were all online")
+        assert status["standbys"] == ([1, 2] if standbys else [])
+        assert tbon("shutdown", f"local://{socket}").returncode == 0
+        outputs = [broker.communicate(timeout=DEADLINE) for broker in brokers]
+    finally:
+        for broker in brokers:  # whatever failed above, no broker of this test is left
+            if broker.poll() is None:
+                broker.kill()
+                broker.communicate()
+    loaded: dict[int, list[str]] = {}
+    for rank, (out, err) in enumerate(outputs):
+        code, loaded[rank] = json.loads(out.splitlines()[-1])
+        assert code == 0, err
+    members = {0, 1, 2} if standbys else set()  # the root and its standbys
+    assert loaded == {rank: sorted(MEMBER_MACHINE) if rank in members else [] for rank in range(4)}
 
 
 def test_importing_the_broker_does_not_load_the_rank0_status_service() -> None:

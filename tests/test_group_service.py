@@ -15,11 +15,12 @@ from test_perform import Broker, client_request
 from tbon.overlay.services.actions import Action, Apply, Call, Respond, Send, Wake
 from tbon.overlay.services.group import PAUSED, GroupService, digest
 from tbon.overlay.services.rankpath import RankPath
-from tbon.overlay.state import groupwire
+from tbon.overlay.state import grouptopics, groupwire
 from tbon.overlay.state.groupwire import Proposal
-from tbon.overlay.state.leadership import AppendEntries, AppendReply, StaleTerm, Timing
+from tbon.overlay.state.leadership import AppendEntries, AppendReply, Timing
 from tbon.overlay.state.ranktable import Lost, Online, Outcome, RankTable, Reboot
 from tbon.overlay.state.replicalog import Entry
+from tbon.overlay.state.terms import StaleTerm
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
@@ -69,7 +70,7 @@ def reply_from(
     pushed by rank 0's children's side as "c<member>"."""
     payload = groupwire.encode(AppendReply(member, incarnation, 1, ok, match, sent_at))
     return Message(
-        Kind.REQUEST, groupwire.APPEND_REPLY, payload, nodeid=0, route=["s", f"c{member}"]
+        Kind.REQUEST, grouptopics.APPEND_REPLY, payload, nodeid=0, route=["s", f"c{member}"]
     )
 
 
@@ -247,7 +248,7 @@ def test_a_request_queued_at_a_root_that_stepped_down_is_answered_when_a_success
     assert group.waiting and told == []
     # rank 1 was elected in term 2 and its first append reaches rank 0
     payload = groupwire.encode(AppendEntries(1, 2, 0, 0, (), 0, now)) | {"members": [0, 1, 2]}
-    append = Message(Kind.REQUEST, groupwire.APPEND, payload, nodeid=0, route=["s", "c1"])
+    append = Message(Kind.REQUEST, grouptopics.APPEND, payload, nodeid=0, route=["s", "c1"])
     out = group.receive(append, now + 0.01)
     assert refused(out) == [(errno.ETIMEDOUT, SUPERSEDED)]
     assert told == [(1, 2)] and not group.waiting and asker.outcomes == []
@@ -278,8 +279,8 @@ def test_with_standbys_the_performer_proposes_and_the_appends_go_down() -> None:
     broker.perform(Apply(Online(1, 1, "node1", 11), asker.then, asker.request))
     assert broker.table.generation == before and asker.outcomes == []
     assert sorted((m.topic, m.nodeid) for m in broker.down.sent) == [
-        (groupwire.APPEND, 1),
-        (groupwire.APPEND, 2),
+        (grouptopics.APPEND, 1),
+        (grouptopics.APPEND, 2),
     ]
     assert broker.local.sent == []  # the asker hears nothing yet
 
@@ -293,7 +294,7 @@ def append_to(
     message = AppendEntries(0, 1, prev, 1 if prev else 0, entries, commit, T0)
     payload = groupwire.encode(message) | {"members": [0, 1, 2], "origin": ORIGIN}
     return Message(
-        Kind.REQUEST, groupwire.APPEND, payload, nodeid=member, route=route or ["s", "p0"]
+        Kind.REQUEST, grouptopics.APPEND, payload, nodeid=member, route=route or ["s", "p0"]
     )
 
 
@@ -314,7 +315,7 @@ def test_a_standby_applies_what_is_committed_and_drops_the_orders() -> None:
     assert not group.active
     out = group.receive(append_to(1, LOG, commit=3), T0 + 1)
     [reply] = group_sends(out)
-    assert (reply.topic, reply.nodeid) == (groupwire.APPEND_REPLY, 0)
+    assert (reply.topic, reply.nodeid) == (grouptopics.APPEND_REPLY, 0)
     answered = groupwire.decode(reply.topic, reply.payload)
     assert isinstance(answered, AppendReply) and (answered.ok, answered.match) == (True, 4)
     assert group.member.applied == 3 and group.path.table.entry(3).state.name == "ONLINE"

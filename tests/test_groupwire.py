@@ -13,14 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tbon.overlay.state import groupwire
+from tbon.overlay.state.grouptopics import APPEND, APPEND_REPLY, TOPICS, VOTE, VOTE_REPLY
 from tbon.overlay.state.groupwire import (
-    APPEND,
-    APPEND_REPLY,
     MAX_COUNT,
     MAX_ENTRIES,
-    TOPICS,
-    VOTE,
-    VOTE_REPLY,
     Proposal,
     decode,
     decode_entry,

@@ -25,9 +25,7 @@ from tbon.overlay.state.leadership import (
     Restore,
     RootUnreachable,
     Send,
-    StaleTerm,
     SteppedDown,
-    TermFence,
     Tick,
     Timing,
     Unexpected,
@@ -35,6 +33,7 @@ from tbon.overlay.state.leadership import (
     VoteRequest,
 )
 from tbon.overlay.state.replicalog import CommittedLost, Entry, ReplicaLog
+from tbon.overlay.state.terms import StaleTerm, TermFence
 
 GROUP = (0, 1, 2)
 DEFAULT = Timing()

@@ -242,3 +242,11 @@ def test_no_wrong_answer_ever_lets_a_connection_use_the_reservation(tries: list[
             assert response(actions).errnum in (errno.EPERM, errno.ETIMEDOUT), attempt
     assert table.entry(3).state is RankState.RESERVED
     assert flub.service.held.get(("l0j",)) == {(3, 1), (4, 1)}
+
+
+def test_a_challenges_secret_half_is_in_neither_its_repr_nor_its_str() -> None:
+    """A challenge may be logged: its key pair's secret half must not be (keys/proof.py)."""
+    challenge = new_challenge()
+    shown = repr(challenge) + str(challenge)
+    assert challenge.public in shown
+    assert repr(challenge.secret) not in shown and challenge.secret.hex() not in shown

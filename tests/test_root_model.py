@@ -38,13 +38,12 @@ from tbon.overlay.state.leadership import (
     Propose,
     Restore,
     Send,
-    StaleTerm,
-    TermFence,
     Tick,
     Timing,
     VoteReply,
 )
 from tbon.overlay.state.replicalog import Entry
+from tbon.overlay.state.terms import StaleTerm, TermFence
 
 Payload = tuple[Any, ...]  # ("grant", rank, joiner), ("release", rank, joiner), ("retire", rank)
 OBSERVERS = (100, 101)  # two tree brokers that obey the root's orders

@@ -36,10 +36,10 @@ from tbon.overlay.state.leadership import (
     Leading,
     Member,
     Propose,
-    StaleTerm,
     Tick,
     VoteRequest,
 )
+from tbon.overlay.state.terms import StaleTerm
 
 Traffic = tuple[int, int, object]
 Keep = Callable[[int, int, object], bool]

@@ -6,21 +6,21 @@ Four bootstraps fill it in, each in a module of its own: PMI (pmi.py), a config 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from tbon.errors import TbonError, UsageError
 from tbon.overlay.state.topology import Topology
+from tbon.record import Record
 
 FIRST_INCARNATION = 1
 
 
-@dataclass(frozen=True, slots=True)
-class BusinessCard:
+class BusinessCard(Record):
     """What a broker tells the others through the PMI KVS: where it is and who it is."""
 
-    host: str
-    public_key: str  # Z85
-    endpoint: str  # empty for a broker that has no children
+    __slots__ = __match_args__ = ("host", "public_key", "endpoint")
+
+    def __init__(self, host: str, public_key: str, endpoint: str) -> None:
+        # the key in Z85; the endpoint empty for a broker that has no children
+        self.host, self.public_key, self.endpoint = host, public_key, endpoint
 
     def encode(self) -> str:
         # Hex, not Z85: Z85's alphabet holds '=' and other characters PMI servers may not pass.
@@ -39,18 +39,27 @@ class BusinessCard:
         return BusinessCard(host, public, endpoint)
 
 
-@dataclass(slots=True)
 class Wireup:
-    rank: int
-    size: int
-    launched: int
-    topology: Topology
-    parent: BusinessCard | None = None
-    hosts: list[str] = field(default_factory=list)
-    incarnation: int = FIRST_INCARNATION
-    # the parent's rank where it is not the topology's: a rank 0 refilled after a takeover
-    # joins under the root that took over (docs/protocol.md §13.6)
-    peer: int | None = None
+    __slots__ = ("hosts", "incarnation", "launched", "parent", "peer", "rank", "size", "topology")
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        launched: int,
+        topology: Topology,
+        parent: BusinessCard | None = None,
+        hosts: list[str] | None = None,
+        incarnation: int = FIRST_INCARNATION,
+        peer: int | None = None,
+    ) -> None:
+        self.rank, self.size, self.launched, self.topology = rank, size, launched, topology
+        self.parent = parent
+        self.hosts: list[str] = [] if hosts is None else hosts
+        self.incarnation = incarnation
+        # the parent's rank where it is not the topology's: a rank 0 refilled after a takeover
+        # joins under the root that took over (docs/protocol.md §13.6)
+        self.peer = peer
 
 
 def instance_size(requested: int | None, launched: int, by_pmi: bool = True) -> int:

@@ -173,7 +173,7 @@ class Broker:
         """This broker's part in the root group (docs/protocol.md §13.2): at rank 0 with
         standbys, the root, whose table waits for the group; a standby learns it is one from
         the root's first append."""
-        from tbon.overlay.services.group import GroupService, timing_for
+        from tbon.overlay.services.group import GroupService, patience_for
         from tbon.overlay.state.standbys import kept_standbys
 
         members: tuple[int, ...] = ()
@@ -193,7 +193,7 @@ class Broker:
             wait,
             path=self.path,
             origin=self._origin,
-            timing=timing_for(self.config.timeout),
+            patience=patience_for(self.config.timeout),
         )
 
     def _build_services(self) -> None:

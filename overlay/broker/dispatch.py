@@ -24,7 +24,7 @@ from tbon.overlay.services.heal import HealService
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
-from tbon.overlay.state.groupwire import TOPICS as GROUP_TOPICS
+from tbon.overlay.state.grouptopics import TOPICS as GROUP_TOPICS
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message

@@ -40,10 +40,13 @@ JOINERS_NEED = (
     "tbon.overlay.links.children",
     "tbon.overlay.links.parent",
     "tbon.overlay.links.uplink",
+    "tbon.overlay.state.groupwire",  # a joiner refilling a standby's rank
     "tbon.overlay.state.heldtable",
+    "tbon.overlay.state.leadership",
 )
 """What a joiner loads before it is online, whatever its rank: loaded once, here, before the
-forks (the links both up and down: which a joiner needs is known only once it has its rank)."""
+forks (the links both up and down: which a joiner needs is known only once it has its rank; the
+root group's member machine, which a joiner refilling a standby's rank runs)."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 _ROOM = 4096

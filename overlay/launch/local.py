@@ -66,11 +66,14 @@ FORKED_BROKERS_NEED = (
     "tbon.overlay.links.uplink",
     "tbon.overlay.services.rankpath",
     "tbon.overlay.services.status",
+    "tbon.overlay.state.groupwire",  # the root group's members (tbon.standbys above 0)
+    "tbon.overlay.state.leadership",
 )
 """Modules a broker loads only once it needs them (so that one started on its own stays small:
 tests/test_broker_imports.py), which brokers of `tbon start` do need: jobs, PMI, links, rank 0's
-status and rank path, the IDNA codec a bind's host lookup loads, OpenSSL's hashes. The launcher
-loads them before it forks, once, rather than each broker after."""
+status and rank path, the root group's members' machine (with tbon.standbys), the IDNA codec a
+bind's host lookup loads, OpenSSL's hashes. The launcher loads them before it forks, once, rather
+than each broker after."""
 _PR_SET_PDEATHSIG = 1
 SHUTDOWN_ASK_S = 3.0
 """How long a launcher whose rank 0 is gone waits for the root to agree to shut down."""

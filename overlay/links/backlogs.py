@@ -24,23 +24,25 @@ still holds, and if it is ever the greediest again its connection is closed outr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from tbon.record import Record
 
 
-@dataclass(frozen=True)
-class Drop:
+class Drop(Record):
     """Drop this client: `total` says whether for the bound of all clients (else its own)."""
 
-    hop: str
-    total: bool
+    __slots__ = __match_args__ = ("hop", "total")
+
+    def __init__(self, hop: str, total: bool) -> None:
+        self.hop, self.total = hop, total
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(Record):
     """What to do before a message goes to a client: drop these first, then send it or not."""
 
-    drops: tuple[Drop, ...]
-    send: bool
+    __slots__ = __match_args__ = ("drops", "send")
+
+    def __init__(self, drops: tuple[Drop, ...], send: bool) -> None:
+        self.drops, self.send = drops, send
 
 
 SEND = Admission((), send=True)

@@ -23,10 +23,9 @@ Rules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tbon.overlay.links.cards import Card
 from tbon.overlay.parse.numbers import is_int
+from tbon.record import Record
 
 RETRY_AFTER = 0.5
 """Seconds before a member whose link ended is asked again: a takeover may come after the wake,
@@ -34,18 +33,22 @@ and a key refused is no news; not faster, since each attempt is a CURVE handshak
 logs as a refused key."""
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
+class Ask(Record):
     """Open a link to the member of `card` and say hello on it."""
 
-    card: Card
+    __slots__ = __match_args__ = ("card",)
+
+    def __init__(self, card: Card) -> None:
+        self.card = card
 
 
-@dataclass(frozen=True, slots=True)
-class Hang:
+class Hang(Record):
     """Close the link to member `rank`."""
 
-    rank: int
+    __slots__ = __match_args__ = ("rank",)
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
 
 
 Instruction = Ask | Hang

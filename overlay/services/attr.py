@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from tbon.overlay.config.attributes import DEFAULTS, KNOWN, BrokerConfig
@@ -25,6 +24,7 @@ from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
+from tbon.record import Record
 
 DEFAULT, SETATTR, CONFIG_FILE, BOOT_SERVER, BOOTSTRAP, LAUNCHER, UNSET = (
     "default",
@@ -45,11 +45,11 @@ LIVENESS = {  # what a joiner adopts from the instance, and where its config kee
 OPTIONAL = ("tbon.fanout", "broker.boot-server", "broker.rank", "broker.cert")
 
 
-@dataclass(frozen=True)
-class Attribute:
-    name: str
-    value: str | None  # None: unset
-    source: str
+class Attribute(Record):
+    __slots__ = __match_args__ = ("name", "value", "source")
+
+    def __init__(self, name: str, value: str | None, source: str) -> None:
+        self.name, self.value, self.source = name, value, source  # value None: unset
 
     def wire(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "source": self.source}

@@ -23,13 +23,13 @@ from __future__ import annotations
 import errno
 import logging
 from collections import deque
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.wire.message import Message
+from tbon.record import Record
 
 RING_RECORDS = 1000
 """Records a broker keeps, at most."""
@@ -57,14 +57,13 @@ def level_name(levelno: int) -> str:
     return logging.getLevelName(levelno).lower() if levelno % 10 == 0 else f"level {levelno}"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(Record):
     """One log record, as kept: `seq` counts the records this broker has kept since it started."""
 
-    seq: int
-    time: float  # seconds since the epoch
-    levelno: int
-    message: str
+    __slots__ = __match_args__ = ("seq", "time", "levelno", "message")
+
+    def __init__(self, seq: int, time: float, levelno: int, message: str) -> None:
+        self.seq, self.time, self.levelno, self.message = seq, time, levelno, message  # time: epoch
 
     def wire(self) -> dict[str, Any]:
         level = level_name(self.levelno)
@@ -123,14 +122,16 @@ class LogRing:
         return sum(count for level, count in self._kept.items() if level >= levelno)
 
 
-@dataclass(slots=True)
 class Follower:
-    request: Message  # the dmesg.follow: its route and tag address every batch
-    levelno: int
-    next: int  # the seq of the first record not yet sent
-    kept: int  # ring.kept(levelno) when `next` was reached: the rest were sent or lost
-    unread: bool = False  # a batch is in flight: the next waits for its acknowledgement
-    sent_at: float = 0.0
+    __slots__ = ("kept", "levelno", "next", "request", "sent_at", "unread")
+
+    def __init__(self, request: Message, levelno: int, next: int, kept: int) -> None:
+        self.request = request  # the dmesg.follow: its route and tag address every batch
+        self.levelno = levelno
+        self.next = next  # the seq of the first record not yet sent
+        self.kept = kept  # ring.kept(levelno) when `next` was reached: the rest were sent or lost
+        self.unread = False  # a batch is in flight: the next waits for its acknowledgement
+        self.sent_at = 0.0
 
 
 class DmesgService:

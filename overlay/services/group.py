@@ -21,7 +21,10 @@ Every member is ticked: a standby that hears no root canvasses and campaigns (§
 elected becomes the root (`on_root`: its broker takes the table over), proposing from then on as
 rank 0 did. A root that steps down because another root exists is superseded (`on_superseded`:
 its broker exits 77); one whose lease lapsed with no successor known stays a member and follows.
-With K = 0 this service is idle: `active` is false and the performer applies at once.
+With K = 0 this service is idle: `active` is false and the performer applies at once. A broker
+that is no member never loads the member machine (state/leadership.py) nor its codec
+(state/groupwire.py): the methods that drive a member import them, and run only once there is
+one (tests/test_broker_imports.py).
 """
 
 from __future__ import annotations
@@ -29,42 +32,24 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.links.cards import Card, card_ok
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import Action, Apply, Respond, Send, Wake, fail, warning
-from tbon.overlay.state import groupwire
-from tbon.overlay.state.groupwire import Proposal
-from tbon.overlay.state.leadership import (
-    Abandon,
-    Acknowledge,
-    AppendEntries,
-    BecameRoot,
-    InstallSnapshot,
-    Instruction,
-    Member,
-    NotRoot,
-    Propose,
-    Proposed,
-    RootUnreachable,
-    StaleTerm,
-    SteppedDown,
-    Tick,
-    Timing,
-)
-from tbon.overlay.state.leadership import Apply as Committed
-from tbon.overlay.state.leadership import Send as SendTo
 from tbon.overlay.state.rankevents import Reserve
 from tbon.overlay.state.ranktable import Event, RankTable
+from tbon.overlay.state.terms import StaleTerm
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError
 from tbon.overlay.wire.route import from_above, from_member, from_rank0
 
+if TYPE_CHECKING:
+    from tbon.overlay.state.groupwire import Proposal
+    from tbon.overlay.state.leadership import AppendEntries, Instruction, Member
+
 log = logging.getLogger("tbon.broker")
 
-TIMING = Timing()
 PATIENCE = 1.0
 """Seconds a member hears nothing of its root before it canvasses, unless its broker lost the
 link to its parent (then `election`, at once): tbon.timeout if shorter (docs/protocol.md
@@ -72,19 +57,22 @@ link to its parent (then `election`, at once): tbon.timeout if shorter (docs/pro
 without a word is replaced this much later than one killed."""
 
 
-def timing_for(timeout: float) -> Timing:
-    """The group's timing for an instance whose tbon.timeout is `timeout` (0: off)."""
-    return Timing(patience=min(timeout, PATIENCE) if timeout > 0 else PATIENCE)
+def patience_for(timeout: float) -> float:
+    """A member's patience in an instance whose tbon.timeout is `timeout` (0: off)."""
+    return min(timeout, PATIENCE) if timeout > 0 else PATIENCE
+
+
 PAUSED = "grants are paused: no majority of the root group (ranks {}) answers"
 
 
-@dataclass
 class Asked:
     """An Apply proposed (or queued) at the root: who waits for it, and until when."""
 
-    action: Apply
-    deadline: float
-    answered: bool = False  # its request was refused: the event may still commit, unanswered
+    __slots__ = ("action", "answered", "deadline")
+
+    def __init__(self, action: Apply, deadline: float) -> None:
+        self.action, self.deadline = action, deadline
+        self.answered = False  # its request was refused: the event may still commit, unanswered
 
 
 class GroupService:
@@ -98,12 +86,13 @@ class GroupService:
         wait: float,
         path: Any = None,
         origin: dict[str, Any] | None = None,
-        timing: Timing = TIMING,
+        patience: float = 0.0,
     ) -> None:
         """`members`: the root group as the root knows it (rank 0 and its standbys; () at any
         other broker, which learns it from the root's appends); `path` and `origin`: the
-        root's RankPath and how its table was built (rank 0 only)."""
-        self.rank, self.topology, self.timing = rank, topology, timing
+        root's RankPath and how its table was built (rank 0 only); `patience`: its member's
+        (`patience_for`; 0: its election timeout alone, leadership.py)."""
+        self.rank, self.topology, self.patience = rank, topology, patience
         self.incarnation = incarnation
         self.wait = wait
         self.members = members
@@ -111,7 +100,7 @@ class GroupService:
         self.origin = origin
         self.member: Member[Proposal] | None = None
         if rank == 0 and len(members) > 1:
-            self.member = Member(0, members, now, timing)
+            self.member = self._member(now, 1)  # it leads term 1
         self.leads = self.member is not None  # this broker serves the table (§13.4)
         # what the broker does when this member is elected (it takes the table over), and when
         # it learns that another root exists (it exits 77): set by broker.py
@@ -171,13 +160,16 @@ class GroupService:
         )
 
     def _submit(self, asked: Asked, now: float) -> list[Action]:
+        from tbon.overlay.state import leadership
+        from tbon.overlay.state.groupwire import Proposal
+
         member = self.member
         assert member is not None
         if not member.is_root:
             self.queued.append(asked)
             return [Wake()]
-        out = member.handle(Propose(Proposal(asked.action.event, now)), now)
-        index = next(i.index for i in out if isinstance(i, Proposed))
+        out = member.handle(leadership.Propose(Proposal(asked.action.event, now)), now)
+        index = next(i.index for i in out if isinstance(i, leadership.Proposed))
         self.asked[index] = asked
         return [*self._carry_out(out, now), Wake()]
 
@@ -186,6 +178,8 @@ class GroupService:
         once rather than after `patience` (leadership.py, Patience)."""
         if self.member is None:
             return []
+        from tbon.overlay.state.leadership import RootUnreachable
+
         return self._carry_out(self.member.handle(RootUnreachable(), now), now)
 
     def tick(self, now: float) -> list[Action]:
@@ -194,6 +188,8 @@ class GroupService:
         member = self.member
         if member is None:
             return []
+        from tbon.overlay.state.leadership import Tick
+
         actions: list[Action] = []
         due = member.next_deadline()
         if due is not None and now >= due:
@@ -248,6 +244,9 @@ class GroupService:
 
     def receive(self, request: Message, now: float) -> list[Action]:
         """group.append at a standby; group.append-reply (and the votes) at the root."""
+        from tbon.overlay.state import groupwire
+        from tbon.overlay.state.leadership import AppendEntries
+
         try:
             message = groupwire.decode(request.topic, request.payload)
         except MessageError as error:
@@ -278,10 +277,17 @@ class GroupService:
         if not (isinstance(members, list) and self.rank in members and 0 in members):
             return False
         self.members = tuple(int(m) for m in members if is_int(m))
-        fresh = self.incarnation() > 1
-        self.member = Member(self.rank, self.members, now, self.timing, self.incarnation(), fresh)
+        self.member = self._member(now, self.incarnation())
         log.info("standing by for the root (group %s)", ",".join(map(str, self.members)))
         return True
+
+    def _member(self, now: float, incarnation: int) -> Member[Proposal]:
+        """This rank's member machine, where state/leadership.py is first loaded: only a member
+        of the group needs it. A refilled rank (`incarnation` above 1) starts fresh (_stand_by)."""
+        from tbon.overlay.state.leadership import Member, Timing
+
+        timing = Timing(patience=self.patience)
+        return Member(self.rank, self.members, now, timing, incarnation, incarnation > 1)
 
     def _appended(
         self, request: Message, message: AppendEntries[Proposal], now: float
@@ -332,11 +338,13 @@ class GroupService:
     # --- instructions -------------------------------------------------------------------------
 
     def _carry_out(self, instructions: list[Instruction], now: float) -> list[Action]:
+        from tbon.overlay.state import groupwire, leadership
+
         actions: list[Action] = []
         for instruction in instructions:
             match instruction:
-                case SendTo(to, message):
-                    if isinstance(message, InstallSnapshot):
+                case leadership.Send(to, message):
+                    if isinstance(message, leadership.InstallSnapshot):
                         # never made: this Member is given no `snapshot`, so it compacts nothing
                         # (protocol §13.2: a refilled member replays the log from its start)
                         continue
@@ -344,28 +352,28 @@ class GroupService:
                     payload["members"] = list(self.members)
                     if self.card is not None and not self.leads:
                         payload["card"] = list(self.card)  # the root sends it with the lineage
-                    first = isinstance(message, AppendEntries) and message.prev == 0
+                    first = isinstance(message, leadership.AppendEntries) and message.prev == 0
                     if first and self.origin is not None:
                         payload["origin"] = self.origin
                     topic = groupwire.topic_of(message)
                     actions.append(Send(Message(Kind.REQUEST, topic, payload, nodeid=to)))
-                case Committed(index, proposal):
+                case leadership.Apply(index, proposal):
                     actions += self._commit(index, proposal)
-                case Acknowledge(index, _):
+                case leadership.Acknowledge(index, _):
                     actions += self._acknowledge(index, now)
-                case Abandon(index):
+                case leadership.Abandon(index):
                     actions += self._abandon(index)
-                case BecameRoot(term) if self.leads:
+                case leadership.BecameRoot(term) if self.leads:
                     actions.append(warning(f"the root again, in term {term}"))
-                case BecameRoot(term):
+                case leadership.BecameRoot(term):
                     self.leads = True
                     actions.append(warning(f"rank {self.rank} is the root in term {term}"))
                     actions += self.on_root(term, now)
-                case SteppedDown(term, leader, why) if self.leads and leader is None:
+                case leadership.SteppedDown(term, leader, why) if self.leads and leader is None:
                     actions.append(warning(f"grants paused in term {term}: {why}"))
-                case SteppedDown():
+                case leadership.SteppedDown():
                     pass
-                case Proposed() | NotRoot():
+                case leadership.Proposed() | leadership.NotRoot():
                     pass
         successor = self._successor()
         if self.leads and successor is not None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-
-@dataclass
 class Lifecycle:
     """Written by the broker's loop, read by its services."""
 
-    stopping: bool = False  # shutting its subtree down: no new work, no new children
-    retiring: bool = False  # told to retire: no new work; it leaves once its jobs are done
+    __slots__ = ("retiring", "stopping")
+
+    def __init__(self, stopping: bool = False, retiring: bool = False) -> None:
+        self.stopping = stopping  # shutting its subtree down: no new work, no new children
+        self.retiring = retiring  # told to retire: no new work; it leaves once its jobs are done
 
     def refusing_work(self, rank: int) -> str:
         """Why this broker takes no new exec work, or ""."""

@@ -3,25 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.overlay.services.actions import Action, Respond, ShutDown
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
+from tbon.record import Record
 
 
-@dataclass(frozen=True)
-class Whoami:
+class Whoami(Record):
     """What a broker says about itself."""
 
-    rank: int
-    hostname: str
-    pid: int
-    uri: str
-    endpoint: str
-    public_key: str
-    attributes: dict[str, str] = field(default_factory=dict)
+    __slots__ = __match_args__ = (
+        "rank",
+        "hostname",
+        "pid",
+        "uri",
+        "endpoint",
+        "public_key",
+        "attributes",
+    )
+
+    def __init__(
+        self,
+        rank: int,
+        hostname: str,
+        pid: int,
+        uri: str,
+        endpoint: str,
+        public_key: str,
+        attributes: dict[str, str] | None = None,
+    ) -> None:
+        self.rank, self.hostname, self.pid, self.uri = rank, hostname, pid, uri
+        self.endpoint, self.public_key = endpoint, public_key
+        self.attributes: dict[str, str] = {} if attributes is None else attributes
 
 
 class PingService:

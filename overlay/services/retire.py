@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 from tbon import exitcodes
@@ -36,15 +35,16 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
 
-@dataclass
 class RetireWaiter:
     """A `retire.rank` request at rank 0, answered when that incarnation has ended."""
 
-    request: Message
-    rank: int
-    incarnation: int
-    started: float
-    already: bool
+    __slots__ = ("already", "incarnation", "rank", "request", "started")
+
+    def __init__(
+        self, request: Message, rank: int, incarnation: int, started: float, already: bool
+    ) -> None:
+        self.request, self.rank, self.incarnation = request, rank, incarnation
+        self.started, self.already = started, already
 
 
 class RetireService:

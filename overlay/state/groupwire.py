@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
+from tbon.overlay.state.grouptopics import APPEND, APPEND_REPLY, VOTE, VOTE_REPLY
 from tbon.overlay.state.leadership import AppendEntries, AppendReply, VoteReply, VoteRequest
 from tbon.overlay.state.rankevents import (
     Departed,
@@ -35,15 +36,6 @@ from tbon.overlay.state.replicalog import Entry
 from tbon.overlay.state.terms import MAX_TERM
 from tbon.overlay.wire.message import MessageError
 from tbon.record import Record
-
-APPEND, APPEND_REPLY, VOTE, VOTE_REPLY = (
-    "group.append",
-    "group.append-reply",
-    "group.vote",
-    "group.vote-reply",
-)
-TOPICS = (APPEND, APPEND_REPLY, VOTE, VOTE_REPLY)
-"""One-way requests between members; `group.state` (answered) is the members' query."""
 
 MAX_ENTRIES = 4096
 """The most entries one group.append may carry (the root sends at most Timing.batch)."""

@@ -17,7 +17,7 @@ Rules.
   take that term and follow (a root or candidate steps down: `SteppedDown`); an order (append)
   or vote request of a lower term is refused with the member's own term (`ok`/`granted` false),
   which makes its sender step down in turn; a reply of a lower term is ignored. A tree broker
-  that refuses an order for its stale term says so (`StaleTerm`): the same rule.
+  that refuses an order for its stale term says so (`StaleTerm`, terms.py): the same rule.
 - Incarnations. A member that died and was refilled (FLUB) is a new incarnation that remembers
   nothing. Replies and votes carry their sender's incarnation; one from an older incarnation
   than the member has heard from is ignored, and a newer one forgets what the old one held.
@@ -103,6 +103,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from tbon.overlay.state.replicalog import Entry, ReplicaLog
+from tbon.overlay.state.terms import StaleTerm
 
 P = TypeVar("P")
 
@@ -210,13 +211,6 @@ class Propose(Generic[P]):
     """A table event the root wants applied and acknowledged."""
 
     payload: P
-
-
-@dataclass(frozen=True, slots=True)
-class StaleTerm:
-    """A broker refused an order of this member's: it knows `term`, a later one."""
-
-    term: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -865,16 +859,3 @@ TRANSITIONS: dict[tuple[type, type], Handler] = {
 """(role, stimulus) -> rule, for a stimulus of the member's own term (or none). A root is never
 sent an append of its own term (one root per term), nor answers a vote request (quiet)."""
 
-
-class TermFence:
-    """What every broker keeps to refuse a former root's orders: the highest term it has seen.
-    An order of a lower term is refused (and its sender told the term: `StaleTerm`)."""
-
-    def __init__(self) -> None:
-        self.term = 0
-
-    def admit(self, term: int) -> bool:
-        if term < self.term:
-            return False
-        self.term = term
-        return True

@@ -21,10 +21,10 @@ A plain object: the time comes in, the randomness comes from `fresh` (a test pas
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 
 from tbon.keys.cert import fingerprint
 from tbon.keys.proof import Challenge, check, new_challenge, statement
+from tbon.record import Record
 
 CHALLENGE_LIFE = 10.0
 """Seconds a challenge may be answered in. A joiner answers at once, from its own memory: the
@@ -35,26 +35,33 @@ PER_CONNECTION = 4
 Connection = Hashable
 
 
-@dataclass(frozen=True, slots=True)
-class Issued:
+class Issued(Record):
     """A challenge rank 0 keeps: to whom, for which reservation, until when."""
 
-    connection: Connection
-    rank: int
-    incarnation: int
-    key: str
-    until: float
-    challenge: Challenge
+    __slots__ = __match_args__ = ("connection", "rank", "incarnation", "key", "until", "challenge")
+
+    def __init__(
+        self,
+        connection: Connection,
+        rank: int,
+        incarnation: int,
+        key: str,
+        until: float,
+        challenge: Challenge,
+    ) -> None:
+        self.connection, self.rank, self.incarnation = connection, rank, incarnation
+        self.key, self.until, self.challenge = key, until, challenge
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
+class Refused(Record):
     """Why an answer does not let its connection use the reservation. `expired`: a fresh
     challenge answered at once would do (a supervisor may try again); otherwise the answer
     was not made with the key's secret half, or not for this reservation."""
 
-    why: str
-    expired: bool = False
+    __slots__ = __match_args__ = ("why", "expired")
+
+    def __init__(self, why: str, expired: bool = False) -> None:
+        self.why, self.expired = why, expired
 
 
 class Challenges:

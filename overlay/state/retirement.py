@@ -9,7 +9,6 @@ feeds it the time and the number of running jobs and does what it answers.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 KILL_GRACE = 5.0
 """How long killed jobs may take to be reaped before the broker leaves without them."""
@@ -21,12 +20,14 @@ class Step(enum.Enum):
     LEAVE = "leave"  # nothing left to wait for: goodbye, exit 0
 
 
-@dataclass
 class Retirement:
-    deadline: float  # when running work is killed (float("inf"): never)
-    force: bool
-    killed: int = 0
-    killed_at: float | None = None
+    __slots__ = ("deadline", "force", "killed", "killed_at")
+
+    def __init__(self, deadline: float, force: bool) -> None:
+        self.deadline = deadline  # when running work is killed (float("inf"): never)
+        self.force = force
+        self.killed = 0
+        self.killed_at: float | None = None
 
     def step(self, now: float, running: int) -> Step:
         if running == 0:

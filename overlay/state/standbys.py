@@ -12,10 +12,10 @@ Pure: the topology in, ranks out.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from tbon.overlay.state.topology import Topology
+from tbon.record import Record
 
 DEFAULT_STANDBYS = 0
 """tbon.standbys when it is not set. 0 keeps the behaviour of an instance without failover:
@@ -67,13 +67,14 @@ def standby_ranks(topology: Topology, count: int) -> tuple[int, ...]:
     return tuple(found)
 
 
-@dataclass(frozen=True, slots=True)
-class Roles:
+class Roles(Record):
     """Who the root is now and which ranks stand by: added to every status answer, so that a
     command shows the root the instance has, not the one it started with."""
 
-    root: int = 0
-    standbys: tuple[int, ...] = ()
+    __slots__ = __match_args__ = ("root", "standbys")
+
+    def __init__(self, root: int = 0, standbys: tuple[int, ...] = ()) -> None:
+        self.root, self.standbys = root, standbys
 
     def wire(self) -> dict[str, Any]:
         return {"root": self.root, "standbys": list(self.standbys)}

@@ -4,8 +4,8 @@ a verdict or news out. The adapters are the router (requests), the uplink (a par
 and the children's side (what this broker stamps on its own welcomes and orders).
 
 Rules.
-- Every broker keeps the highest term it has seen (`TermFence`, leadership.py) and the root of
-  that term where it knows it. Orders, welcomes and lineages raise it; nothing lowers it.
+- Every broker keeps the highest term it has seen (`TermFence`) and the root of that term
+  where it knows it. Orders, welcomes and lineages raise it; nothing lowers it.
 - An order (a request from the root, or a parent's `retire` or `shutdown`) of a term below the
   fence is refused, ESTALE: `stale term T: rank R is the root in term T'` (`term T' is under way`
   when the root of T' is not known here). Of the fence's term or a later one it is obeyed, and a
@@ -22,7 +22,7 @@ Rules.
   obeyed; a welcome or lineage carrying it is taken without it (the fence is not moved).
 - A broker that leads a term (the root: rank 0 leads term 1 at the instance's start) and hears of
   a later one (a raised fence, or an ESTALE answer to one of its orders that names one) is told
-  `Superseded`, once per news: a `StaleTerm` (leadership.py's stimulus, for the member machine)
+  `Superseded`, once per news: a `StaleTerm` (the stimulus of leadership.py's member machine)
   and the root of that term if known. The broker with no member machine leaves (77) when the root
   is known (§13.5).
 """
@@ -30,10 +30,9 @@ Rules.
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.leadership import StaleTerm, TermFence
+from tbon.record import Record
 
 MAX_TERM = 2**63 - 1
 """The highest term a broker accepts: a leadership a second, for longer than the age of the
@@ -46,6 +45,29 @@ root's, passed down), fenced by the child; a welcome and a lineage only raise it
 
 UNTERMED = 1
 """The term of a message without one (an older broker's): its instance has only the first."""
+
+
+class TermFence:
+    """The highest term this broker has seen: an order of a lower term is refused."""
+
+    def __init__(self) -> None:
+        self.term = 0
+
+    def admit(self, term: int) -> bool:
+        if term < self.term:
+            return False
+        self.term = term
+        return True
+
+
+class StaleTerm(Record):
+    """What the fence tells a member machine that leads a term (leadership.py's stimulus): a
+    broker knows `term`, a later one (it refused an order of this member's, or the fence rose)."""
+
+    __slots__ = __match_args__ = ("term",)
+
+    def __init__(self, term: int) -> None:
+        self.term = term
 
 
 class BadTerm(ValueError):
@@ -62,36 +84,41 @@ def read_term(raw: object) -> int:
     return raw
 
 
-@dataclass(frozen=True, slots=True)
-class Obey:
+class Obey(Record):
     """The order is of the fence's term or a later one: carry it out."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True)
-class Refuse:
+
+class Refuse(Record):
     """The order is not obeyed: answer (where the order can be answered) `errnum`, `errstr`.
     `term` and `root`: what this broker knows (on ESTALE), for its sender to learn from."""
 
-    errnum: int
-    errstr: str
-    term: int | None = None
-    root: int | None = None
+    __slots__ = __match_args__ = ("errnum", "errstr", "term", "root")
+
+    def __init__(
+        self, errnum: int, errstr: str, term: int | None = None, root: int | None = None
+    ) -> None:
+        self.errnum, self.errstr, self.term, self.root = errnum, errstr, term, root
 
 
-@dataclass(frozen=True, slots=True)
-class Ignored:
+class Ignored(Record):
     """A welcome's or lineage's term that is not a term: said in the log, the fence unmoved."""
 
-    why: str
+    __slots__ = __match_args__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
-@dataclass(frozen=True, slots=True)
-class Superseded:
+class Superseded(Record):
     """This broker led a term and a later one exists: `stale` for its member machine, `root` the
     later term's root if known (then it is no root any more: §13.5)."""
 
-    stale: StaleTerm
-    root: int | None
+    __slots__ = __match_args__ = ("stale", "root")
+
+    def __init__(self, stale: StaleTerm, root: int | None) -> None:
+        self.stale, self.root = stale, root
 
     @property
     def reason(self) -> str:
