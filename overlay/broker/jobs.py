@@ -98,6 +98,7 @@ class Job:
     note: str = ""  # why the broker ended it, told to the client with its exit status
     outbox: Outbox[Kept] = field(default_factory=Outbox)  # its answers, numbered and kept
     pidfd: int | None = None  # readable once its main process has ended, watched till reaped
+    grown: set[int] = field(default_factory=set)  # output fds enlarged (at their first output)
 
     @property
     def may_read(self) -> bool:
@@ -178,8 +179,6 @@ class JobRunner:
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             fd = pipe.fileno()
             os.set_blocking(fd, False)
-            with contextlib.suppress(OSError):  # a bigger pipe: fewer, larger messages
-                fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
             job.streams[fd] = name
             job.partial[name] = b""
         self._watch_output(job)
@@ -310,6 +309,10 @@ class JobRunner:
             if not job.streams:  # its end is likely here too: no turn more for its pidfd
                 self._reap_if_ended(job)
             return
+        if fd not in job.grown:  # output comes: a bigger pipe, fewer and larger messages
+            job.grown.add(fd)  # (not at the start: most jobs of `exec -r all` say nothing)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
         self._emit(job, name, job.partial[name] + data, final=False)
         if not job.may_read:
             self._pause(job)
