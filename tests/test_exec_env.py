@@ -4,6 +4,7 @@ start, and what `-r all` says it skips. Process-level tests of the same are in t
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,28 @@ def test_the_quick_lookup_finds_what_access_allows_and_leaves_the_rest_to_launch
     executable(tmp_path / "here", b"#!/bin/sh\n")
     assert quick_launch(["here"], str(tmp_path), {"PATH": ""}) == Launch(["here"], path="./here")
     assert quick_launch(["here"], "/", {"PATH": "."}) is None
+
+
+PATH_TEXT = st.text(alphabet="ab/.", max_size=6)
+
+
+@given(st.lists(PATH_TEXT, min_size=1, max_size=4), st.none() | PATH_TEXT)
+def test_the_quick_lookup_asks_access_of_what_os_path_join_would_name(
+    entries: list[str], cwd: str | None
+) -> None:
+    """quick_launch spells its paths out rather than call os.path.join: the same paths, asked in
+    the same order (an empty entry is the job's directory, a relative one is from it)."""
+    asked: list[str] = []
+
+    def access(where: str, mode: int) -> bool:
+        asked.append(where)
+        return False
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("os.access", access)
+        assert quick_launch(["tool"], cwd, {"PATH": ":".join(entries)}) is None
+    joined = [os.path.join(entry or ".", "tool") for entry in entries]
+    assert asked == [path if cwd is None else os.path.join(cwd, path) for path in joined]
 
 
 # --- what -r all says it skips ----------------------------------------------------------------

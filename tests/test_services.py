@@ -5,10 +5,13 @@ lifecycle, as the broker does, and reads the list it returns."""
 from __future__ import annotations
 
 import errno
+import json
 import signal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rank0 import AtRank0
 from tables import bring_up, started
 
@@ -46,7 +49,7 @@ from tbon.overlay.services.status import StatusService
 from tbon.overlay.services.trust import from_parent_of
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.message import Kind, Message, decode, encode
 from tbon.overlay.wire.route import client_notice, connection_of, from_rank0
 
 NOW = 200.0
@@ -888,6 +891,28 @@ def test_exec_sends_one_copy_down_each_branch_and_starts_here_if_targeted() -> N
     missing = of_type(down.otherwise(), Respond)
     assert [r.message.payload["rank"] for r in missing] == list(down.message.payload["targets"])
     assert all(r.message.payload["error"].endswith("is not connected") for r in missing)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(st.text(), JSON_VALUES, max_size=5))
+def test_exec_copies_down_encode_as_their_payloads_say(extra: dict[str, Any]) -> None:
+    """The copies of a request sent down several branches share one encoding of all but their
+    targets (Message.body): each decodes to the payload it carries, the targets its own."""
+    payload = {**extra, "id": "j1", "argv": ["true"], "targets": [0, 3, 4, 5]}
+    forwards = of_type(exec_at(0).handle(request("exec.start", payload), NOW), Forward)
+    assert len(forwards) == 2 and all(f.message.body is not None for f in forwards)
+    for forward in forwards:
+        copy = forward.message
+        assert copy.payload == {**payload, "targets": copy.payload["targets"]}
+        assert decode(encode(copy)).payload == copy.payload
+    alone = exec_service._with_targets(exec_service._all_but_targets({"targets": [1]}), [2, 3])
+    assert json.loads(alone) == {"targets": [2, 3]}  # nothing else to share
 
 
 def test_exec_answers_targets_outside_its_subtree_and_refuses_bad_ones() -> None:

@@ -151,7 +151,13 @@ class Broker:
         self.reports = Batcher()  # what goes up to the parent, a report per short interval
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
         self.jobs = JobRunner(
-            self.rank, self.uri, self._watch, self._unwatch, self._respond, self.local.reserve
+            self.rank,
+            self.uri,
+            self._watch,
+            self._unwatch,
+            self._respond,
+            self.local.reserve,
+            signals.catch_children,
         )
         self.draining: Draining | None = None
         self.lifecycle = Lifecycle()
@@ -954,7 +960,7 @@ def run_broker(config: BrokerConfig, command: list[str]) -> int:
     setup_logging(config.log_level)
     raise_limit()  # before any socket: the caps and the reserve are reckoned from it
     context = zmq.Context()
-    signals = SignalPipe()
+    signals = SignalPipe(children=bool(command))  # jobs' ends come by pidfd (signals.py)
     try:
         booted = boot(config, context)
         set_log_rank(booted.wireup.rank)

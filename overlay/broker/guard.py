@@ -59,15 +59,15 @@ class OrphanGuard:
     def watch(self, pid: int) -> None:
         """A job started: should this broker die, the guard kills it."""
         self.pids.add(pid)
-        if not (self._alive() and self._say(f"+ {pid}\n")):
-            self._start()
+        if not (self._process is not None and self._say(f"+ {pid}\n")):
+            self._start()  # the first job, or a guard gone (its pipe said EPIPE)
 
     def forget(self, pid: int) -> None:
         """A job ended and is about to be reaped: its PID may soon be someone else's."""
         if pid in self.pids:
             self.pids.discard(pid)
-            if self._alive():
-                self._say(f"- {pid}\n")
+            if self._process is not None:
+                self._say(f"- {pid}\n")  # a guard gone is not asked after: the next job is
 
     def close(self) -> None:
         """The broker is ending: the guard kills what is still listed, and is reaped."""
@@ -81,9 +81,6 @@ class OrphanGuard:
 
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=2)
-
-    def _alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def _start(self) -> None:
         """A guard for every job listed: at the first job, or after one died (killed by hand)."""

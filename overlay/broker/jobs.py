@@ -11,6 +11,11 @@ done once the group is gone, whatever its window (overlay/state/joblife.py decid
 carries it out). Pipes are non-blocking and watched by the broker's poller: a command that
 floods its output or ignores its input never stalls the broker.
 
+A job's end is watched on a pidfd beside its pipes, not by SIGCHLD (signals.py): a command that
+ends has closed its pipes first, so one turn of the loop sees both, and one whose pipes are at
+their end is looked at then, so that a pidfd not yet readable costs no second turn. A job left
+without a pidfd (an old kernel, no descriptor left) has SIGCHLD caught for it.
+
 A command that cannot start is answered with its exit status (127, 126) and a `note` in a shell's
 words. It is found in PATH and spawned at once (program.py's quick_launch); only if the exec
 refuses it does launch check it (what a shell would say, or run instead: sh for a script without
@@ -52,7 +57,7 @@ from tbon.overlay.wire.resend import Outbox
 log = logging.getLogger("tbon.exec")
 
 F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
-JOB_DESCRIPTORS = 8  # lent from the reserve to start a job: three pipes and exec's error pipe
+JOB_DESCRIPTORS = 8  # lent from the reserve to start a job: three pipes, a pidfd and room
 
 
 Watch = Callable[[int, bool, Callable[[], None]], None]  # fd, for writing?, on ready
@@ -92,6 +97,8 @@ class Job:
     signal: int | None = None  # the signal that ended its main process, if one did
     note: str = ""  # why the broker ended it, told to the client with its exit status
     outbox: Outbox[Kept] = field(default_factory=Outbox)  # its answers, numbered and kept
+    pidfd: int | None = None  # readable once its main process has ended, watched till reaped
+    grown: set[int] = field(default_factory=set)  # output fds enlarged (at their first output)
 
     @property
     def may_read(self) -> bool:
@@ -114,6 +121,7 @@ class JobRunner:
         unwatch: Callable[[int], None],
         send: Callable[[Message], object],  # what it returns is not looked at
         reserve: Reserve | None = None,  # descriptors lent to a job when none are left
+        catch_children: Callable[[], None] = lambda: None,  # SIGCHLD wanted: a job has no pidfd
     ) -> None:
         self.rank = rank
         self.uri = uri
@@ -124,6 +132,7 @@ class JobRunner:
         self.tails: dict[str, Tail] = {}  # finished jobs' answers not yet acknowledged
         self.guard = OrphanGuard()
         self.reserve = reserve
+        self.catch_children = catch_children
         self._sealed = False
 
     def start(self, request: Message) -> Message | None:
@@ -146,7 +155,7 @@ class JobRunner:
             self._sealed = True
         eof = bool(payload.get("eof"))
         try:
-            process = self._spawn(plan, cwd, env, eof)
+            process, pidfd = self._spawn(plan, cwd, env, eof)
         except OSError as error:
             # the exec refused it: what a shell would say, or run instead (launch's checks)
             checked = launch(argv, cwd, env)
@@ -157,7 +166,7 @@ class JobRunner:
                 self._exec_failed(request, error, argv[0], cwd)
                 return None
             try:
-                process = self._spawn(checked, cwd, env, eof)
+                process, pidfd = self._spawn(checked, cwd, env, eof)
             except OSError as failed:
                 self._exec_failed(request, failed, argv[0], cwd)
                 return None
@@ -165,30 +174,37 @@ class JobRunner:
         window = payload.get("window", DEFAULT_WINDOW)
         outbox: Outbox[Kept] = Outbox(keep=bool(payload.get("acks")))
         job = Job(job_id, _anchor(request), process, Window.full(window), outbox=outbox)
+        job.pidfd = pidfd
         self.jobs[job_id] = job
         for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             fd = pipe.fileno()
             os.set_blocking(fd, False)
-            with contextlib.suppress(OSError):  # a bigger pipe: fewer, larger messages
-                fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
             job.streams[fd] = name
             job.partial[name] = b""
         self._watch_output(job)
         if process.stdin is not None:
             os.set_blocking(process.stdin.fileno(), False)
+        if pidfd is not None:  # after its pipes: their ends are read first in a turn
+            self.watch(pidfd, False, functools.partial(self._reap_if_ended, job))
+        else:
+            self.catch_children()
+            self._reap_if_ended(job)  # ended before SIGCHLD was caught: not told otherwise
         return None
 
-    def _spawn(self, plan: Launch, cwd: str | None, env: dict[str, str], eof: bool) -> Spawned:
-        """Start the job as `plan` says; OSError if it cannot start. With no descriptor left,
-        what the reserve holds for it is lent (descriptors.py: what a flood cannot take)."""
+    def _spawn(
+        self, plan: Launch, cwd: str | None, env: dict[str, str], eof: bool
+    ) -> tuple[Spawned, int | None]:
+        """Start the job as `plan` says, with its pidfd (None if none could be had); OSError if
+        it cannot start. With no descriptor left, what the reserve holds for it is lent
+        (descriptors.py: what a flood cannot take)."""
         try:
-            return spawn(plan.executable, plan.argv, cwd, env, eof)
+            return _with_pidfd(spawn(plan.executable, plan.argv, cwd, env, eof))
         except OSError as error:
             if error.errno not in OUT_OF_DESCRIPTORS or self.reserve is None:
                 raise
             with self.reserve.lending():
                 self.reserve.release(JOB_DESCRIPTORS)
-                return spawn(plan.executable, plan.argv, cwd, env, eof)
+                return _with_pidfd(spawn(plan.executable, plan.argv, cwd, env, eof))
 
     def _exec_failed(self, request: Message, error: OSError, name: str, cwd: str | None) -> None:
         """An exec that failed after the checks passed (a file removed meanwhile, no
@@ -290,7 +306,13 @@ class JobRunner:
                 if not pipe.closed and pipe.fileno() == fd:
                     pipe.close()
             self._perform(job, job.life.stream_closed())
+            if not job.streams:  # its end is likely here too: no turn more for its pidfd
+                self._reap_if_ended(job)
             return
+        if fd not in job.grown:  # output comes: a bigger pipe, fewer and larger messages
+            job.grown.add(fd)  # (not at the start: most jobs of `exec -r all` say nothing)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
         self._emit(job, name, job.partial[name] + data, final=False)
         if not job.may_read:
             self._pause(job)
@@ -388,17 +410,29 @@ class JobRunner:
             self._perform(job, job.life.signalled(signum, by_broker))
 
     def reap(self) -> None:
-        """After SIGCHLD: note every job whose process ended, and kill the rest of its group
-        while the zombie still holds the group's ID; the guard forgets its PID then too."""
+        """After SIGCHLD: note every job whose process ended (_reap_if_ended)."""
         for job in list(self.jobs.values()):
-            if job.status is None and _ended(job.process.pid):
-                then = job.life.exited()
-                self._perform(job, [i for i in then if isinstance(i, SignalGroup)])
-                self.guard.forget(job.process.pid)
-                code = job.process.wait()
-                job.status = 128 - code if code < 0 else code
-                job.signal = -code if code < 0 else None
-                self._perform(job, [i for i in then if not isinstance(i, SignalGroup)])
+            self._reap_if_ended(job)
+
+    def _reap_if_ended(self, job: Job) -> None:
+        """If the job's main process has ended: kill the rest of its group while the zombie
+        still holds the group's ID, have the guard forget its PID then too, and reap it."""
+        if job.status is not None or not _ended(job.process.pid):
+            return
+        then = job.life.exited()
+        self._perform(job, [i for i in then if isinstance(i, SignalGroup)])
+        self.guard.forget(job.process.pid)
+        code = job.process.wait()
+        job.status = 128 - code if code < 0 else code
+        job.signal = -code if code < 0 else None
+        self._drop_pidfd(job)
+        self._perform(job, [i for i in then if not isinstance(i, SignalGroup)])
+
+    def _drop_pidfd(self, job: Job) -> None:
+        if job.pidfd is not None:
+            self.unwatch(job.pidfd)
+            os.close(job.pidfd)
+            job.pidfd = None
 
     def _perform(self, job: Job, instructions: list[Instruction]) -> None:
         """Carry out what the job's life asks."""
@@ -464,6 +498,7 @@ class JobRunner:
             self.guard.forget(job.process.pid)
             with contextlib.suppress(TimeoutError):
                 job.process.wait(timeout=2)
+            self._drop_pidfd(job)
 
     def close(self) -> None:
         """The broker is ending: its guard ends too (killing any job still listed)."""
@@ -481,6 +516,14 @@ def _ended(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:  # reaped already: Spawned.wait says what is known
         return True
+
+
+def _with_pidfd(process: Spawned) -> tuple[Spawned, int | None]:
+    """The job's process and a pidfd of it, or None (no pidfds here, or no descriptor left)."""
+    try:
+        return process, os.pidfd_open(process.pid)
+    except OSError:  # none on this kernel (ENOSYS), or none left (EMFILE): SIGCHLD will say
+        return process, None
 
 
 def _anchor(request: Message) -> Message:

@@ -102,9 +102,11 @@ def quick_launch(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> La
     if os.sep in name:
         return Launch(argv)
     path = env.get("PATH")
+    here = "" if not cwd else cwd if cwd.endswith("/") else cwd + "/"
     for directory in (os.defpath if path is None else path).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        where = candidate if cwd is None else os.path.join(cwd, candidate)
+        # os.path.join's result, spelt out: it costs as much as the access(2), per PATH entry
+        candidate = (directory or ".") + ("" if directory.endswith("/") else "/") + name
+        where = candidate if not here or candidate.startswith("/") else here + candidate
         if os.access(where, os.X_OK):
             return Launch(argv, path=candidate)
     return None

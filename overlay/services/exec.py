@@ -13,6 +13,7 @@ has checked the request: a bad one is refused here, before anything is started.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from tbon.overlay.wire.resend import Handoff
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
+SEPARATORS = (",", ":")  # as Message's encode() writes JSON
 ALL = 2**62
 """An acknowledgement of every answer a job sent (exec.taken: its last one was taken)."""
 
@@ -198,8 +200,10 @@ class ExecService:
                 below.setdefault(self.toward(target), []).append(target)
             else:
                 astray.add(target)
+        # one encoding of what every copy shares (exec.start's: the client's environment)
+        rest = _all_but_targets(request.payload) if len(below) > 1 else None
         actions: list[Action] = [
-            self._copy_down(request, child, ranks) for child, ranks in below.items()
+            self._copy_down(request, child, ranks, rest) for child, ranks in below.items()
         ]
         if self.rank in targets:
             actions += self._here(request)
@@ -217,7 +221,11 @@ class ExecService:
             self.merge.gone(str(request.payload.get("id")))
         return actions
 
-    def _copy_down(self, request: Message, child: int, ranks: list[int]) -> Forward:
+    def _copy_down(
+        self, request: Message, child: int, ranks: list[int], rest: bytes | None = None
+    ) -> Forward:
+        """The request for the branch of `child`, naming its `ranks`; `rest`: the payload but
+        its targets, encoded once for every branch (_all_but_targets)."""
         copy = Message(
             Kind.REQUEST,
             request.topic,
@@ -226,6 +234,7 @@ class ExecService:
             tag=request.tag,
             route=list(request.route),
             data=request.data,
+            body=None if rest is None else _with_targets(rest, ranks),
         )
         if request.topic != "exec.start":
             return Forward(child, copy)
@@ -468,6 +477,19 @@ def last_word(reply: Message) -> bool:
     is dropped where it meets the gone client, not answered with a request to its rank."""
     said = reply.payload
     return reply.topic == "exec.start" and ("exit" in said or "error" in said or "exits" in said)
+
+
+def _all_but_targets(payload: dict[str, Any]) -> bytes:
+    """A request's payload without its `targets`, as Message's encode() puts a payload."""
+    rest = {k: v for k, v in payload.items() if k != "targets"}
+    return json.dumps(rest, separators=SEPARATORS).encode()
+
+
+def _with_targets(rest: bytes, targets: list[int]) -> bytes:
+    """The encoded payload `rest` (_all_but_targets) with `targets` in it: what encode() would
+    make of the whole, but for the order of its keys."""
+    head = b'{"targets":' + json.dumps(targets, separators=SEPARATORS).encode()
+    return head + b"}" if rest == b"{}" else head + b"," + rest[1:]
 
 
 def unreachable(target: int, hop: int) -> str:

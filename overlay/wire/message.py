@@ -50,6 +50,9 @@ class Message:
     popped as the response travels back. A response with `streaming` set is one of several.
     `term` is the root's term on its orders, welcomes and lineages, kept as the header had it:
     it is not checked here (a bad one is refused by the order's receiver, state/terms.py).
+    `body`, if set, is `payload` as encode() would put it, made once by whoever sends many
+    copies that differ little (exec's fan-out, services/exec.py): the payload is not encoded
+    again then, so the two must say the same.
     """
 
     kind: Kind
@@ -64,6 +67,7 @@ class Message:
     version: int = PROTOCOL_VERSION
     data: Buffer = b""
     term: object = None  # header `term` as it came (state/terms.py judges it); None: absent
+    body: bytes | None = None  # the payload already encoded (the sender's promise), or None
 
     def respond(self, payload: dict[str, Any] | None = None, *, streaming: bool = False) -> Message:
         return Message(
@@ -97,7 +101,11 @@ def encode(message: Message) -> list[Buffer]:
         header["s"] = True
     if message.term is not None:
         header["term"] = message.term
-    body = json.dumps(message.payload, separators=(",", ":")).encode() if message.payload else b""
+    body = message.body
+    if body is None and message.payload:
+        body = json.dumps(message.payload, separators=(",", ":")).encode()
+    elif body is None:
+        body = b""
     head = json.dumps(header, separators=(",", ":")).encode()
     return [head, body, message.data] if message.data else [head, body]
 
