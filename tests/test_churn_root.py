@@ -79,6 +79,7 @@ class Soak:
     ours: set[int] = field(default_factory=set)  # every broker pid of this instance, ever
     died: dict[int, float] = field(default_factory=dict)  # pid -> when killed or seen dead
     killed: list[tuple[float, int]] = field(default_factory=list)  # (when, rank)
+    shot: set[int] = field(default_factory=set)  # the pids this soak killed
     duplicate_since: dict[int, float] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     answered: float = 0.0
@@ -223,6 +224,7 @@ class Soak:
             return
         os.kill(pid, signal.SIGKILL)  # one of this instance's brokers, by PID
         self.died.setdefault(pid, self.now())
+        self.shot.add(pid)
         self.killed.append((self.now(), rank))
         self.log(
             "kill", f"kill -9 rank {rank} pid {pid} inc {self.entry(rank)['incarnation']}{why}"
@@ -302,7 +304,15 @@ class Soak:
             report = {"joined": [], "failed": []}
         self.ours.update(e["pid"] for e in report["joined"])
         failed = [(f["rank"], f["exit_code"]) for f in report["failed"]]
-        if expand.returncode not in (0, 1, 69) or any(c not in (75, 69) for _, c in failed):
+        # A joiner may fail by 75 (no parent) or 69 (no rank); or by this soak's own kill -9, of
+        # a joiner it saw online (its title names the instance) before expand had seen it so.
+        unexplained = [
+            f
+            for f in report["failed"]
+            if f["exit_code"] not in (75, 69)
+            and not (f["exit_code"] == -signal.SIGKILL and f["pid"] in self.shot)
+        ]
+        if expand.returncode not in (0, 1, 69) or unexplained:
             self.violate(
                 ("expand", expand.pid, 0),
                 f"tbon expand exited {expand.returncode}, joiners {failed}: {err.strip()}",
