@@ -800,6 +800,7 @@ def oddities(tmp_path: Path) -> Path:
     ("argv", "said", "code"),
     [
         (["tbon-test-nosuchcmd"], "tbon-test-nosuchcmd: command not found", 127),
+        ([""], ": command not found", 127),  # as bash says it, and no broker hurt
         (["./nope"], "./nope: No such file or directory", 127),
         (["./adir"], "./adir: Permission denied", 126),
         (["./noexec"], "./noexec: Permission denied", 126),

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from brokers import title
-from conftest import child_env, process_gone, tbon, wait_for
+from conftest import TBON, child_env, process_gone, tbon, wait_for
 
 
 def test_a_forked_joiner_shows_its_whole_title_and_logs_to_its_file(instance) -> None:
@@ -68,3 +68,32 @@ def test_a_forker_that_fails_half_way_leaves_no_broker_running(tmp_path) -> None
     assert ran.returncode == 0, ran.stderr
     assert "refused: cannot start brokers: the forker exited 1" in ran.stdout, ran.stdout
     assert "left: []" in ran.stdout, ran.stdout
+
+
+def test_expand_without_descriptors_for_its_forker_says_what_fails_in_one_line() -> None:
+    """The forker starts before expand reads its command line (cli/main.py) and needs eight
+    descriptors for its pipes: with six in all (three left after stdin, stdout and stderr) it
+    cannot start, and expand goes on without it, as it did before there was one: its help, or
+    its one-line error, never a traceback."""
+    limit = ["prlimit", "--nofile=6:6", "--"]
+    helped = subprocess.run(
+        [*limit, TBON, "expand", "--help"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("Usage: tbon expand"), helped.stdout
+    nowhere = subprocess.run(
+        [*limit, TBON, "expand", "local:///nowhere", "-n", "1"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert nowhere.returncode == 1, nowhere.stderr
+    assert nowhere.stderr == (
+        "tbon expand: cannot connect to local:///nowhere: no such socket (is the instance "
+        "running?)\n"
+    ), nowhere.stderr

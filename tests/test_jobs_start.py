@@ -49,3 +49,10 @@ def test_what_the_exec_refuses_is_run_or_told_as_a_shell_would(tmp_path: Path) -
     assert outcome(["bad"], tmp_path, ".") == (127, b"", said)
     assert outcome(["./gone"], tmp_path, ".") == (127, b"", "./gone: No such file or directory")
     assert outcome(["x"], tmp_path / "nodir", ".")[2] == f"{tmp_path}/nodir: no such directory"
+
+
+def test_an_empty_command_name_is_not_found(tmp_path: Path) -> None:
+    """"" joined to a PATH entry names that directory, which access(2) calls executable: the
+    quick lookup must not hand it to posix_spawn, which refuses an empty argv[0] with a
+    ValueError that no exec refusal is (it ended the broker)."""
+    assert outcome([""], tmp_path, "/usr/bin:/bin") == (127, b"", ": command not found")

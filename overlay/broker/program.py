@@ -101,6 +101,8 @@ def quick_launch(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> La
     name = argv[0]
     if os.sep in name:
         return Launch(argv)
+    if not name:  # "/usr/bin/" + "" is a directory, and posix_spawn refuses an empty argv[0]
+        return None
     path = env.get("PATH")
     here = "" if not cwd else cwd if cwd.endswith("/") else cwd + "/"
     for directory in (os.defpath if path is None else path).split(os.pathsep):

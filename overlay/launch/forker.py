@@ -160,11 +160,18 @@ class Forker:
 
     @classmethod
     def start(cls) -> Forker | None:
-        """A forker, or None where this process cannot adopt what it forks (not Linux): the
-        caller starts its brokers as processes of their own then."""
+        """A forker, or None where this process cannot adopt what it forks (not Linux) or cannot
+        start it (no descriptor or process left: OSError): the caller starts its brokers as
+        processes of their own then, as before the forker, and says so if that fails too. Started
+        before the command line is read, a forker must never be the reason a command fails."""
         # -P: never from the working directory, which may be a checkout (cli/common.py)
         command = [sys.executable, "-P", "-m", "tbon.overlay.launch.forker"]
-        return cls(command) if become_subreaper() else None
+        if not become_subreaper():
+            return None
+        try:
+            return cls(command)
+        except OSError:
+            return None
 
     def fork(self, brokers: list[tuple[list[str], str]]) -> list[Forked]:
         """One broker for each (argv, log), now children of this process. TbonError if the
