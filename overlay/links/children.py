@@ -71,6 +71,8 @@ class Inbound:
     reports: list[Event] = field(default_factory=list)
     messages: list[tuple[int, Message]] = field(default_factory=list)
     rejoins: list[Rejoin] = field(default_factory=list)
+    # a session's deadline may be sooner (Downward.hastens): the loop's timers, at once
+    sooner: bool = False
 
 
 def timing(config: BrokerConfig) -> Timing:
@@ -449,6 +451,8 @@ class Children:
         except downward.Unexpected as error:
             log.warning("ignored on the children's side: %s", error)
             return ""
+        if self.machine.hastens(stimulus, instructions):
+            inbound.sooner = True
         declined = ""
         for instruction in instructions:
             declined = self._carry_out(instruction, now, inbound) or declined
