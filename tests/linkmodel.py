@@ -108,6 +108,7 @@ class Frame:
         self.bytes = data
         self.buffer = memoryview(data)
         self._props = props or {}
+        self.more = False  # whether another frame of its message follows (FakeRouter.recv)
 
     def get(self, name: Any) -> Any:
         return self._props[name]
@@ -125,6 +126,10 @@ class FakeMonitor:
 
     def poll(self, timeout: int = 0) -> bool:
         return bool(self.inbox)
+
+    def get(self, option: int) -> int:
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.inbox else 0
 
     def recv_multipart(self) -> list[bytes]:
         return self.inbox.popleft()
@@ -263,6 +268,7 @@ class FakeRouter:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.inbox: deque[list[Frame]] = deque()
+        self._reading: deque[Frame] = deque()  # the rest of a message recv is reading
 
     def send_multipart(self, frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
         routing_id, *rest = (bytes(f) for f in frames)
@@ -278,6 +284,15 @@ class FakeRouter:
         if not self.inbox and flags & zmq.NOBLOCK:
             raise zmq.Again()
         return self.inbox.popleft()
+
+    def recv(self, flags: int = 0, copy: bool = True) -> Frame:
+        """A message frame by frame, each saying whether more follow (`more`)."""
+        if not self._reading:
+            frames = self.inbox.popleft()
+            for i, frame in enumerate(frames):
+                frame.more = i < len(frames) - 1
+            self._reading.extend(frames)
+        return self._reading.popleft()
 
     def poll(self, timeout: int = 0) -> bool:
         return bool(self.inbox)

@@ -859,8 +859,7 @@ def forwarded(event: Event, sender: int, rank: int = 0) -> list[Event]:
     """What a parent of rank `rank` (kary:2 of 9) passes up of a report from child `sender`."""
     children, _sent = bare_children(Topology("kary:2", 9), rank)
     inbound = Inbound()
-    report = Message(Kind.CONTROL, "report", encode_events([event]))
-    children._report(Identity(sender, 1), report, inbound)
+    children._report(Identity(sender, 1), encode_events([event]), inbound)
     return inbound.reports
 
 

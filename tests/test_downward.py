@@ -46,6 +46,7 @@ from tbon.overlay.links.downward import (
     Withdraw,
 )
 from tbon.overlay.links.keyring import Identity
+from tbon.overlay.links.liveness import Verdict
 from tbon.overlay.links.sessions import Connected, Ended, Expected
 from tbon.overlay.state.ranktable import Departed, Lost, Moved, Online, Torpid
 from tbon.overlay.state.topology import Topology
@@ -261,6 +262,30 @@ def test_silence_makes_a_child_torpid_then_lost_and_a_word_revives_it() -> None:
     assert reports(out) == [Lost(3, 1, "silent for 10.0s", 1)]
     assert RevokeKey(R3) not in out  # a lost broker may come back: its key is kept
     assert m.sessions[3].returnable and not m.verdict_due(100.0)
+
+
+def test_only_a_word_that_changed_no_verdict_leaves_the_loop_s_timers_as_they_are() -> None:
+    """Downward.hastens: hearing a live child puts its deadline off (the loop need not look);
+    a torpid child heard again is reported, and its deadline may come sooner (its torpid limit
+    again, here before the timeout it was judged by): the loop must look."""
+    m = Downward(1, TOPOLOGY, Timing(heartbeat=1.0, torpid=2.0, timeout=10.0))
+    m.handle(Admit(3, 1, KEY), 0.0)
+    knock(m, R3, b"r", 11, 0.0)
+    rid = m.routing_id(3)
+    assert rid is not None
+    before = m.next_deadline()
+    out = m.handle(Heard(rid), 1.0)
+    assert out == [] and not Downward.hastens(Heard(rid), out)
+    assert m.next_deadline() >= before
+    for now in (2.0, 3.0):  # silent 2 s: torpid, judged next at its timeout (11 s)
+        m.handle(Tick(), now)
+    assert m.sessions[3].phase.liveness.verdict is Verdict.TORPID  # type: ignore[union-attr]
+    torpid = m.sessions[3].deadline()
+    out = m.handle(Heard(rid), 3.5)
+    assert reports(out) == [Torpid(3, 1, False, 1)] and Downward.hastens(Heard(rid), out)
+    again = m.sessions[3].deadline()
+    assert torpid is not None and again is not None and again < torpid
+    assert Downward.hastens(Goodbye(rid), []) and Downward.hastens(Tick(), [])
 
 
 def test_a_goodbye_ends_the_incarnation_and_the_close_that_follows_is_no_news() -> None:
@@ -494,10 +519,13 @@ class DownwardMachine(RuleBasedStateMachine):
         self.open: set[int] = set()
 
     def feed(self, stimulus: Any) -> list[Instruction]:
+        before = self.m.next_deadline()
         try:
             out = self.m.handle(stimulus, self.now)
         except Unexpected:
             return []
+        if not Downward.hastens(stimulus, out):  # the loop's timers are left as they are
+            assert self.m.next_deadline() >= before, stimulus
         for instruction in out:
             if isinstance(instruction, SendWelcome):
                 identity = instruction.identity

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,10 +14,12 @@ from tbon.overlay.wire.message import (
     ANY_RANK,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
+    REPORT_HEAD,
     Kind,
     Message,
     MessageError,
     decode,
+    decode_payload,
     encode,
 )
 
@@ -515,3 +518,58 @@ def test_damaged_messages_decode_whole_or_raise_only_message_error(frames: list[
 @settings(max_examples=300, deadline=None)
 def test_json_like_token_soup_raises_only_message_error(head: bytes, body: bytes) -> None:
     assert_decodes_or_message_error([head, body])
+
+
+# --- a report known by its header (decode_payload) --------------------------------------------
+
+
+def outcome(decoding: Any) -> Any:
+    """What a decoding gives: its value, or the MessageError it raised (by its text)."""
+    try:
+        return decoding()
+    except MessageError as error:
+        return ("MessageError", str(error))
+
+
+bodies = st.one_of(
+    st.binary(max_size=60),
+    st.one_of(payloads, json_values).map(lambda value: json.dumps(value).encode()),
+    st.sampled_from([b"", b"{}", b'{"a":NaN}', b"\xff\xfe{}", b'{"a":1e400}', b"[]"]),
+)
+
+
+@given(bodies)
+@settings(max_examples=300, deadline=None)
+def test_a_payload_known_by_its_header_is_what_decode_makes_of_it(body: bytes) -> None:
+    frames = [zmq.Frame(REPORT_HEAD), zmq.Frame(body)]
+    fast = outcome(lambda: decode_payload(frames, REPORT_HEAD))
+    plain = outcome(lambda: decode([REPORT_HEAD, body]).payload)
+    assert fast == plain
+
+
+def test_a_payload_known_by_its_header_keeps_the_size_limit() -> None:
+    filler = MAX_MESSAGE_BYTES + 1 - len(REPORT_HEAD) - len(b'{"pad":""}')
+    body = b'{"pad":"' + b"x" * filler + b'"}'
+    frames = [zmq.Frame(REPORT_HEAD), zmq.Frame(body)]
+    assert len(REPORT_HEAD) + len(body) == MAX_MESSAGE_BYTES + 1
+    with pytest.raises(MessageError, match="too large"):
+        decode_payload(frames, REPORT_HEAD)
+    at_the_limit = zmq.Frame(body[:8] + body[9:])  # one x less
+    assert decode_payload([frames[0], at_the_limit], REPORT_HEAD) == {"pad": "x" * (filler - 1)}
+
+
+@given(messages())
+@settings(max_examples=100, deadline=None)
+def test_only_the_canonical_header_is_known(message: Message) -> None:
+    frames = [zmq.Frame(bytes(frame)) for frame in encode(message)]
+    known = decode_payload(frames, REPORT_HEAD)
+    canonical = Message(Kind.CONTROL, "report", message.payload)
+    if message == canonical:
+        assert known == message.payload
+    elif frames[0].bytes != REPORT_HEAD or len(frames) != 2:
+        assert known is None
+
+
+def test_the_report_header_is_the_one_encode_writes() -> None:
+    assert encode(Message(Kind.CONTROL, "report", {"events": []}))[0] == REPORT_HEAD
+    assert decode([REPORT_HEAD, b""]) == Message(Kind.CONTROL, "report")

@@ -15,10 +15,20 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tables import specs, started
+from zmq.utils import z85
 
 from tbon.overlay.services.actions import Action, Call, Log, Send, Wake
 from tbon.overlay.services.rankpath import RankPath
-from tbon.overlay.state.ranktable import Departed, Event, Lost, Online, Outcome, RankTable, Torpid
+from tbon.overlay.state.ranktable import (
+    Departed,
+    Event,
+    Lost,
+    Online,
+    Outcome,
+    RankTable,
+    Reserve,
+    Torpid,
+)
 
 
 def shown(action: Action) -> Any:
@@ -95,12 +105,41 @@ def test_a_report_in_one_pass_is_its_events_one_by_one(data: st.DataObject, size
             one.table.rollup  # noqa: B018 (read: rolled up event by event)
             outcomes.append(applied.outcome)
             actions += [a for a in applied.actions if not isinstance(a, Wake)]
-        generation = batched.table.generation
+        deadlines = batched.table.deadlines
         done = batched.handle_all(events, now)
         assert done.outcomes == outcomes
         assert [shown(a) for a in done.actions if not isinstance(a, Wake)] == [
             shown(a) for a in actions
         ]
         woken = [a for a in done.actions if isinstance(a, Wake)]
-        assert len(woken) == (batched.table.generation != generation)
+        assert len(woken) == (batched.table.deadlines != deadlines)
         assert state(batched) == state(one)
+
+
+@given(st.data(), st.integers(2, 12))
+@settings(max_examples=300, deadline=None)
+def test_the_loop_is_woken_whenever_the_table_s_next_deadline_comes_sooner(
+    data: st.DataObject, size: int
+) -> None:
+    """Only a deadline given wakes the loop (a wire-up's Onlines do not), and every one does: a
+    next expiry sooner than before (or the first) always comes with a Wake, whichever way the
+    table moved (reports in one pass, a joiner's reservation one by one)."""
+    spec = data.draw(specs(size))
+    launched = data.draw(st.integers(1, size))
+    path = RankPath(started(spec, size, launched))
+    now = 100.0
+    for raws in data.draw(reports(size)):
+        now += data.draw(st.sampled_from([0.0, 1.0, 40.0]))
+        before = path.table.next_expiry()
+        if data.draw(st.integers(0, 3)) == 0:
+            rank = data.draw(st.none() | st.integers(1, size - 1))
+            key = z85.encode(data.draw(st.integers(1, 4)).to_bytes(32, "big")).decode()
+            actions = path.handle(Reserve(key, "joiner", rank, 30.0), now).actions
+        else:
+            actions = path.handle_all([event_of(path, raw) for raw in raws], now).actions
+        after = path.table.next_expiry()
+        woken = any(isinstance(a, Wake) for a in actions)
+        if after is not None and (before is None or after < before):
+            assert woken
+        if not woken:  # nothing given: every deadline as it was, or gone
+            assert after is None or (before is not None and after >= before)

@@ -597,9 +597,9 @@ class Broker:
                 self.report(children.settle(), now)
                 break
             inbound = children.read(now)
-            if inbound.reports:
+            if inbound.sooner:
                 self._due = 0.0  # a child came, went or changed: its timers change too
-            self.report(inbound.reports, now)
+            self.report(inbound.reports, now)  # rank 0: a deadline the table gave wakes it
             welcomed = self.parent is None or self.parent.welcomed
             for rejoin in inbound.rejoins:
                 self.perform(self.services.flub.ask_rejoin(rejoin, welcomed))

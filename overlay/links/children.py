@@ -42,16 +42,18 @@ from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     HEARTBEAT_FRAMES,
+    REPORT_HEAD,
     Buffer,
     Kind,
     Message,
     MessageError,
     decode_frames,
+    decode_payload,
     encode,
     is_heartbeat,
 )
 
-EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+EVENTS, POLLIN, SRCFD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.SRCFD)
 """As plain ints: ZeroMQ's own are enums, whose operators cost a Python call each."""
 
 log = logging.getLogger("tbon.children")
@@ -69,6 +71,8 @@ class Inbound:
     reports: list[Event] = field(default_factory=list)
     messages: list[tuple[int, Message]] = field(default_factory=list)
     rejoins: list[Rejoin] = field(default_factory=list)
+    # a session's deadline may be sooner (Downward.hastens): the loop's timers, at once
+    sooner: bool = False
 
 
 def timing(config: BrokerConfig) -> Timing:
@@ -227,7 +231,7 @@ class Children:
     def drain_monitor(self) -> None:
         """Take in pending connection events. A disconnect is only noted here: it is applied by
         `settle`, after the messages that the connection delivered before it closed (a goodbye)."""
-        while self.monitor.poll(0):
+        while self.monitor.get(EVENTS) & POLLIN:  # as readable(): no poll
             kind, fd = read_event(self.monitor.recv_multipart())
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 now = time.monotonic()
@@ -305,18 +309,22 @@ class Children:
 
         The monitor is drained first so that a hello is tied to the connection (fd and
         generation) it came on, and a child that said hello and died at once is seen to be gone.
+        What most of a parent's reading is, a heartbeat or a report from a live session, is
+        known by its header's bytes and read without either (`_known`).
         """
         inbound = Inbound()
-        frames = self.socket.recv_multipart(copy=False)
+        frames = _receive(self.socket)
         if len(frames) < 2:
             return inbound
         routing_id = frames[0].bytes
-        if is_heartbeat(frames[1:]) and self._beat_answered(routing_id, frames[1], now, inbound):
+        if (sender := self._known(routing_id, frames, now, inbound)) is not None:
+            if sender is not True:
+                self._known_report(sender, frames, inbound)  # type: ignore[arg-type]
             return inbound
         self.drain_monitor()
         try:
             user_id = frames[1].get("User-Id")
-            fd = frames[1].get(zmq.SRCFD)
+            fd = frames[1].get(SRCFD)
             self.strangers.forget(fd)  # only an authenticated peer's messages come through
             message = decode_frames(frames[1:])
         except (MessageError, zmq.ZMQError, UnicodeDecodeError) as error:
@@ -343,7 +351,7 @@ class Children:
             if is_int(to):
                 self._feed(downward.MovedAway(routing_id, int(to)), now, inbound)
         elif message.topic == "report":
-            self._report(sender, message, inbound)
+            self._report(sender, message.payload, inbound)
         elif message.topic != "heartbeat":
             log.warning("rank %d sent an unknown control message %r", sender.rank, message.topic)
         return inbound
@@ -352,19 +360,37 @@ class Children:
         """Whether a message waits on the ROUTER (asked of ZeroMQ without a poll)."""
         return bool(self.socket.get(EVENTS) & POLLIN)
 
-    def _beat_answered(self, routing_id: bytes, first: Any, now: float, inbound: Inbound) -> bool:
-        """A heartbeat (the answer to this parent's beat) from the live session on `routing_id`,
-        sent with the key bound to it: heard, and nothing more to do. Most of what an idle parent
-        reads, so it skips the decoding and the monitor (no hello to tie to a connection). False
-        for any other sender: read as any message (a stale incarnation is refused there)."""
+    def _known(
+        self, routing_id: bytes, frames: list[Any], now: float, inbound: Inbound
+    ) -> Identity | bool | None:
+        """A heartbeat or a report (known by its header's bytes) from the live session on
+        `routing_id`, sent with the key bound to it: heard, and then True for a heartbeat
+        (nothing more to do), its sender's identity for a report. Read() makes the same of
+        them, less the monitor (no hello to tie to a connection), the strangers' count (the
+        session's hello on this connection left it) and the header's parsing: most of what a
+        parent reads, idle (beats) or at a wire-up (reports). None for any other message or
+        sender: read as any message (a stale incarnation is refused there)."""
+        first = frames[1]
+        if len(frames) != 3 or (first.bytes != REPORT_HEAD and not is_heartbeat(frames[1:])):
+            return None
         session = self.machine.session_on(routing_id)
         if session is None or not session.connected:
-            return False
+            return None
         user_id = first.get("User-Id")
         if user_id != SHARED_USER_ID and user_id != session.identity.user_id:
-            return False
+            return None
         self._feed(downward.Heard(routing_id), now, inbound)
-        return True
+        return True if first.bytes == HEARTBEAT_FRAMES[0] else session.identity
+
+    def _known_report(self, sender: Identity, frames: list[Any], inbound: Inbound) -> None:
+        """A report `_known` took: its payload decoded as read() decodes any message's."""
+        try:
+            payload = decode_payload(frames[1:], REPORT_HEAD)
+        except MessageError as error:  # UnicodeDecodeError is one
+            log.warning("dropped a malformed message from a child: %s", error)
+            return
+        assert payload is not None  # _known checked the header
+        self._report(sender, payload, inbound)
 
     def _sender(self, user_id: str, routing_id: bytes, message: Message) -> Identity | None:
         """Who sent `message`: the identity its key is bound to, or, for the instance's shared
@@ -396,10 +422,10 @@ class Children:
         what = f"{message.kind} {message.topic!r}"
         self._feed(downward.Stale(routing_id, sender, what), time.monotonic(), Inbound())
 
-    def _report(self, sender: Identity, message: Message, inbound: Inbound) -> None:
+    def _report(self, sender: Identity, payload: dict[str, Any], inbound: Inbound) -> None:
         """A child's report: each of its events about its own subtree, in its order."""
         try:
-            events = decode_events(message.payload)
+            events = decode_events(payload)
         except MessageError as error:
             log.warning("dropped a bad report from rank %d: %s", sender.rank, error)
             return
@@ -425,6 +451,8 @@ class Children:
         except downward.Unexpected as error:
             log.warning("ignored on the children's side: %s", error)
             return ""
+        if self.machine.hastens(stimulus, instructions):
+            inbound.sooner = True
         declined = ""
         for instruction in instructions:
             declined = self._carry_out(instruction, now, inbound) or declined
@@ -533,6 +561,15 @@ class Children:
         self.monitor.close(linger=0)
         self.socket.close(linger=0)
         self.zap.close()
+
+
+def _receive(sock: zmq.Socket) -> list[Any]:
+    """One message's frames, without copying: recv_multipart(copy=False) less its Python-level
+    option reads (each frame says whether more follow)."""
+    frames = [sock.recv(copy=False)]
+    while frames[-1].more:
+        frames.append(sock.recv(copy=False))
+    return frames
 
 
 @contextlib.contextmanager

@@ -451,6 +451,15 @@ class Downward:
             for session in self.sessions.values()
         )
 
+    @staticmethod
+    def hastens(stimulus: Stimulus, instructions: list[Instruction]) -> bool:
+        """Whether handling `stimulus` (with these `instructions` out) may have brought
+        `next_deadline` sooner, so that the loop must recompute its timers at once. Only a
+        Heard that changed no verdict cannot: hearing a child puts its silence's deadline off
+        (a torpid child heard again is reported, and its torpid deadline comes back: sooner).
+        Most of what a parent reads, so most reads leave the loop's timers as they are."""
+        return type(stimulus) is not Heard or bool(instructions)
+
     def next_deadline(self) -> float:
         deadlines = [session.deadline() for session in self.sessions.values()]
         deadlines += [session.awaited_until for session in self.sessions.values()]

@@ -24,8 +24,11 @@ here, in this order:
    a rank online again has its children away from home, and itself if it came online under a
    foster parent, sent home (`heal.adopt`, then `heal.home`).
 5. Every open foster admission that is moot now is withdrawn (`heal.withdraw`).
-6. If the table changed, the loop's deadlines are recomputed (`Wake`): a new lease, a rank adrift.
-   Status streams and retire waiters follow the table's `generation`, which the table counts.
+6. If the table gave a deadline (a new lease, a rank adrift: `RankTable.deadlines` counts them),
+   the loop's deadlines are recomputed at once (`Wake`); any other change leaves them as they
+   were, or puts one off, which the loop sees when its timers next run: a wire-up's Onlines wake
+   nothing. Status streams, retire waiters and the initial program follow the table's
+   `generation`, which the table counts, after every turn of the loop.
 
 A report's events come in one `ApplyAll` and go through `handle_all`: one pass over them, each
 event through the steps above before the next, one Wake for the lot. Then the performer runs
@@ -100,25 +103,25 @@ class RankPath:
         self.admissions = Admissions(table.topology)  # who was told to admit whom
 
     def handle(self, event: Event | Reserve, now: float) -> Applied:
-        generation = self.table.generation
+        deadlines = self.table.deadlines
         chains = self._chains_before(event)
         outcome = self.table.apply(event, now)
         actions = self._follow_ups(event, outcome, now, chains)
-        if self.table.generation != generation:
+        if self.table.deadlines != deadlines:
             actions.append(Wake())
         return Applied(outcome, actions)
 
     def handle_all(self, events: Sequence[Event], now: float) -> AppliedAll:
         """A report's events in one pass, in their order: each is decided, and its follow-ups
         taken, before the next (so the outcomes and actions are those of `handle` one by one);
-        the loop is woken once for the lot, and status streams push once for it (they follow
-        the table's generation after each turn of the loop).
+        the loop is woken once for the lot if the table gave a deadline, and status streams
+        push once for it (they follow the table's generation after each turn of the loop).
 
         A run of Onlines whose one follow-up is `Admissions.told` (`_quiet`: most of a wire-up)
         goes to the table in one `apply_all`, which stops at a refusal; their follow-ups are
         then taken in their order, and the refusal's (a void) before anything after it
         (tests/test_rankpath_batch.py holds it to `handle` one by one)."""
-        generation = self.table.generation
+        deadlines = self.table.deadlines
         outcomes: list[Outcome] = []
         actions: list[Action] = []
         at, count = 0, len(events)
@@ -143,7 +146,7 @@ class RankPath:
             actions += self._follow_ups(event, outcome, now, chains)
             outcomes.append(outcome)
             at += 1
-        if self.table.generation != generation:
+        if self.table.deadlines != deadlines:
             actions.append(Wake())
         return AppliedAll(outcomes, actions)
 

@@ -497,7 +497,7 @@ def lease(table: RankTable, entry: RankEntry, event: Reserve, now: float) -> tup
     """A new incarnation for the joiner's key, shown on its host until the lease lapses."""
     entry.incarnation += 1
     entry.lease = Lease(now + event.lease, entry.host)
-    table.timed.add(entry.rank)
+    table.time(entry.rank)
     entry.host, entry.key = event.host, event.public_key
     return ()
 
@@ -570,7 +570,7 @@ def cut_below(table: RankTable, entry: RankEntry, event: Stimulus, now: float) -
             changed.append(rank)
         elif connected and below.attached_to == entry.rank:
             below.attached_to, below.adrift_until = None, grace_ends
-            table.timed.add(rank)
+            table.time(rank)
             changed.append(rank)
         elif not connected and not parent_there:
             rule = TRANSITIONS.get((below.phase, Orphaned))
@@ -784,6 +784,9 @@ class RankTable:
         # the ranks given a lease or an adrift deadline since `deadlined` last looked (the rows
         # that set one add it): what the loop's timers walk, not the whole table, each turn
         self.timed: set[int] = set()
+        # deadlines given so far (`time`): one more is a timer the loop must see at once
+        # (rankpath.py's Wake); a deadline that goes or comes later needs no wake-up
+        self.deadlines = 0
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
         self.entries: Entries = store(first, topology.size, now)
@@ -986,6 +989,12 @@ class RankTable:
         if entry.joiner != public_key:
             return f"rank {rank} is reserved for another key"
         return None
+
+    def time(self, rank: int) -> None:
+        """`rank` was given a deadline (a lease, a reattach grace): the timers walk it, and the
+        loop is woken for it."""
+        self.timed.add(rank)
+        self.deadlines += 1
 
     def deadlined(self) -> list[RankEntry]:
         """The entries with a lease or an adrift deadline, in rank order: `timed`, less the
