@@ -427,6 +427,11 @@ def serve(launch: Launch) -> int:
             launch.reap(now)
             launch.kill_stragglers(now)
     finally:
+        # A signal that comes later (SIGCHLD of a job orphaned to us) must not be written to a
+        # socket closed by then: Python would print its "Bad file descriptor" on our stderr.
+        signal.set_wakeup_fd(-1)
+        reader.close()
+        writer.close()
         server.close()
         for broker in launch.brokers.values():
             if broker.running:
