@@ -97,3 +97,36 @@ def test_expand_without_descriptors_for_its_forker_says_what_fails_in_one_line()
         "tbon expand: cannot connect to local:///nowhere: no such socket (is the instance "
         "running?)\n"
     ), nowhere.stderr
+
+
+STOPPED = """
+import os, signal, sys
+from tbon.errors import TbonError
+from tbon.overlay.launch import forker as forking
+
+forking.FORK_DEADLINE_S = 1.0
+forker = forking.Forker.start()
+assert forker is not None, "no subreaper here"
+before = forking._children() - {forker.process.pid}
+os.kill(forker.process.pid, signal.SIGSTOP)  # ours, by PID
+try:
+    forker.fork([(["-S", "size=1"], sys.argv[1])])
+except TbonError as error:
+    print("refused:", error)
+print("left:", sorted(forking._children() - before))
+"""
+
+
+def test_a_forker_that_does_not_answer_is_given_up_within_its_deadline(tmp_path) -> None:
+    """A forker stopped (or stuck importing) does not hang expand: past its deadline it is
+    killed, and expand says why in one line."""
+    ran = subprocess.run(
+        [sys.executable, "-c", STOPPED, str(tmp_path / "broker.log")],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "refused: cannot start brokers: the forker did not answer within 1s" in ran.stdout
+    assert "left: []" in ran.stdout, ran.stdout

@@ -49,6 +49,9 @@ forks (the links both up and down: which a joiner needs is known only once it ha
 root group's member machine, which a joiner refilling a standby's rank runs)."""
 
 _PR_SET_CHILD_SUBREAPER = 36
+FORK_DEADLINE_S = 60.0
+"""How long the forker may take to import and fork every broker (well under a second for a
+thousand on a quiet machine): a forker stopped or stuck past it is killed, and expand says so."""
 _ROOM = 4096
 """Bytes of command line the forker starts with, blank: its brokers write their titles there
 (tbon/proctitle.py), which name their run directories and boot servers."""
@@ -181,7 +184,13 @@ class Forker:
         specs = json.dumps([{"argv": argv, "log": log} for argv, log in brokers]).encode()
         ours = _children()
         try:
-            said, trouble = self.process.communicate(specs)
+            said, trouble = self.process.communicate(specs, timeout=FORK_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            _stop_strays(ours)
+            raise TbonError(
+                f"cannot start brokers: the forker did not answer within {FORK_DEADLINE_S:g}s"
+            ) from None
         except BaseException:  # interrupted (Ctrl-C): it is ours, by PID, and so is what it forked
             self.cancel()
             _stop_strays(ours)
