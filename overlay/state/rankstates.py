@@ -237,6 +237,16 @@ class Rollup:
             state is not _ONLINE or self.short_kids[rank] > 0,
         )
 
+    def _restate(self, rank: int, now: float) -> tuple[bool, bool]:
+        """The status of `rank`'s subtree from what it and its children hold now, stamped with
+        `now` if it changed; and what the subtree holds (`_holds`), for its parent's counts."""
+        held = self.states[rank]
+        lost, short = self.lost_kids[rank] > 0, self.short_kids[rank] > 0
+        status = SUBTREE_STATUS[held, lost, short]
+        if status is not self.statuses[rank]:
+            self.statuses[rank], self.since[rank] = status, now
+        return (held is _LOST or lost, held is not _ONLINE or short)
+
     def set(self, rank: int, state: RankState, now: float) -> None:
         """`rank` is now in `state`: restate it, and its ancestors while what they hold moves.
         Called at every move of every rank, so `_holds` and the restating are written out."""
@@ -244,7 +254,6 @@ class Rollup:
         if was is state:
             return
         lost_kids, short_kids, parents = self.lost_kids, self.short_kids, self.parents
-        statuses, since = self.statuses, self.since
         before = (was is _LOST or lost_kids[rank] > 0, was is not _ONLINE or short_kids[rank] > 0)
         self.offline += (state is _OFFLINE) - (was is _OFFLINE)
         self.counts[was] -= 1
@@ -252,12 +261,7 @@ class Rollup:
         states[rank] = state
         current = rank
         while True:
-            held = states[current]
-            lost, short = lost_kids[current] > 0, short_kids[current] > 0
-            status = SUBTREE_STATUS[held, lost, short]
-            if status is not statuses[current]:
-                statuses[current], since[current] = status, now
-            after = (held is _LOST or lost, held is not _ONLINE or short)
+            after = self._restate(current, now)
             parent = parents[current]
             if after == before or parent is None:
                 return
@@ -276,7 +280,7 @@ class Rollup:
         and change back within the batch, which `set` would have stamped and this would not.
         """
         states, lost_kids, short_kids = self.states, self.lost_kids, self.short_kids
-        parents, statuses, since = self.parents, self.statuses, self.since
+        parents = self.parents
         before: dict[int, tuple[bool, bool]] = {}  # what each subtree held before the batch
         levels: dict[int, set[int]] = {}  # the ranks to restate, by depth
         for rank in ranks:
@@ -296,12 +300,7 @@ class Rollup:
         depth = max(levels, default=-1)
         while depth >= 0:
             for rank in levels.get(depth, ()):
-                held = states[rank]
-                lost, short = lost_kids[rank] > 0, short_kids[rank] > 0
-                status = SUBTREE_STATUS[held, lost, short]
-                if status is not statuses[rank]:
-                    statuses[rank], since[rank] = status, now
-                after = (held is _LOST or lost, held is not _ONLINE or short)
+                after = self._restate(rank, now)
                 parent, was_held = parents[rank], before[rank]
                 if parent is None or after == was_held:
                     continue
