@@ -318,8 +318,8 @@ class Children:
             return inbound
         routing_id = frames[0].bytes
         if (sender := self._known(routing_id, frames, now, inbound)) is not None:
-            if sender is not True:
-                self._known_report(sender, frames, inbound)  # type: ignore[arg-type]
+            if frames[1].bytes == REPORT_HEAD:  # else a heartbeat: heard, nothing more to do
+                self._known_report(sender, frames, inbound)
             return inbound
         self.drain_monitor()
         try:
@@ -362,10 +362,10 @@ class Children:
 
     def _known(
         self, routing_id: bytes, frames: list[Any], now: float, inbound: Inbound
-    ) -> Identity | bool | None:
+    ) -> Identity | None:
         """A heartbeat or a report (known by its header's bytes) from the live session on
-        `routing_id`, sent with the key bound to it: heard, and then True for a heartbeat
-        (nothing more to do), its sender's identity for a report. Read() makes the same of
+        `routing_id`, sent with the key bound to it: heard, and its sender's identity returned
+        (a report's events are then read by `_known_report`). Read() makes the same of
         them, less the monitor (no hello to tie to a connection), the strangers' count (the
         session's hello on this connection left it) and the header's parsing: most of what a
         parent reads, idle (beats) or at a wire-up (reports). None for any other message or
@@ -380,7 +380,7 @@ class Children:
         if user_id != SHARED_USER_ID and user_id != session.identity.user_id:
             return None
         self._feed(downward.Heard(routing_id), now, inbound)
-        return True if first.bytes == HEARTBEAT_FRAMES[0] else session.identity
+        return session.identity
 
     def _known_report(self, sender: Identity, frames: list[Any], inbound: Inbound) -> None:
         """A report `_known` took: its payload decoded as read() decodes any message's."""
