@@ -43,13 +43,12 @@ from tbon.overlay.state.takenhold import TakenHold
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.exits import BadExits, answers_of, decode, encode, exit_of
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
-from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.message import SEPARATORS, Kind, Message
 from tbon.overlay.wire.resend import Handoff
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
-SEPARATORS = (",", ":")  # as Message's encode() writes JSON
 ALL = 2**62
 """An acknowledgement of every answer a job sent (exec.taken: its last one was taken)."""
 

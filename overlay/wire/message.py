@@ -24,6 +24,9 @@ PROTOCOL_VERSION = 3
 in batches (a `report` carries a list of events, docs/protocol.md section 5.4)."""
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ANY_RANK = -1
+SEPARATORS = (",", ":")
+"""How encode() writes JSON: compact. A sender that encodes a payload itself (`Message.body`)
+writes it so too."""
 
 
 Buffer = bytes | memoryview
@@ -103,15 +106,15 @@ def encode(message: Message) -> list[Buffer]:
         header["term"] = message.term
     body = message.body
     if body is None and message.payload:
-        body = json.dumps(message.payload, separators=(",", ":")).encode()
+        body = json.dumps(message.payload, separators=SEPARATORS).encode()
     elif body is None:
         body = b""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = json.dumps(header, separators=SEPARATORS).encode()
     return [head, body, message.data] if message.data else [head, body]
 
 
 HEARTBEAT_FRAMES: tuple[bytes, bytes] = (
-    json.dumps({"v": PROTOCOL_VERSION, "k": "control", "t": "heartbeat"}, separators=(",", ":"))
+    json.dumps({"v": PROTOCOL_VERSION, "k": "control", "t": "heartbeat"}, separators=SEPARATORS)
     .encode(),
     b"",
 )
