@@ -60,6 +60,11 @@ class Joiner:
     def pending(self) -> bool:
         return self.rank is None and self.exit_code is None
 
+    @property
+    def joined(self) -> bool:
+        """Online, and not ended since (one that ended during the follow failed: _reap_joined)."""
+        return self.rank is not None and self.exit_code is None
+
 
 def register(app: typer.Typer) -> None:
     @app.command("expand")
@@ -461,8 +466,33 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None, uri: str | 
                 if joiner.pending and joiner.process.poll() is not None:
                     joiner.exit_code = joiner.process.returncode
                     joiner.reason = _last_line(joiner.log)
+            _reap_joined(joiners)
             progress.update(task, completed=sum(not j.pending for j in joiners))
         watch.close()
+
+
+def _reap_joined(joiners: list[Joiner]) -> None:
+    """Reap the joiners that ended after they came online, as they end: expand is their parent
+    or their child subreaper (launch/forker.py), and one not waited for stays a zombie until
+    expand exits. Each is reported as a failure, as one that ended before it came online is.
+    Looked for only once some child of this process has ended (a waitid that reaps nothing),
+    not at every turn for every joiner online."""
+    if not _a_child_ended():
+        return
+    for joiner in joiners:
+        if joiner.rank is None or joiner.exit_code is not None or joiner.process.poll() is None:
+            continue
+        joiner.exit_code = joiner.process.returncode
+        said = _last_line(joiner.log)
+        joiner.reason = f"ended after it came online as rank {joiner.rank}: {said}"
+
+
+def _a_child_ended() -> bool:
+    """Whether a child of this process has ended and is not reaped yet (it stays unreaped)."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # no child at all
+        return False
 
 
 RECONNECT_PAUSE = 0.2
@@ -600,8 +630,8 @@ def _last_line(log: Path) -> str:
 
 
 def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:
-    joined = sorted((j for j in joiners if j.rank is not None), key=lambda j: j.rank or 0)
-    failed = [j for j in joiners if j.rank is None]
+    joined = sorted((j for j in joiners if j.joined), key=lambda j: j.rank or 0)
+    failed = [j for j in joiners if not j.joined]
     if as_json:
         print_json(
             {
@@ -609,7 +639,7 @@ def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:
                 "failed": [
                     {
                         "pid": j.process.pid,
-                        "rank": j.wanted,
+                        "rank": j.wanted if j.rank is None else j.rank,
                         "exit_code": j.exit_code,
                         "reason": j.reason,
                         "log": str(j.log),
@@ -628,9 +658,10 @@ def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:
         if note:
             typer.echo(note)
         for joiner in failed:
+            rank = joiner.wanted if joiner.rank is None else joiner.rank
             print(
                 f"tbon expand: broker pid {joiner.process.pid}"
-                f"{f' (rank {joiner.wanted})' if joiner.wanted is not None else ''}: "
+                f"{f' (rank {rank})' if rank is not None else ''}: "
                 f"{joiner.reason} (exit {joiner.exit_code}; log {joiner.log})",
                 file=sys.stderr,
             )

@@ -4,13 +4,20 @@ shows, its whole title (which names its run directory and boot servers) and its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import re
+import select
+import signal
 import subprocess
 import sys
 
 from brokers import title
-from conftest import TBON, child_env, process_gone, tbon, wait_for
+from conftest import DEADLINE, TBON, child_env, process_gone, tbon, wait_for
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours and cursor movement
 
 
 def test_a_forked_joiner_shows_its_whole_title_and_logs_to_its_file(instance) -> None:
@@ -130,3 +137,62 @@ def test_a_forker_that_does_not_answer_is_given_up_within_its_deadline(tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert "refused: cannot start brokers: the forker did not answer within 1s" in ran.stdout
     assert "left: []" in ran.stdout, ran.stdout
+
+
+def test_a_joiner_that_ends_while_expand_still_follows_is_reaped_and_reported(instance) -> None:
+    """Expand follows its joiners until each is online or gone. One that came online and ends
+    while another is still pending is reaped as it ends (expand, its child subreaper, would
+    otherwise keep its zombie until it exits) and reported as failed, with the rank it held.
+    The pending one asks for rank 3, whose parent, rank 1, is stopped: it cannot come online
+    until rank 1 runs again. Expand's stderr is a terminal, so that its progress bar says when
+    it has seen the first one online (1/2): only then is that one killed."""
+    inst = instance(1, "size=4", "tbon.fanout=2")
+    inst.join("broker.rank=1")
+    parent = inst.wait_status(lambda s: s["ranks"][1]["state"] == "online", "rank 1 online")
+    stopped = parent["ranks"][1]["pid"]
+    os.kill(stopped, signal.SIGSTOP)  # ours, by PID
+    terminal, slave = pty.openpty()
+    expand = subprocess.Popen(
+        [TBON, "expand", inst.uri, "-r2-3", "-t2m", "-S", "broker.join-timeout=2m"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        env=child_env(),
+    )
+    os.close(slave)
+    shown = ""
+    try:
+        while "1/2" not in ANSI.sub("", shown):
+            shown += _read(terminal, "expand's progress at 1/2", shown)
+        ended = inst.status()["ranks"][2]["pid"]
+        os.kill(ended, signal.SIGKILL)  # a joiner of our expand, by PID
+        wait_for(lambda: not os.path.exists(f"/proc/{ended}"), "the ended joiner reaped")
+        assert expand.poll() is None, "expand stopped following before rank 3 was online"
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        with contextlib.suppress(AssertionError):  # expand closed the terminal: it has ended
+            while True:
+                shown += _read(terminal, "expand to end", shown)
+        try:
+            out, _ = expand.communicate(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            expand.kill()  # ours, by PID
+            out, _ = expand.communicate()
+        os.close(terminal)
+    assert expand.returncode == 1, shown
+    assert out == "joined: 1 broker, rank 3\n", (out, shown)
+    said = f"broker pid {ended} (rank 2): ended after it came online as rank 2: "
+    assert said in shown and f"(exit {-signal.SIGKILL}; log " in shown, shown
+
+
+def _read(terminal: int, what: str, shown: str) -> str:
+    """What the terminal shows next, within the deadline; AssertionError once it is closed."""
+    ready, _, _ = select.select([terminal], [], [], DEADLINE)
+    assert ready, f"timed out waiting for {what}; the terminal shows:\n{shown}"
+    try:
+        data = os.read(terminal, 4096)
+    except OSError:  # EIO: every writer has gone
+        data = b""
+    assert data, f"the terminal closed while waiting for {what}:\n{shown}"
+    return data.decode(errors="replace")

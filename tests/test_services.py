@@ -1067,9 +1067,22 @@ def test_last_words_handed_to_the_client_are_acknowledged_together_once_the_job_
     assert taken.message.topic == "exec.taken" and taken.message.nodeid == 0
     assert taken.message.payload == {"id": "j1", "targets": [3, 0, 4]}
     assert service.flush(0.0) == []
-    actions = service.handle(request("exec.taken", taken.message.payload), NOW)
+    actions = service.handle(request("exec.taken", taken.message.payload, route=["s"]), NOW)
     assert GrantCredit("j1", 0, exec_service.ALL) in actions  # rank 0's own: keep nothing
     assert [f.child for f in of_type(actions, Forward)] == [1]  # ranks 3 and 4 are below 1
+
+
+def test_an_exec_taken_a_client_wrote_is_ignored_wherever_it_comes() -> None:
+    """Only the client's broker says that its client took a job's last answers: a client that
+    wrote one could make the ranks of another client's job forget what they keep for a heal."""
+    payload = {"id": "j1", "targets": [0, 3]}
+    for route in (["l01"], ["s", "l01"], ["s", "c3", "l01", "c1"], ["l0a", "c1"]):
+        actions = exec_at(0).handle(request("exec.taken", payload, route=route), NOW)
+        [logged] = actions
+        assert isinstance(logged, Log) and "written by a client" in logged.text, route
+    for route in (["s"], ["s", "c3", "c1"], ["s", "c1", "p0", "p1"]):
+        actions = exec_at(0).handle(request("exec.taken", payload, route=route), NOW)
+        assert GrantCredit("j1", 0, exec_service.ALL) in actions, route
 
 
 def test_a_refused_exec_start_leaves_nothing_to_kill() -> None:

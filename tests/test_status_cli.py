@@ -31,6 +31,16 @@ def kill_rank(inst: Any, rank: int) -> int:
     return pid
 
 
+def status_json(uri: str) -> dict[str, Any]:
+    """`tbon status --json`, read; a failure says what the command said and how it ended (an
+    empty stdout was once seen under load, with nothing else to tell why)."""
+    shown = tbon("status", uri, "--json")
+    said = f"exit {shown.returncode}; stderr: {shown.stderr!r}; stdout: {shown.stdout[:200]!r}"
+    assert shown.returncode == 0 and shown.stdout.endswith("}\n"), said
+    table: dict[str, Any] = json.loads(shown.stdout)
+    return table
+
+
 def shown_time(text: str, rank: int) -> float:
     """The `for TIME` of `rank`'s line in `tbon status -v`, in seconds."""
     match = re.search(rf"(?m)^[ │├└─]*{rank} \S+: \S+ for (\S+) ", text)
@@ -45,7 +55,7 @@ def test_a_killed_leaf_is_lost_because_its_connection_dropped(instance) -> None:
     inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
     pid = kill_rank(inst, 3)
 
-    entry = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][3]
+    entry = status_json(inst.uri)["ranks"][3]
     assert (entry["state"], entry["reason"], entry["last_pid"]) == (
         "lost",
         "connection dropped",
@@ -94,7 +104,7 @@ def test_ranks_that_never_reattach_below_a_lost_one_say_so_and_show_their_path(i
     assert re.fullmatch(r"3 \S+: lost \(via 1, 0\): did not reattach in time", down[1])
     assert re.fullmatch(r"4 \S+: lost \(via 1, 0\): did not reattach in time", down[2])
     assert len(down) == 3
-    status = json.loads(tbon("status", inst.uri, "--json").stdout)
+    status = status_json(inst.uri)
     assert [status["ranks"][r].get("last_pid") for r in (3, 4)] == [below[3], below[4]]
     # --rank narrows the list to a subtree
     assert tbon("status", inst.uri, "--errors", "--rank", "2").stdout == ""
@@ -104,7 +114,7 @@ def test_errors_group_ranks_that_went_the_same_way(instance) -> None:
     inst = instance(5, "tbon.fanout=2")  # 0 - {1 - {3, 4}, 2}
     for rank in (3, 4):
         kill_rank(inst, rank)
-    host = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"][3]["host"]
+    host = status_json(inst.uri)["ranks"][3]["host"]
     grouped = tbon("status", inst.uri, "--errors")
     assert grouped.returncode == 0, grouped.stderr
     assert grouped.stdout == f"3-4 {host}: lost: connection dropped\n"  # one host: this one
@@ -187,7 +197,7 @@ def test_the_v_time_is_that_of_the_subtree_status_shown(instance) -> None:
         lambda s: s["ranks"][2]["state"] == "online" and s["ranks"][0]["subtree"] == "full",
         "rank 2 back online, incarnation 2",
     )
-    status = json.loads(tbon("status", inst.uri, "--json").stdout)
+    status = status_json(inst.uri)
     root, one, two = status["ranks"][:3]
     assert root["subtree_since"] <= two["since"] + 0.005  # full again when rank 2 came back
     assert root["subtree_since"] < one["since"] and root["since"] >= one["since"]

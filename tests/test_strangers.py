@@ -4,9 +4,12 @@ back. Pure, but for the filter, which is tried on a real listening socket on 127
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -180,18 +183,72 @@ def test_closing_the_reserve_closes_its_own_descriptors_only() -> None:
             os.close(other)
 
 
+def in_a_fork(work: Callable[[], Any]) -> Any:
+    """What `work` returns (JSON) when run in a process forked from this one, as the launcher
+    forks a broker; the child is reaped, and never returns into pytest."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: say, and leave at once, whatever happens
+        code = 1
+        try:
+            os.write(write, json.dumps(work()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as said:
+        text = said.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return json.loads(text)
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def test_a_broker_takes_the_reserve_its_launcher_handed_down() -> None:
     launcher = Reserve(4)
     hand_down(launcher)
     try:
-        broker = Reserve(4)  # as in a forked broker: what it inherited becomes its own
-        assert len(broker) == 4 and broker._held == launcher._held
-        again = Reserve(4)  # taken once only: another reserve opens its own
-        assert set(again._held).isdisjoint(launcher._held)
-        again.close()
+
+        def broker() -> list[Any]:
+            taken = Reserve(4)  # what it inherited becomes its own
+            again = Reserve(4)  # taken once only: another reserve opens its own
+            return [taken._held, again._held]
+
+        taken, again = in_a_fork(broker)
+        assert taken == launcher._held and set(again).isdisjoint(launcher._held)
+        # The launcher's own reserve is its own: a reserve it makes opens new descriptors.
+        own = Reserve(4)
+        assert set(own._held).isdisjoint(launcher._held)
+        own.close()
     finally:
         hand_down(None)
-        launcher.close()  # (and so the broker's: they are the same descriptors here)
+        launcher.close()
+
+
+def test_a_reserve_handed_down_at_another_size_is_closed_not_left_open() -> None:
+    """A broker whose reserve is of another size than its launcher's (another limit) cannot
+    take what it inherited: it closes it, rather than hold it open for nothing."""
+    launcher = Reserve(4)
+    hand_down(launcher)
+    try:
+
+        def broker() -> list[Any]:
+            own = Reserve(3)  # (it may open the numbers it closed: those are its own now)
+            return [own._held, [fd for fd in launcher._held if is_open(fd) and fd not in own._held]]
+
+        held, left = in_a_fork(broker)
+        assert len(held) == 3 and left == [], (held, left)
+        assert all(is_open(fd) for fd in launcher._held)  # the launcher's, untouched
+    finally:
+        hand_down(None)
+        launcher.close()
 
 
 def test_the_handshake_timeout_attribute() -> None:

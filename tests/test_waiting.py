@@ -99,11 +99,15 @@ def test_status_gives_up_on_a_stopped_rank_0_after_its_answer_wait(instance) -> 
     inst = instance(2)
     with stopped(inst.pid(0)):
         result = tbon("status", inst.uri)
+        paged = tbon("status", inst.uri, "--json", "--timeout", "1s")  # its first page
     assert result.returncode == 1, result
     assert result.stderr == (
         f"tbon status: no answer from rank 0 within {ANSWER_WAIT:g}s (is it stopped or "
         "overloaded?)\n"
     )
+    # --json, which streams the table in pages, prints nothing only with a reason and status 1
+    assert (paged.returncode, paged.stdout) == (1, ""), paged
+    assert paged.stderr.startswith("tbon status: no answer from rank 0 within 1s"), paged
 
 
 def test_ping_gives_up_on_a_stopped_leaf_after_its_timeout(instance) -> None:

@@ -69,15 +69,38 @@ def raise_limit() -> int:
 
 _handed_down: list[int] = []
 """Descriptors of a reserve opened before a fork, for the child's first Reserve (hand_down)."""
+_handed_by: list[int] = []
+"""The process that handed them down (its PID): only a process forked from it takes them."""
 
 
 def hand_down(reserve: Reserve | None) -> None:
-    """Let the first Reserve of `reserve`'s size that a process forked from now on makes take
-    `reserve`'s descriptors, which it inherited, as its own (None: no longer). `tbon start`'s
-    launcher opens one reserve for all the brokers it forks (overlay/launch/local.py): each
-    broker would otherwise make one system call per descriptor to open its own (a third of a
-    millisecond a broker, 256 descriptors)."""
+    """Let the first Reserve that a process forked from now on makes take `reserve`'s
+    descriptors, which it inherited, as its own if it is of the same size, or close them if
+    not (None: no longer). `tbon start`'s launcher opens one reserve for all the brokers it
+    forks (overlay/launch/local.py): each broker would otherwise make one system call per
+    descriptor to open its own (a third of a millisecond a broker, 256 descriptors)."""
     _handed_down[:] = reserve._held if reserve is not None else []
+    _handed_by[:] = [os.getpid()] if reserve is not None else []
+
+
+def _inherited() -> list[int]:
+    """The descriptors handed down to this process, once (none in the process that handed
+    them down: they are its own reserve)."""
+    if not _handed_down or _handed_by == [os.getpid()]:
+        return []
+    taken, _handed_down[:] = list(_handed_down), []
+    return taken
+
+
+def _close_all(fds: list[int]) -> None:
+    """Close `fds`, each run of consecutive ones with one close_range(2): a reserve opened at
+    once (a forked broker's, inherited) is one run, not 256 closes."""
+    held = sorted(fds)
+    first = 0
+    for i in range(1, len(held) + 1):
+        if i == len(held) or held[i] != held[i - 1] + 1:
+            os.closerange(held[first], held[i - 1] + 1)
+            first = i
 
 
 class Reserve:
@@ -86,8 +109,11 @@ class Reserve:
     def __init__(self, size: int) -> None:
         self.size = size
         self._held: list[int] = []
-        if size and len(_handed_down) == size:  # a forked broker's: opened by its launcher
-            self._held, _handed_down[:] = list(_handed_down), []
+        if inherited := _inherited():  # a forked broker's first: opened by its launcher
+            if size and len(inherited) == size:
+                self._held = inherited
+            else:  # opened at another limit: closed, rather than left open and unused
+                _close_all(inherited)
         self.refill()
 
     def __len__(self) -> int:
@@ -122,13 +148,7 @@ class Reserve:
             self.refill()
 
     def close(self) -> None:
-        """Close every held descriptor, each run of consecutive ones with one close_range(2): a
-        reserve opened at once (a forked broker's, inherited) is one run, not 256 closes."""
-        held = sorted(self._held)
+        """Close every held descriptor (_close_all)."""
+        _close_all(self._held)
         self._held.clear()
-        first = 0
-        for i in range(1, len(held) + 1):
-            if i == len(held) or held[i] != held[i - 1] + 1:
-                os.closerange(held[first], held[i - 1] + 1)
-                first = i
         self.size = 0

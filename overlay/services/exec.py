@@ -37,6 +37,7 @@ from tbon.overlay.services.actions import (
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.services.trust import unless_broker_own
 from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
@@ -185,6 +186,8 @@ class ExecService:
     def handle(self, request: Message, now: float) -> list[Action]:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
         the work itself here if this rank is one of them."""
+        if request.topic == "exec.taken" and (ignored := unless_broker_own(request)) is not None:
+            return ignored  # only the client's broker says what its client has taken
         targets = target_ranks(request.payload)
         if why := targets_problem(request.topic, targets, self.topology.size):
             return [Respond(request.fail(errno.EINVAL, why))]

@@ -13,7 +13,7 @@ from tbon.overlay.services.actions import Action, Respond, fail, warning
 from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
-from tbon.overlay.wire.route import order_sender, sent_down
+from tbon.overlay.wire.route import broker_own, connection_of, order_sender, sent_down
 
 ORDERS = frozenset(
     {
@@ -85,3 +85,13 @@ def learned_from(terms: Terms, reply: Message) -> list[News]:
         return []
     root = reply.payload.get("root")
     return terms.heard(reply.term, root if is_int(root) and root >= 0 else None)
+
+
+def unless_broker_own(request: Message) -> list[Action] | None:
+    """None if `request` (a one-way notice only brokers send, such as exec.taken) was started by
+    a broker itself; else it is ignored, said in the log (it has no answer to refuse it with). A
+    client that wrote one could otherwise speak for another client's job."""
+    if broker_own(request):
+        return None
+    sender = "/".join(connection_of(request))
+    return [warning(f"ignored {request.topic} written by a client ({sender}): brokers send it")]

@@ -79,6 +79,14 @@ def client_notice(request: Message) -> bool:
     return bool(route) and route[0].startswith("l") and connection_of(request) == tuple(route)
 
 
+def broker_own(request: Message) -> bool:
+    """Whether a broker started `request` itself (its own "s", then only the link hops of the
+    brokers it passed), not a client: a client's route always holds its broker's "l<id>" after
+    whatever the client wrote (connection_of), so no client can send one of this shape."""
+    route = request.route
+    return bool(route) and route[0] == "s" and connection_of(request) == tuple(route)
+
+
 def parent_hop(hop: str) -> int | None:
     """The parent's rank that a "p<rank>" hop names, or None for any other hop."""
     return int(hop[1:]) if hop.startswith("p") and is_decimal(hop[1:]) else None
