@@ -348,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"Rank 0 while {args.size} brokers join (`tbon expand -n {args.size}`, "
             f"{took:.1f} s), against idle: medians"
         )
-        report.table(header, rows_of(loaded, idle))
+        rows = rows_of(loaded, idle)
+        rows.append(["expand itself", "1", "-", f"{took * 1000:.0f}", "-", "-", "its wall time"])
+        report.table(header, rows)
         report.note(note)
     return 0
 
