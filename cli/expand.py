@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             "--window",
             min=0,
             metavar="N",
-            help="Keep at most N brokers booting at once (default: 4 per CPU); 0: all at once.",
+            help="Keep at most N brokers booting at once (default: 16 per CPU); 0: all at once.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Report as JSON."),
     ) -> None:
@@ -519,6 +519,9 @@ def _follow(
         watch.close()
 
 
+VIEW_PAUSE = 0.1
+"""Seconds between two tables read from the root's watch (`_Watch.receive`)."""
+
 RECONNECT_PAUSE = 0.2
 """Seconds between attempts to watch again through a URI list, while no root answers yet."""
 
@@ -583,9 +586,16 @@ class _Watch:
         self.listed = given_list(uri)
         self.pages = HeldPages()
         self.tag = client.send("status.watch", {"view": "held"}, nodeid=0)
+        self.read = -math.inf  # when the last table was read
 
     def receive(self, timeout: float, deadline: float) -> dict[str, Any] | None:
-        """The next whole table pushed, or None."""
+        """The next whole table pushed, or None. At most one a VIEW_PAUSE: each is the whole
+        held table, which rank 0 makes anew once this one is read, so reading as fast as it
+        comes would keep rank 0 and this command busy, the more the more joined."""
+        pause = self.read + VIEW_PAUSE - time.monotonic()
+        if pause > 0:
+            time.sleep(min(pause, timeout))  # the loop's beat meanwhile: processes are polled
+            return None
         if self.client is None:  # no URI of the list answered at the last attempt
             self._again(deadline)
             return None
@@ -595,7 +605,10 @@ class _Watch:
                 return None
             if reply.errnum:
                 raise TbonError(f"status stream ended: {reply.errstr}")
-            return self.pages.take(reply.payload)
+            table = self.pages.take(reply.payload)
+            if table is not None:
+                self.read = time.monotonic()
+            return table
         except TbonError:
             if self.listed is None:
                 raise

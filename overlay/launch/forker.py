@@ -272,6 +272,7 @@ def main() -> NoReturn:
     from tbon.proctitle import set_title
 
     set_title("tbon expand: forking brokers")
+    os.setsid()
     for name in JOINERS_NEED:
         importlib.import_module(name)
     gc.collect()
@@ -340,7 +341,6 @@ def _become_broker(argv: list[str], log: int) -> NoReturn:
 
     code = exitcodes.INTERNAL
     try:
-        os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
