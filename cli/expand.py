@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             "--window",
             min=0,
             metavar="N",
-            help="Keep at most N brokers booting at once (default: 16 per CPU); 0: all at once.",
+            help="Keep at most N brokers booting at once (default: 128 per CPU); 0: all at once.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Report as JSON."),
     ) -> None:

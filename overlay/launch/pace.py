@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-PER_CPU = 16
+PER_CPU = 128
 """Joiners booting at once for each CPU this process may run on, by default: enough that the
 cores stay busy while some joiners wait for a round trip, few enough that a command run
 meanwhile is not queued behind them (benchmarks/responsive.py, docs/flub.md §2)."""
