@@ -11,8 +11,8 @@ The forker is a process of its own (`python -P -m tbon.overlay.launch.forker`), 
 the CLI has loaded Typer and Rich, which a broker must not carry (docs/design.md §13), and holds a
 ZeroMQ context, which a forked child must not inherit. It reads batches from stdin, one a line:
 a JSON list of `{"argv": [...], "log": PATH}`, one per broker (`argv`: what follows `tbon
-broker`). It forks each batch's brokers, each in a session of its own (stdin /dev/null, stdout
-and stderr appended to its log), and writes their PIDs as one JSON list a line on stdout; at the
+broker`). It forks each batch's brokers (stdin /dev/null, stdout and stderr appended to its
+log), and writes their PIDs as one JSON list a line on stdout; at the
 end of stdin it exits. Expand sends a batch whenever its window has room (launch/pace.py), so
 the forker lives as long as expand starts brokers, and the brokers must not be its children:
 each batch is forked by a child of the forker that exits once it has, and its brokers, orphaned,
@@ -20,6 +20,13 @@ become the children of expand, which made itself a child subreaper (prctl(2)
 PR_SET_CHILD_SUBREAPER) before starting the forker, and which waits for them as for its own
 (`Forked`). Where a caller cannot be a subreaper (not Linux), `Forker.start` says so (None) and
 the caller starts processes as before.
+
+The forker starts a session of its own, and its brokers stay in it: detached from expand's
+terminal (a Ctrl-C there is not theirs), and, where Linux shares CPU time between sessions
+(autogroup), a thousand booting brokers weigh as one session against a command run from another
+terminal, not as a thousand, as the brokers of one `tbon start` share its launcher's. Not a lower
+priority (nice): an unprivileged broker could not raise it back once online, and it lives on,
+with the jobs it starts, which would inherit it.
 """
 
 from __future__ import annotations
@@ -272,7 +279,7 @@ def main() -> NoReturn:
     from tbon.proctitle import set_title
 
     set_title("tbon expand: forking brokers")
-    os.setsid()
+    os.setsid()  # the brokers' one session (above)
     for name in JOINERS_NEED:
         importlib.import_module(name)
     gc.collect()

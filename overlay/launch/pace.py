@@ -1,15 +1,17 @@
 """How many of `tbon expand`'s brokers boot at once: a window, refilled as they come online.
 
-A joiner's boot is CPU-bound (its key exchange, its sockets, its first messages), and a
-thousand forked at once take every core for many seconds: a command such as `tbon ping 0`, run
-meanwhile, waits for its own start behind them. Kept to a window of a few per core, the cores
-are as busy (a joiner waits for round trips too, and another boots then), but a command run
-meanwhile shares them with a few processes, not a thousand; and expand holds a bounded number
-of processes, descriptors and pages in flight, however many it was asked for.
+Without one, `tbon expand -n 100000` would fork a hundred thousand brokers before the first came
+online: processes, descriptors and pages without bound, all booting at once. With a window of
+`N`, at most `N` are in flight; the next start, in the order asked, as those booting come online
+or end, so that a broker's vacant ancestors, asked first, are started before it.
 
-`Pace` is the decision alone (no I/O): told how many joiners settled (online, or ended), it says
-how many to start next, in the order asked, so that a broker's vacant ancestors, asked first,
-are started before it.
+The window does not keep the machine free for other commands: a joiner's boot waits for round
+trips (its parent's own join among them) as well as for a CPU, so a window small enough to leave
+the cores idle slows the expand far more than it helps a `tbon ping` run meanwhile (measured on
+2 cores: a window of 2 to 64 took expand -n 1024 from 17-20 s to 25-30 s). That is the session's
+part (launch/forker.py: the brokers of one expand share one session).
+
+`Pace` is the decision alone (no I/O): told how many joiners settled, it says how many to start.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ import os
 from dataclasses import dataclass
 
 PER_CPU = 128
-"""Joiners booting at once for each CPU this process may run on, by default: enough that the
-cores stay busy while some joiners wait for a round trip, few enough that a command run
-meanwhile is not queued behind them (benchmarks/responsive.py, docs/flub.md §2)."""
+"""Joiners booting at once for each CPU this process may run on, by default: a bound on what a
+large expand holds in flight, wide enough not to slow one of a thousand brokers."""
 
 
 def default_window() -> int:
