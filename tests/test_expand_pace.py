@@ -5,9 +5,11 @@ brokers all join (a real instance)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
-from conftest import tbon
+from conftest import start_tbon, tbon, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -93,3 +95,39 @@ def test_a_negative_window_is_a_usage_error(instance) -> None:
     ran = tbon("expand", inst.uri, "-n", "1", "--window", "-1")
     assert ran.returncode == 2, ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def _joiners_of(boot_dir: str) -> list[int]:
+    """PIDs of the brokers running with this instance's run directory as their boot server's
+    (their titles name it: tbon/proctitle.py), rank 0's own excluded."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                said = cmdline.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "broker.boot-server=local://" + boot_dir in said and "tbon expand" not in said:
+            found.append(int(pid))
+    return found
+
+
+def test_an_interrupted_paced_expand_leaves_no_broker_that_has_not_joined(instance) -> None:
+    """Ctrl-C while a window of 1 holds back the rest: the broker booting is killed with the
+    command, those not started never start, and any left running is online."""
+    inst = instance(1, "size=6")
+    boot_dir = os.path.dirname(inst.uri[len("local://") :])
+    expand = start_tbon("expand", inst.uri, "-n", "5", "--window", "1")
+    try:
+        wait_for(lambda: bool(_joiners_of(boot_dir)), "the first joiner to start")
+        expand.send_signal(signal.SIGINT)  # ours, by PID
+        expand.communicate(timeout=60)
+    finally:
+        if expand.poll() is None:
+            expand.kill()
+            expand.communicate()
+    assert expand.returncode == 128 + signal.SIGINT
+    left = set(_joiners_of(boot_dir))
+    ranks = json.loads(tbon("status", inst.uri, "--json").stdout)["ranks"]
+    online = {r["pid"] for r in ranks if r["state"] == "online"}
+    assert left <= online, (left, ranks)
