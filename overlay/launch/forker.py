@@ -279,7 +279,11 @@ def main() -> NoReturn:
     from tbon.proctitle import set_title
 
     set_title("tbon expand: forking brokers")
-    os.setsid()  # the brokers' one session (above)
+    try:
+        os.setsid()  # the brokers' one session (above)
+        alone = False
+    except OSError:  # a group's leader already (not as expand starts it): one session each
+        alone = True
     for name in JOINERS_NEED:
         importlib.import_module(name)
     gc.collect()
@@ -287,7 +291,7 @@ def main() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     for line in sys.stdin.buffer:
-        pids = _fork_batch(json.loads(line))
+        pids = _fork_batch(json.loads(line), alone)
         if pids is None:
             os._exit(1)  # the batch's forking child said why on stderr
         sys.stdout.write(json.dumps(pids) + "\n")
@@ -295,7 +299,7 @@ def main() -> NoReturn:
     os._exit(0)
 
 
-def _fork_batch(specs: list[dict[str, object]]) -> list[int] | None:
+def _fork_batch(specs: list[dict[str, object]], alone: bool) -> list[int] | None:
     """Fork one broker per spec through a child of this process that exits once it has, so
     that they are orphans (the caller's children, as subreaper) rather than the forker's: their
     PIDs, or None if that child failed (the brokers it forked are the caller's to stop)."""
@@ -303,7 +307,7 @@ def _fork_batch(specs: list[dict[str, object]]) -> list[int] | None:
     middle = os.fork()
     if middle == 0:
         os.close(reader)
-        _fork_each(specs, writer)
+        _fork_each(specs, writer, alone)
     os.close(writer)
     said = b""
     while chunk := os.read(reader, 65536):
@@ -316,7 +320,7 @@ def _fork_batch(specs: list[dict[str, object]]) -> list[int] | None:
     return pids
 
 
-def _fork_each(specs: list[dict[str, object]], said: int) -> NoReturn:
+def _fork_each(specs: list[dict[str, object]], said: int, alone: bool) -> NoReturn:
     """In the batch's forking child: fork each broker, write their PIDs to `said`, exit."""
     code = 1
     try:
@@ -328,7 +332,7 @@ def _fork_each(specs: list[dict[str, object]], said: int) -> NoReturn:
                 os.close(said)
                 argv = spec["argv"]
                 assert isinstance(argv, list)
-                _become_broker(argv, log)
+                _become_broker(argv, log, alone)
             os.close(log)
             pids.append(pid)
         os.write(said, json.dumps(pids).encode())
@@ -342,12 +346,15 @@ def _fork_each(specs: list[dict[str, object]], said: int) -> NoReturn:
         os._exit(code)
 
 
-def _become_broker(argv: list[str], log: int) -> NoReturn:
-    """`tbon broker ARGV`, in this forked child, which must never return into the forker."""
+def _become_broker(argv: list[str], log: int, alone: bool) -> NoReturn:
+    """`tbon broker ARGV`, in this forked child, which must never return into the forker; in
+    a session of its own if `alone`, else in the forker's."""
     from tbon import exitcodes
 
     code = exitcodes.INTERNAL
     try:
+        if alone:
+            os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
