@@ -118,11 +118,13 @@ def tbon_start(
     *,
     force: bool = False,
     options: Sequence[str] = (),
+    session: bool = False,
 ) -> Iterator[Instance]:
     """`tbon start --test-size=N -S ATTR...` in wait mode, once it has printed its URI. On the way
     out, always (a failed measurement included), it is stopped by PID and its log removed.
     `force`: past `tbon start`'s estimate of what the machine holds (2048 brokers, here).
-    `options`: more of `tbon start`'s own, such as `--test-exit-timeout=2m`."""
+    `options`: more of `tbon start`'s own, such as `--test-exit-timeout=2m`. `session`: in a
+    session of its own, as if started from another terminal."""
     argv = [str(TBON), "start", f"--test-size={test_size}", *(["--force"] if force else [])]
     argv += list(options)
     for attribute in attributes:
@@ -130,7 +132,11 @@ def tbon_start(
     fd, stderr_path = tempfile.mkstemp(prefix=f"{_label}-start-", suffix=".log")
     try:
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=fd,
+            start_new_session=session,
         )
     except BaseException:
         os.unlink(stderr_path)

@@ -4,7 +4,7 @@
 Run from the repository with the project's virtualenv:
 
     .venv/bin/python benchmarks/responsive.py [--size 1024] [--idle 8] [--settle 5] [--force]
-        [--sections wireup,expand]
+        [--sections wireup,expand] [--sessions]
 
 Sections:
   wireup  one `tbon start --test-size=N` (wait mode: it prints its URI once every broker is
@@ -241,14 +241,19 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
 
 
 def measure_expand(
-    size: int, idle_rounds: int, settle: float, force: bool
+    size: int, idle_rounds: int, settle: float, force: bool, sessions: bool = False
 ) -> tuple[Phase, Phase, float]:
     """Samples while `tbon expand -n N` brings N brokers into an instance of rank 0 alone (every
-    join goes through rank 0: its allocation and its key exchange), then idle."""
+    join goes through rank 0: its allocation and its key exchange), then idle. `sessions`: the
+    instance and expand each in a session of its own, as if started from other terminals than
+    the commands measured (where Linux shares CPU time between sessions, autogroup, that is
+    what a user of three terminals sees)."""
     loaded, idle = Phase(), Phase()
     options = ["--test-exit-timeout=1m"]
     with (
-        tbon_start(1, [f"size={size + 1}"], force=force, options=options) as instance,
+        tbon_start(
+            1, [f"size={size + 1}"], force=force, options=options, session=sessions
+        ) as instance,
         tempfile.TemporaryFile() as said,
     ):
         pinger = Pinger(instance.uri[len("local://") :])
@@ -256,7 +261,11 @@ def measure_expand(
         argv = [str(TBON), "expand", instance.uri, "-n", str(size), "--timeout", "5m"]
         started = time.monotonic()
         expand = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=said
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=said,
+            start_new_session=sessions,
         )
         over = threading.Event()
         threads = loaded.during(instance.uri, over)
@@ -318,6 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--settle", type=positive, default=5.0, help="idle before measuring (default 5)"
     )
     parser.add_argument("--force", action="store_true", help="pass --force to `tbon start`")
+    parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="expand: the instance and expand each in a session of its own (other terminals)",
+    )
     args = parse_args(parser, argv, SECTIONS, counts=("--idle",))
     report = begin("responsive", args.markdown)
     header = [
@@ -343,12 +357,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.table(header, rows_of(loaded, idle))
         report.note(f"{note} From when rank 0 listens (after the PMI exchange) to all online.")
     if "expand" in args.sections:
-        loaded, idle, took = measure_expand(args.size, args.idle, args.settle, args.force)
+        loaded, idle, took = measure_expand(
+            args.size, args.idle, args.settle, args.force, args.sessions
+        )
         report.heading(
             f"Rank 0 while {args.size} brokers join (`tbon expand -n {args.size}`, "
             f"{took:.1f} s), against idle: medians"
         )
-        report.table(header, rows_of(loaded, idle))
+        rows = rows_of(loaded, idle)
+        rows.append(["expand itself", "1", "-", f"{took * 1000:.0f}", "-", "-", "its wall time"])
+        report.table(header, rows)
         report.note(note)
     return 0
 

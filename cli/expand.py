@@ -32,6 +32,7 @@ from tbon.overlay.parse.numbers import is_int
 
 if TYPE_CHECKING:
     from tbon.overlay.launch.forker import Forked, Forker
+    from tbon.overlay.launch.pace import Pace
 
 BOOT_SERVERS = 4
 """How many of the instance's URIs a new broker is given as broker.boot-server, tried in order
@@ -45,13 +46,15 @@ say is skipped, it would make a poor boot server anyway."""
 
 @dataclass
 class Joiner:
-    """One broker this command started, and what became of it."""
+    """One broker this command starts, and what became of it."""
 
-    process: subprocess.Popen[bytes] | Forked
+    command: list[str]  # the process that is this broker
+    argv: list[str]  # for the forker: what follows `tbon broker` (none: started over ssh)
     log: Path
     wanted: int | None  # the rank it asked for, if any
     host: str = ""  # the host it runs on, through ssh; "" for this one
     after: int = 0  # a remote joiner is known by its rank coming online past this incarnation
+    process: subprocess.Popen[bytes] | Forked | None = None  # None: not started (yet)
     rank: int | None = None
     exit_code: int | None = None
     reason: str = ""
@@ -64,6 +67,10 @@ class Joiner:
     def joined(self) -> bool:
         """Online, and not ended since (one that ended during the follow failed: _reap_joined)."""
         return self.rank is not None and self.exit_code is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
 
 
 def register(app: typer.Typer) -> None:
@@ -110,6 +117,13 @@ def register(app: typer.Typer) -> None:
         launcher: str = typer.Option(
             None, "--launcher", metavar="ssh", help="How to reach --hosts: ssh (the default)."
         ),
+        window: int = typer.Option(
+            None,
+            "--window",
+            min=0,
+            metavar="N",
+            help="Keep at most N brokers booting at once (default: 128 per CPU); 0: all at once.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Report as JSON."),
     ) -> None:
         """Grow an instance: start brokers here that join it into vacant or lost ranks.
@@ -130,6 +144,9 @@ def register(app: typer.Typer) -> None:
         given = duration(timeout, "--timeout")
         limit = None if given == 0 else 60.0 if given is None else given  # 0: no limit
         from tbon.overlay.launch.forker import take_forker
+        from tbon.overlay.launch.pace import default_window
+
+        booting = default_window() if window is None else window
 
         # Started first (by cli/main.py), so that it imports the broker while we ask the
         # instance what to start; through ssh, not wanted.
@@ -138,7 +155,9 @@ def register(app: typer.Typer) -> None:
             forker.cancel()
             forker = None
         try:
-            joiners = _expand(uri, count, fill, ranks, setattr_, remote_hosts, limit, forker)
+            joiners = _expand(
+                uri, count, fill, ranks, setattr_, remote_hosts, limit, forker, booting
+            )
         finally:
             if forker is not None:
                 forker.cancel()
@@ -157,9 +176,11 @@ def _expand(
     remote_hosts: list[str],
     limit: float | None,
     forker: Forker | None,
+    window: int,
 ) -> list[Joiner]:
-    """Ask the instance what to start, start it (through `forker`, if any, here), and follow
-    the brokers until each is online or gone."""
+    """Ask the instance what to start, start it (through `forker`, if any, here) at most
+    `window` booting at once (0: all at once), and follow the brokers until each is online or
+    gone."""
     from tbon.cli.common import fetch_status, open_client
 
     def plan(client: Any) -> tuple[dict[str, Any], dict[str, Any], list[int | None], list[str]]:
@@ -187,14 +208,21 @@ def _expand(
         if not wanted:
             return []
         if remote_hosts:
-            joiners = _launch_remote(boot, status, wanted, remote_hosts, setattr_)
+            joiners = _remote(boot, status, wanted, remote_hosts, setattr_)
         else:
-            joiners = _launch(boot, info, wanted, setattr_, forker)
+            joiners = _local(boot, info, wanted, setattr_)
+        from tbon.overlay.launch.pace import Pace
+
         try:
-            _follow(client, joiners, limit, uri)
+            _follow(client, joiners, limit, uri, Pace(len(joiners), window), forker)
         finally:
             for joiner in joiners:
-                if joiner.pending and joiner.process.poll() is None:
+                if not joiner.pending:
+                    continue
+                if joiner.process is None:
+                    why = "ended" if limit is None else f"within {limit:g}s"
+                    joiner.exit_code, joiner.reason = -1, f"not started: {why}"
+                elif joiner.process.poll() is None:
                     joiner.process.kill()  # ours, by PID: never leave a half-joined broker
                     joiner.process.wait()
                     why = "ended" if limit is None else f"not online within {limit:g}s"
@@ -304,15 +332,10 @@ def _boot_servers(
     return found
 
 
-def _launch(
-    boot: list[str],
-    info: dict[str, Any],
-    wanted: list[int | None],
-    extra: list[str],
-    forker: Forker | None,
+def _local(
+    boot: list[str], info: dict[str, Any], wanted: list[int | None], extra: list[str]
 ) -> list[Joiner]:
-    """The brokers for `wanted`, here: forked by `forker` (launch/forker.py), or, without one,
-    each a `tbon broker` process of its own."""
+    """The brokers for `wanted`, here, not started yet (`_start`)."""
     # Logs live in the boot broker's run directory (it is on this host), and go with it.
     given = boot[0]
     rundir = os.path.dirname(given[len("local://") :]) if given.startswith("local://") else None
@@ -330,7 +353,8 @@ def _launch(
     own_rundir = not any(a.startswith("broker.rundir=") for a in extra)
     under = joiners_directory(info.get("uri", "")) if own_rundir else None
     sweep(under)
-    brokers: list[tuple[list[str], str]] = []
+    tbon = _tbon_command()
+    joiners = []
     for index, rank in enumerate(wanted):
         argv: list[str] = []
         place = joiner_rundir(under, f"{os.getpid()}-{index}")
@@ -340,27 +364,32 @@ def _launch(
             *([f"broker.rundir={place}"] if place is not None else []),
         ]:
             argv += ["-S", attribute]
-        brokers.append((argv, str(logs / f"broker-{os.getpid()}-{index}.log")))
-    if forker is not None:
-        for _argv, log in brokers:
-            open(log, "wb").close()  # a new log for each, as a process of its own gets
-        forked = forker.fork(brokers)
-        return [
-            Joiner(p, Path(log), rank)
-            for p, (_, log), rank in zip(forked, brokers, wanted, strict=True)
-        ]
-    joiners = []
-    for (argv, log), rank in zip(brokers, wanted, strict=True):
-        with open(log, "wb") as output:
-            process = subprocess.Popen(
-                [*_tbon_command(), "broker", *argv],
+        log = logs / f"broker-{os.getpid()}-{index}.log"
+        joiners.append(Joiner([*tbon, "broker", *argv], argv, log, rank))
+    return joiners
+
+
+def _start(batch: list[Joiner], forker: Forker | None) -> None:
+    """Start these joiners: forked by `forker` (launch/forker.py) if they are this host's and
+    there is one, else each a process of its own (`tbon broker`, or ssh). TbonError if the
+    forker failed: none of the batch is running then."""
+    here = [j for j in batch if not j.host]
+    if forker is not None and here:
+        for joiner in here:
+            open(joiner.log, "wb").close()  # a new log for each, as a process of its own gets
+        forked = forker.fork([(j.argv, str(j.log)) for j in here])
+        for joiner, process in zip(here, forked, strict=True):
+            joiner.process = process
+        batch = [j for j in batch if j.host]
+    for joiner in batch:
+        with open(joiner.log, "wb") as output:
+            joiner.process = subprocess.Popen(
+                joiner.command,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=output,
                 start_new_session=True,
             )
-        joiners.append(Joiner(process, Path(log), rank))
-    return joiners
 
 
 def _remote_hosts(hosts: str | None) -> list[str]:
@@ -371,14 +400,14 @@ def _remote_hosts(hosts: str | None) -> list[str]:
     return expand_hostlist(hosts)
 
 
-def _launch_remote(
+def _remote(
     boot: list[str],
     status: dict[str, Any],
     wanted: list[int | None],
     hosts: list[str],
     extra: list[str],
 ) -> list[Joiner]:
-    """Joiners on other hosts, each started over ssh and booting through ssh:// URIs. Each
+    """Joiners on other hosts, to start over ssh (`_start`), booting through ssh:// URIs. Each
     asks for a rank of its own (the lowest available first), so that it can be told apart
     once online; rank 0 still decides, and turns away any that lost a race (exit 69)."""
 
@@ -408,21 +437,24 @@ def _launch_remote(
         for attribute in attributes:
             remote += ["-S", attribute]
         log = logs / f"broker-{os.getpid()}-{index}.log"
-        with open(log, "wb") as output:
-            process = subprocess.Popen(
-                ssh_argv(host, "", None, remote),
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=output,
-                start_new_session=True,
-            )
         before = status["ranks"][rank]["incarnation"]
-        joiners.append(Joiner(process, log, rank, host=host, after=before))
+        command = ssh_argv(host, "", None, remote)
+        joiners.append(Joiner(command, [], log, rank, host=host, after=before))
     return joiners
 
 
-def _follow(client: Any, joiners: list[Joiner], limit: float | None, uri: str | None) -> None:
-    """Watch the root's pushed status and our processes until each joiner is online or gone.
+def _follow(
+    client: Any,
+    joiners: list[Joiner],
+    limit: float | None,
+    uri: str | None,
+    pace: Pace,
+    forker: Forker | None,
+) -> None:
+    """Start the joiners as `pace` says (in order, as those booting come online or end), and
+    watch the root's pushed status and our processes until each joiner is online or gone.
+    A batch that cannot be started fails the joiners not started yet, and those booting are
+    still followed; if it was the first, nothing runs, and the error is the command's.
     Given a URI list (`uri`, or $TBON_URI), the watch outlives the broker it went through: a
     root that died and was taken over (docs/protocol.md §13.4) is watched again through the
     list's first entry that answers, and the joiners, which boot through the same brokers,
@@ -437,8 +469,10 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None, uri: str | 
     )
 
     deadline = math.inf if limit is None else time.monotonic() + limit
-    by_pid = {j.process.pid: j for j in joiners if not j.host}
-    by_rank = {j.wanted: j for j in joiners if j.host}
+    by_pid: dict[int, Joiner] = {}
+    by_rank: dict[int | None, Joiner] = {}
+    unstarted = iter(joiners)
+    settled = 0
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("joining"),
@@ -454,21 +488,45 @@ def _follow(client: Any, joiners: list[Joiner], limit: float | None, uri: str | 
 
         watch = _Watch(client, uri)
         while any(j.pending for j in joiners) and time.monotonic() < deadline:
+            if due := pace.due():
+                batch = [next(unstarted) for _ in range(due)]
+                try:
+                    _start(batch, forker)
+                except TbonError as error:
+                    if batch[0] is joiners[0]:
+                        raise  # nothing started: the command's error, as before the window
+                    pace.abandon()
+                    pace.settled(due)
+                    for failed in [*batch, *unstarted]:
+                        failed.exit_code, failed.reason = -1, f"not started: {error}"
+                for started in batch:
+                    if started.host:
+                        by_rank[started.wanted] = started
+                    elif started.pid is not None:
+                        by_pid[started.pid] = started
             view = watch.receive(0.1, deadline)
             if view is not None:
                 for entry in said(view) if view is not None else []:
-                    joiner = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
-                    if joiner is None or entry["state"] != "online" or not joiner.pending:
+                    seen = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
+                    if seen is None or entry["state"] != "online" or not seen.pending:
                         continue
-                    if not joiner.host or entry["incarnation"] > joiner.after:
-                        joiner.rank = entry["rank"]
+                    if not seen.host or entry["incarnation"] > seen.after:
+                        seen.rank = entry["rank"]
             for joiner in joiners:
-                if joiner.pending and joiner.process.poll() is not None:
-                    joiner.exit_code = joiner.process.returncode
+                process = joiner.process
+                if joiner.pending and process is not None and process.poll() is not None:
+                    joiner.exit_code = process.returncode
                     joiner.reason = _last_line(joiner.log)
             _reap_joined(joiners)
+            now = sum(not j.pending for j in joiners if j.process is not None)
+            pace.settled(now - settled)
+            settled = now
             progress.update(task, completed=sum(not j.pending for j in joiners))
         watch.close()
+
+
+VIEW_PAUSE = 0.1
+"""Seconds between two tables read from the root's watch (`_Watch.receive`)."""
 
 
 def _reap_joined(joiners: list[Joiner]) -> None:
@@ -480,9 +538,12 @@ def _reap_joined(joiners: list[Joiner]) -> None:
     if not _a_child_ended():
         return
     for joiner in joiners:
-        if joiner.rank is None or joiner.exit_code is not None or joiner.process.poll() is None:
+        process = joiner.process
+        if joiner.rank is None or joiner.exit_code is not None or process is None:
             continue
-        joiner.exit_code = joiner.process.returncode
+        if process.poll() is None:
+            continue
+        joiner.exit_code = process.returncode
         said = _last_line(joiner.log)
         joiner.reason = f"ended after it came online as rank {joiner.rank}: {said}"
 
@@ -559,9 +620,16 @@ class _Watch:
         self.listed = given_list(uri)
         self.pages = HeldPages()
         self.tag = client.send("status.watch", {"view": "held"}, nodeid=0)
+        self.read = -math.inf  # when the last table was read
 
     def receive(self, timeout: float, deadline: float) -> dict[str, Any] | None:
-        """The next whole table pushed, or None."""
+        """The next whole table pushed, or None. At most one a VIEW_PAUSE: each is the whole
+        held table, which rank 0 makes anew once this one is read, so reading as fast as it
+        comes would keep rank 0 and this command busy, the more the more joined."""
+        pause = self.read + VIEW_PAUSE - time.monotonic()
+        if pause > 0:
+            time.sleep(min(pause, timeout))  # the loop's beat meanwhile: processes are polled
+            return None
         if self.client is None:  # no URI of the list answered at the last attempt
             self._again(deadline)
             return None
@@ -571,7 +639,10 @@ class _Watch:
                 return None
             if reply.errnum:
                 raise TbonError(f"status stream ended: {reply.errstr}")
-            return self.pages.take(reply.payload)
+            table = self.pages.take(reply.payload)
+            if table is not None:
+                self.read = time.monotonic()
+            return table
         except TbonError:
             if self.listed is None:
                 raise
@@ -635,10 +706,10 @@ def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:
     if as_json:
         print_json(
             {
-                "joined": [{"rank": j.rank, "pid": j.process.pid} for j in joined],
+                "joined": [{"rank": j.rank, "pid": j.pid} for j in joined],
                 "failed": [
                     {
-                        "pid": j.process.pid,
+                        "pid": j.pid,
                         "rank": j.wanted if j.rank is None else j.rank,
                         "exit_code": j.exit_code,
                         "reason": j.reason,
@@ -659,8 +730,9 @@ def _report(joiners: list[Joiner], as_json: bool, note: str = "") -> int:
             typer.echo(note)
         for joiner in failed:
             rank = joiner.wanted if joiner.rank is None else joiner.rank
+            who = "a broker not started" if joiner.pid is None else f"broker pid {joiner.pid}"
             print(
-                f"tbon expand: broker pid {joiner.process.pid}"
+                f"tbon expand: {who}"
                 f"{f' (rank {rank})' if rank is not None else ''}: "
                 f"{joiner.reason} (exit {joiner.exit_code}; log {joiner.log})",
                 file=sys.stderr,

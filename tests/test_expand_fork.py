@@ -196,3 +196,52 @@ def _read(terminal: int, what: str, shown: str) -> str:
         data = b""
     assert data, f"the terminal closed while waiting for {what}:\n{shown}"
     return data.decode(errors="replace")
+
+
+BATCHES = """
+import os, signal, sys
+from tbon.errors import TbonError
+from tbon.overlay.launch.forker import Forker, _children
+
+forker = Forker.start()
+assert forker is not None, "no subreaper here"
+before = _children() - {forker.process.pid}
+brokers = []
+try:
+    for log in sys.argv[1:3]:  # one batch each, from the same forker
+        brokers += forker.fork([(["-S", "size=1"], log)])
+    pids = sorted(b.pid for b in brokers)
+    print("ours:", sorted(_children() - before - {forker.process.pid}) == pids)
+    sessions = {os.getsid(b.pid) for b in brokers}
+    print("one session:", len(sessions) == 1 and os.getsid(0) not in sessions)
+    os.kill(forker.process.pid, signal.SIGKILL)  # ours, by PID
+    try:
+        forker.fork([(["-S", "size=1"], sys.argv[3])])
+    except TbonError as error:
+        print("refused:", error)
+    print("left:", sorted(_children() - before) == pids)
+finally:
+    for broker in brokers:
+        broker.kill()
+        broker.wait()
+"""
+
+
+def test_one_forker_forks_batch_after_batch_and_a_dead_one_starts_no_more(tmp_path) -> None:
+    """Expand's window sends the forker a batch whenever it has room: each batch's brokers are
+    expand's children (it reaps them), the brokers of one expand share one session, not
+    expand's, and a forker gone between batches fails the next in one line, leaving the
+    brokers already started alone and starting none."""
+    logs = [str(tmp_path / f"broker-{n}.log") for n in range(3)]
+    ran = subprocess.run(
+        [sys.executable, "-c", BATCHES, *logs],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "ours: True" in ran.stdout, ran.stdout
+    assert "one session: True" in ran.stdout, ran.stdout
+    assert "refused: cannot start brokers: the forker exited -9" in ran.stdout, ran.stdout
+    assert "left: True" in ran.stdout, ran.stdout

@@ -9,13 +9,24 @@ starts booting at once.
 
 The forker is a process of its own (`python -P -m tbon.overlay.launch.forker`), never the CLI:
 the CLI has loaded Typer and Rich, which a broker must not carry (docs/design.md §13), and holds a
-ZeroMQ context, which a forked child must not inherit. It reads one JSON list from stdin, one
-`{"argv": [...], "log": PATH}` per broker (`argv`: what follows `tbon broker`), forks each in a
-session of its own (stdin /dev/null, stdout and stderr appended to its log), writes their PIDs as
-one JSON list on stdout and exits without waiting for them. Its caller made itself a child
-subreaper (prctl(2) PR_SET_CHILD_SUBREAPER) before starting it: the brokers, orphaned, become the
-caller's children, and it waits for them as for its own (`Forked`). Where a caller cannot be a
-subreaper (not Linux), `Forker.start` says so (None) and the caller starts processes as before.
+ZeroMQ context, which a forked child must not inherit. It reads batches from stdin, one a line:
+a JSON list of `{"argv": [...], "log": PATH}`, one per broker (`argv`: what follows `tbon
+broker`). It forks each batch's brokers (stdin /dev/null, stdout and stderr appended to its
+log), and writes their PIDs as one JSON list a line on stdout; at the
+end of stdin it exits. Expand sends a batch whenever its window has room (launch/pace.py), so
+the forker lives as long as expand starts brokers, and the brokers must not be its children:
+each batch is forked by a child of the forker that exits once it has, and its brokers, orphaned,
+become the children of expand, which made itself a child subreaper (prctl(2)
+PR_SET_CHILD_SUBREAPER) before starting the forker, and which waits for them as for its own
+(`Forked`). Where a caller cannot be a subreaper (not Linux), `Forker.start` says so (None) and
+the caller starts processes as before.
+
+The forker starts a session of its own, and its brokers stay in it: detached from expand's
+terminal (a Ctrl-C there is not theirs), and, where Linux shares CPU time between sessions
+(autogroup), a thousand booting brokers weigh as one session against a command run from another
+terminal, not as a thousand, as the brokers of one `tbon start` share its launcher's. Not a lower
+priority (nice): an unprivileged broker could not raise it back once online, and it lives on,
+with the jobs it starts, which would inherit it.
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -50,8 +63,9 @@ root group's member machine, which a joiner refilling a standby's rank runs)."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 FORK_DEADLINE_S = 60.0
-"""How long the forker may take to import and fork every broker (well under a second for a
-thousand on a quiet machine): a forker stopped or stuck past it is killed, and expand says so."""
+"""How long the forker may take to answer a batch, its imports included for the first (well
+under a second for a thousand brokers on a quiet machine): a forker stopped or stuck past it is
+killed, and expand says so."""
 _ROOM = 4096
 """Bytes of command line the forker starts with, blank: its brokers write their titles there
 (tbon/proctitle.py), which name their run directories and boot servers."""
@@ -114,12 +128,15 @@ def _children() -> set[int]:
 
 def _stop_strays(known: set[int]) -> None:
     """Kill and reap the brokers a forker started but never named (it failed or was stopped
-    half-way): orphaned, they are this subreaper's children now, and not ones it knew before."""
-    for pid in _children() - known:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+    half-way): orphaned, they are this subreaper's children now, and not ones it knew before.
+    Again until none is left: a batch's forking child, killed here, hands what it forked to
+    this process only as it dies."""
+    while strays := _children() - known:
+        for pid in strays:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 _early: Forker | None = None
@@ -177,15 +194,16 @@ class Forker:
             return None
 
     def fork(self, brokers: list[tuple[list[str], str]]) -> list[Forked]:
-        """One broker for each (argv, log), now children of this process. TbonError if the
-        forker failed."""
+        """One broker for each (argv, log), now children of this process: one batch, asked of
+        a forker that may fork more later. TbonError if the forker failed (it is stopped then,
+        and what it forked of this batch with it)."""
         from tbon.errors import TbonError
 
-        specs = json.dumps([{"argv": argv, "log": log} for argv, log in brokers]).encode()
+        batch = [{"argv": argv, "log": log} for argv, log in brokers]
         ours = _children()
         try:
-            said, trouble = self.process.communicate(specs, timeout=FORK_DEADLINE_S)
-        except subprocess.TimeoutExpired:
+            said = self._exchange(json.dumps(batch).encode() + b"\n")
+        except TimeoutError:
             self.cancel()
             _stop_strays(ours)
             raise TbonError(
@@ -195,63 +213,148 @@ class Forker:
             self.cancel()
             _stop_strays(ours)
             raise
-        self.cancel()
         try:
             pids = json.loads(said)
         except ValueError:
             pids = None
-        code = self.process.returncode
-        if code != 0 or not isinstance(pids, list) or len(pids) != len(brokers):
+        if not isinstance(pids, list) or len(pids) != len(brokers):
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            assert self.process.stderr is not None
+            trouble = self.process.stderr.read()  # at its end: nothing else holds the pipe
+            self.cancel()
             _stop_strays(ours)  # a fork that failed half-way: the brokers it started, unnamed
             last = trouble.decode(errors="replace").strip().splitlines()[-1:] or ["no word"]
+            code = self.process.returncode
             raise TbonError(f"cannot start brokers: the forker exited {code}: {last[0]}")
         return [Forked(pid) for pid in pids]
 
+    def _exchange(self, batch: bytes) -> bytes:
+        """Send one batch and read its line of PIDs (b"" if the forker ended first), within
+        FORK_DEADLINE_S (TimeoutError): the forker may be stopped, and a pipe never says so."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        deadline = time.monotonic() + FORK_DEADLINE_S
+        into, out = self.process.stdin.fileno(), self.process.stdout.fileno()
+        os.set_blocking(into, False)
+        poller = select.poll()
+        poller.register(into, select.POLLOUT)
+        poller.register(out, select.POLLIN)
+        read = b""
+        while not read.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for fd, _events in poller.poll(left * 1000):
+                if fd == into:
+                    try:
+                        batch = batch[os.write(into, batch) :]
+                    except BrokenPipeError:  # it ended: its stdout says how
+                        batch = b""
+                    if not batch:
+                        poller.unregister(into)
+                elif chunk := os.read(out, 65536):
+                    read += chunk
+                else:
+                    return read  # the end of its output: it exited
+        return read
+
     def cancel(self) -> None:
-        """Stop a forker that was not used, or is still running: it has forked nothing then."""
+        """Stop the forker, used or not: between batches it has nothing in hand, and what it
+        forked is this process's (or, mid-batch, this process's to stop: `_stop_strays`)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            if stream is not None:
+            if stream is not None and not stream.closed:
                 stream.close()
 
 
 def main() -> NoReturn:
-    """The forker: import, read the brokers to start, fork them, say their PIDs, exit."""
+    """The forker: import, then for each batch read, fork its brokers and say their PIDs; exit
+    at the end of stdin."""
     import gc
     import importlib
 
     from tbon.proctitle import set_title
 
     set_title("tbon expand: forking brokers")
+    try:
+        os.setsid()  # the brokers' one session (above)
+        alone = False
+    except OSError:  # a group's leader already (not as expand starts it): one session each
+        alone = True
     for name in JOINERS_NEED:
         importlib.import_module(name)
-    specs = json.loads(sys.stdin.buffer.read() or b"[]")
     gc.collect()
     gc.freeze()  # a broker's collections then leave the shared pages alone (local.py)
     sys.stdout.flush()
     sys.stderr.flush()
-    pids = []
-    for spec in specs:
-        log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        pid = os.fork()
-        if pid == 0:
-            _become_broker(spec["argv"], log)
-        os.close(log)
-        pids.append(pid)
-    sys.stdout.write(json.dumps(pids))
-    sys.stdout.flush()
+    for line in sys.stdin.buffer:
+        pids = _fork_batch(json.loads(line), alone)
+        if pids is None:
+            os._exit(1)  # the batch's forking child said why on stderr
+        sys.stdout.write(json.dumps(pids) + "\n")
+        sys.stdout.flush()
     os._exit(0)
 
 
-def _become_broker(argv: list[str], log: int) -> NoReturn:
-    """`tbon broker ARGV`, in this forked child, which must never return into the forker."""
+def _fork_batch(specs: list[dict[str, object]], alone: bool) -> list[int] | None:
+    """Fork one broker per spec through a child of this process that exits once it has, so
+    that they are orphans (the caller's children, as subreaper) rather than the forker's: their
+    PIDs, or None if that child failed (the brokers it forked are the caller's to stop)."""
+    reader, writer = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(reader)
+        _fork_each(specs, writer, alone)
+    os.close(writer)
+    said = b""
+    while chunk := os.read(reader, 65536):
+        said += chunk
+    os.close(reader)
+    _, status = os.waitpid(middle, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return None
+    pids: list[int] = json.loads(said)
+    return pids
+
+
+def _fork_each(specs: list[dict[str, object]], said: int, alone: bool) -> NoReturn:
+    """In the batch's forking child: fork each broker, write their PIDs to `said`, exit."""
+    code = 1
+    try:
+        pids = []
+        for spec in specs:
+            log = os.open(str(spec["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            pid = os.fork()
+            if pid == 0:
+                os.close(said)
+                argv = spec["argv"]
+                assert isinstance(argv, list)
+                _become_broker(argv, log, alone)
+            os.close(log)
+            pids.append(pid)
+        os.write(said, json.dumps(pids).encode())
+        code = 0
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"tbon expand: forker: {error}\n")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _become_broker(argv: list[str], log: int, alone: bool) -> NoReturn:
+    """`tbon broker ARGV`, in this forked child, which must never return into the forker; in
+    a session of its own if `alone`, else in the forker's."""
     from tbon import exitcodes
 
     code = exitcodes.INTERNAL
     try:
-        os.setsid()
+        if alone:
+            os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
