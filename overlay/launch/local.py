@@ -150,26 +150,52 @@ class Launch:
     def _fork_brokers(self) -> SocketPmiServer:
         server = SocketPmiServer(self.size, fd_floor=_fd_floor(self.size))
         launcher = os.getpid()
+        for name in FORKED_BROKERS_NEED:
+            importlib.import_module(name)
+        argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
+        size = instance_size(self.config.size, self.size)
+        # Everything a broker needs is made here, for all of them, before the first fork: after
+        # each fork every page the launcher writes is copied again (copy on write), so the loop
+        # between two forks must write as few pages as it can, on the critical path of every
+        # broker after it. Each broker's config is made here too, where the code that makes it is
+        # warm, rather than in each broker, for which every line run first is pages copied.
+        # With a descriptor floor each broker closes the other brokers' client ends as it closes
+        # the server ends (SocketPmiServer.close_in_child): one close_range for all.
+        ahead = server.floored
+        ends = [server.make_pair(rank) for rank in range(self.size)] if ahead else []
+        configs = [
+            dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
+            for rank in range(self.size)
+        ]
         # Every object the launcher holds now is shared with every broker, page for page, until
         # one writes to it. A collection in a broker writes to each object it visits (its GC
         # header), so it would copy every page of the launcher's heap into every broker: frozen
         # objects are never visited again. (Reference counts still write: fewer, fairer copies.)
-        for name in FORKED_BROKERS_NEED:
-            importlib.import_module(name)
-        argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
         gc.collect()
         gc.freeze()
-        size = instance_size(self.config.size, self.size)
-        for rank in range(self.size):
-            client_end = server.make_pair(rank)
-            # The broker's config is made here, where the code that makes it is warm, rather
-            # than in each broker, for which every line run first is pages copied.
-            config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
-            pid = os.fork()
-            if pid == 0:
-                self._become_broker(rank, size, config, client_end, server, launcher)
-            client_end.close()
-            self.brokers[pid] = BrokerProcess(rank, pid)
+        pids: list[int] = []
+        try:
+            if ahead:
+                fork, forked = os.fork, pids.append
+                for rank in range(self.size):
+                    pid = fork()
+                    if pid == 0:
+                        self._become_broker(rank, size, configs[rank], ends[rank], server, launcher)
+                    forked(pid)
+            else:
+                for rank in range(self.size):
+                    client_end = server.make_pair(rank)
+                    pid = os.fork()
+                    if pid == 0:
+                        self._become_broker(rank, size, configs[rank], client_end, server, launcher)
+                    client_end.close()
+                    pids.append(pid)
+        finally:
+            # Brokers forked before a failed fork are this launcher's to reap and to stop.
+            for end in ends:
+                end.close()
+            for rank, pid in enumerate(pids):
+                self.brokers[pid] = BrokerProcess(rank, pid)
         return server
 
     def _become_broker(
@@ -343,15 +369,16 @@ class Launch:
 
 def _fd_floor(size: int) -> int | None:
     """A descriptor number above every one this process has open, with room for `size` PMI
-    server ends above it (SocketPmiServer moves them there, so that a forked broker closes them
-    all with one call); None where /proc/self/fd cannot say, or RLIMIT_NOFILE leaves no room."""
+    connections above it, both ends (SocketPmiServer moves them there, so that a forked broker
+    closes all but its own with one call); None where /proc/self/fd cannot say, or RLIMIT_NOFILE
+    leaves no room."""
     try:
         highest = max(int(name) for name in os.listdir("/proc/self/fd"))
     except (OSError, ValueError):
         return None
     floor = highest + 16  # room for the few descriptors the launcher opens while forking
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and floor + size + 16 > soft:
+    if soft != resource.RLIM_INFINITY and floor + 2 * size + 16 > soft:
         return None
     return floor
 
