@@ -27,9 +27,10 @@ class SocketPmiServer:
 
     With ``fd_floor``, both ends of every connection are moved to descriptors at or above it,
     where nothing else lives (the caller picks a floor above every descriptor it has open, with
-    room for 2N): a forked child then closes all the server ends it inherited, and every other
-    rank's client end, with one ``close_range(2)`` on each side of its own, whatever the size,
-    rather than one ``close`` per rank (O(N) per broker, O(N²) across an instance).
+    room for the N server ends and the client ends it holds at once): a forked child then closes
+    all the server ends it inherited, and every other rank's client end, with one
+    ``close_range(2)`` on each side of its own, whatever the size, rather than one ``close`` per
+    rank (O(N) per broker, O(N²) across an instance).
 
     A reply is written without blocking, and what the socket does not take at once with a
     blocking ``sendall`` bounded by ``send_timeout``; a rank that stops reading for that long,
@@ -110,7 +111,7 @@ class SocketPmiServer:
     def floored(self) -> bool:
         """Whether both ends of every connection sit above the floor: a forked child's
         ``close_in_child`` then closes the other ranks' client ends as well, so the caller may
-        make every connection before it forks the first child."""
+        make several connections before it forks the first of their children."""
         return self._floor is not None
 
     def fileobjs(self) -> list[socket.socket]:
