@@ -124,11 +124,16 @@ class Reserve:
     def close(self) -> None:
         """Close every held descriptor, each run of consecutive ones with one close_range(2): a
         reserve opened at once (a forked broker's, inherited) is one run, not 256 closes."""
-        held = sorted(self._held)
-        self._held.clear()
+        held, self._held, self.size = self._held, [], 0
+        if not held:
+            return
+        low, high = min(held), max(held)
+        if high - low == len(held) - 1:  # distinct descriptors: exactly low..high, one run
+            os.closerange(low, high + 1)
+            return
+        held.sort()
         first = 0
         for i in range(1, len(held) + 1):
             if i == len(held) or held[i] != held[i - 1] + 1:
                 os.closerange(held[first], held[i - 1] + 1)
                 first = i
-        self.size = 0
