@@ -183,6 +183,10 @@ class Launch:
                     for rank in ranks
                 ]
                 gc.freeze()
+                # CPython's method cache, emptied: a broker's first lookups then fill empty
+                # entries, rather than evict the launcher's, each eviction a write (a reference
+                # count) to a page of the launcher's heap that the broker never used otherwise
+                sys._clear_type_cache()
                 for rank, end, config in zip(ranks, ends, configs, strict=True):
                     pid = fork()
                     if pid == 0:
