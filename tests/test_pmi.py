@@ -149,6 +149,17 @@ def test_line_buffer_is_bounded() -> None:
 # ---------------------------------------------------------------------------- server core
 
 
+STATELESS_REQUESTS = [
+    b"cmd=init pmi_version=1 pmi_subversion=1",
+    b"cmd=init pmi_version=1 pmi_subversion=0",
+    b"cmd=init pmi_version=2 pmi_subversion=0",
+    b"cmd=get_maxes",
+    b"cmd=get_appnum",
+    b"cmd=get_my_kvsname",
+    b"cmd=get_universe_size",
+]
+
+
 def _lines(replies: list[tuple[int, bytes]], rank: int) -> list[bytes]:
     return [line for r, line in replies if r == rank]
 
@@ -171,6 +182,25 @@ def test_server_replies_in_hydra_field_order() -> None:
         b"cmd=get_result rc=0 msg=success value=v=1\n",
     ]
     assert server.kvs == {"k1": "v=1"}
+
+
+@given(st.lists(st.sampled_from(STATELESS_REQUESTS), min_size=1, max_size=30))
+def test_a_stateless_reply_is_the_same_kept_or_not(requests: list[bytes]) -> None:
+    """The server keeps the reply to a request about the job (init, maxes, kvsname...) by its
+    line: whichever rank asks, and however often, it reads what a fresh server would say."""
+    kept = PmiServer(3, kvsname="kvs_7", appnum=2)
+    for i, request in enumerate(requests):
+        fresh = PmiServer(3, kvsname="kvs_7", appnum=2)
+        assert kept.receive(i % 3, request + b"\n") == fresh.receive(i % 3, request + b"\n")
+
+
+def test_the_kept_stateless_replies_are_bounded() -> None:
+    server = PmiServer(2)
+    for subversion in range(200):  # distinct lines, each an init of an unsupported version
+        line = f"cmd=init pmi_version=1 pmi_subversion={subversion} x={subversion}\n".encode()
+        reply = server.receive(0, line)
+        assert reply[0][1].startswith(b"cmd=response_to_init ")
+    assert len(server._answers) <= 64
 
 
 def test_server_error_replies_never_raise() -> None:

@@ -59,6 +59,50 @@ def test_server_ends_sit_above_the_floor_and_a_child_closes_them_all() -> None:
     assert codes == dict.fromkeys(range(SIZE), 0)
 
 
+def test_every_pair_made_before_the_first_fork_and_each_child_keeps_only_its_own() -> None:
+    """The launcher makes every connection before it forks (its loop between forks then writes
+    almost nothing): each child closes the server ends and every other rank's client end, so a
+    child's exit is seen as EOF on its own server end, whoever else still runs."""
+    floor = _fd_floor(SIZE)
+    assert floor is not None
+    with SocketPmiServer(SIZE, fd_floor=floor) as server:
+        assert server.floored
+        clients = [server.make_pair(rank) for rank in range(SIZE)]
+        assert all(sock.fileno() >= floor for sock in clients)
+        inherited = [sock.fileno() for sock in server.fileobjs() + clients]
+        done_r, done_w = os.pipe()  # the children wait on it, so that all run at once
+        pids = {}
+        for rank in range(SIZE):
+            pid = os.fork()
+            if pid == 0:  # child: never return into pytest
+                code = 1
+                try:
+                    mine = clients[rank].fileno()
+                    server.close_in_child(keep=mine)
+                    others = [fd for fd in inherited if fd != mine]
+                    code = 0 if _is_open(mine) and not any(map(_is_open, others)) else 3
+                    if rank > 0:
+                        os.read(done_r, 1)  # rank 0 exits first; the others hold on
+                finally:
+                    os._exit(code)
+            pids[rank] = pid
+        for client in clients:
+            client.close()
+        first = {0: os.waitstatus_to_exitcode(os.waitpid(pids.pop(0), 0)[1])}
+        try:
+            # Rank 0 has gone while the others live: its server end reads EOF.
+            ends = server.fileobjs()
+            ends[0].setblocking(True)
+            ends[0].settimeout(30)
+            assert ends[0].recv(1) == b""
+        finally:
+            os.write(done_w, b"x" * SIZE)
+            codes = first | _exit_codes(pids)
+            os.close(done_r)
+            os.close(done_w)
+    assert codes == dict.fromkeys(range(SIZE), 0)
+
+
 def test_without_a_floor_a_child_closes_them_one_by_one() -> None:
     with SocketPmiServer(SIZE) as server:
         codes = _exit_codes(_fork_ranks(server))

@@ -369,7 +369,7 @@ class Broker:
 
     def _loop(self) -> None:
         poller, handlers = self._poller, self._handlers
-        handlers[self.signals.reader.fileno()] = self._handle_signals  # a socket polls as its fd
+        handlers[self.signals.fileno()] = self._handle_signals
         handlers[self.local.fileno()] = lambda _now: self.local.accept()
         self.local.watch_with(self._watch_client)
         if self.children is not None:

@@ -10,8 +10,8 @@ delivered at all, and children stay zombies until they are reaped, as when it is
 
 from __future__ import annotations
 
+import os
 import signal
-import socket
 from typing import Any
 
 
@@ -20,11 +20,11 @@ class SignalPipe:
     `children`: catch SIGCHLD too (else it is left at its default, inherited handlers undone)."""
 
     def __init__(self, children: bool = True) -> None:
-        self.reader, self._writer = socket.socketpair()
-        self.reader.setblocking(False)
-        self._writer.setblocking(False)
+        # A pipe, not a socketpair: the same to poll, a third of a millisecond less for every
+        # broker forked by tbon start (socket objects are made in Python, pages copied)
+        self._reader, self._writer = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pending: list[int] = []
-        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self._writer, warn_on_full_buffer=False)
         # Under a launcher that ignores SIGINT (Ctrl-C meant for the initial program), keep
         # ignoring it, but through a handler: unlike SIG_IGN, a handler is not inherited by the
         # programs this broker starts.
@@ -45,9 +45,13 @@ class SignalPipe:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._pending.append(signum)
 
+    def fileno(self) -> int:
+        """What the poll loop watches: readable once a signal has come."""
+        return self._reader
+
     def take(self) -> list[int]:
         try:
-            while self.reader.recv(512):
+            while os.read(self._reader, 512):
                 pass
         except BlockingIOError:
             pass
@@ -56,3 +60,7 @@ class SignalPipe:
 
     def close(self) -> None:
         signal.set_wakeup_fd(-1)
+        ends, (self._reader, self._writer) = (self._reader, self._writer), (-1, -1)
+        for fd in ends:
+            if fd >= 0:
+                os.close(fd)

@@ -237,7 +237,11 @@ class Rundir:
         return Rundir(wanted, created)
 
     def remove(self) -> None:
-        if self.created:
+        if not self.created:
+            return
+        try:  # empty by now, as a rule (the local socket is gone): rmtree costs 0.3 ms more
+            os.rmdir(self.path)
+        except OSError:
             import shutil  # at the end only: a broker starts faster without it
 
             shutil.rmtree(self.path, ignore_errors=True)

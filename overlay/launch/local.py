@@ -75,6 +75,9 @@ status and rank path, the root group's members' machine (with tbon.standbys), th
 bind's host lookup loads, OpenSSL's hashes. The launcher loads them before it forks, once, rather
 than each broker after."""
 _PR_SET_PDEATHSIG = 1
+FORK_BATCH = 32
+"""Brokers whose PMI connections and configs the launcher makes at once, before the first of
+them is forked (Launch._fork_brokers)."""
 SHUTDOWN_ASK_S = 3.0
 """How long a launcher whose rank 0 is gone waits for the root to agree to shut down."""
 
@@ -150,26 +153,53 @@ class Launch:
     def _fork_brokers(self) -> SocketPmiServer:
         server = SocketPmiServer(self.size, fd_floor=_fd_floor(self.size))
         launcher = os.getpid()
+        for name in FORKED_BROKERS_NEED:
+            importlib.import_module(name)
+        argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
+        size = instance_size(self.config.size, self.size)
         # Every object the launcher holds now is shared with every broker, page for page, until
         # one writes to it. A collection in a broker writes to each object it visits (its GC
         # header), so it would copy every page of the launcher's heap into every broker: frozen
         # objects are never visited again. (Reference counts still write: fewer, fairer copies.)
-        for name in FORKED_BROKERS_NEED:
-            importlib.import_module(name)
-        argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
         gc.collect()
-        gc.freeze()
-        size = instance_size(self.config.size, self.size)
-        for rank in range(self.size):
-            client_end = server.make_pair(rank)
-            # The broker's config is made here, where the code that makes it is warm, rather
-            # than in each broker, for which every line run first is pages copied.
-            config = dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
-            pid = os.fork()
-            if pid == 0:
-                self._become_broker(rank, size, config, client_end, server, launcher)
-            client_end.close()
-            self.brokers[pid] = BrokerProcess(rank, pid)
+        # After each fork every page the launcher writes is copied again (copy on write), on the
+        # critical path of every broker after it: what brokers need (a PMI connection, a config)
+        # is made for a batch of them before the batch's first fork, so that the loop between two
+        # forks writes almost nothing. Each config is made here, where the code that makes it is
+        # warm, rather than in each broker, for which every line run first is pages copied. A
+        # broker closes the rest of its batch's client ends with the server ends (one
+        # close_range: SocketPmiServer.close_in_child); batches stay small because every
+        # descriptor the launcher holds is copied by each fork and closed by each broker.
+        batch = FORK_BATCH if server.floored else 1
+        pids: list[int] = []
+        ends: list[socket.socket] = []
+        fork, forked = os.fork, pids.append
+        try:
+            for first in range(0, self.size, batch):
+                ranks = range(first, min(first + batch, self.size))
+                ends = [server.make_pair(rank) for rank in ranks]
+                configs = [
+                    dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
+                    for rank in ranks
+                ]
+                gc.freeze()
+                # CPython's method cache, emptied: a broker's first lookups then fill empty
+                # entries, rather than evict the launcher's, each eviction a write (a reference
+                # count) to a page of the launcher's heap that the broker never used otherwise
+                sys._clear_type_cache()
+                for rank, end, config in zip(ranks, ends, configs, strict=True):
+                    pid = fork()
+                    if pid == 0:
+                        self._become_broker(rank, size, config, end, server, launcher)
+                    forked(pid)
+                for end in ends:
+                    end.close()
+        finally:
+            # Brokers forked before a failed fork are this launcher's to reap and to stop.
+            for end in ends:
+                end.close()
+            for rank, pid in enumerate(pids):
+                self.brokers[pid] = BrokerProcess(rank, pid)
         return server
 
     def _become_broker(
@@ -343,15 +373,16 @@ class Launch:
 
 def _fd_floor(size: int) -> int | None:
     """A descriptor number above every one this process has open, with room for `size` PMI
-    server ends above it (SocketPmiServer moves them there, so that a forked broker closes them
-    all with one call); None where /proc/self/fd cannot say, or RLIMIT_NOFILE leaves no room."""
+    server ends above it and FORK_BATCH client ends (SocketPmiServer moves them there, so that a
+    forked broker closes all but its own with one call); None where /proc/self/fd cannot say, or
+    RLIMIT_NOFILE leaves no room."""
     try:
         highest = max(int(name) for name in os.listdir("/proc/self/fd"))
     except (OSError, ValueError):
         return None
     floor = highest + 16  # room for the few descriptors the launcher opens while forking
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and floor + size + 16 > soft:
+    if soft != resource.RLIM_INFINITY and floor + size + FORK_BATCH + 16 > soft:
         return None
     return floor
 

@@ -56,6 +56,14 @@ _RESPONSES = {
     "barrier_in": "barrier_out",
     "finalize": "finalize_ack",
 }
+_STATELESS = frozenset({"init", "get_maxes", "get_appnum", "get_my_kvsname", "get_universe_size"})
+"""Requests whose reply depends on the request's line alone (PmiServer._stateless)."""
+_ANSWERS_KEPT = 64
+"""Distinct stateless request lines whose replies are kept: clients send one or two forms each,
+and a client that varies its lines must not grow the server."""
+_PUT_DONE = format_command("put_result", rc=0, msg="success")
+_BARRIER_OUT = format_command("barrier_out")
+_FINALIZE_ACK = format_command("finalize_ack")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -114,6 +122,7 @@ class PmiServer:
         self.in_barrier: set[int] = set()
         self.barriers_completed = 0
         self._buffers: dict[int, LineBuffer] = {}
+        self._answers: dict[bytes, bytes] = {}  # a stateless request's reply, by its exact line
 
     # ----------------------------------------------------------------- events
 
@@ -155,6 +164,9 @@ class PmiServer:
     # ----------------------------------------------------------------- protocol
 
     def _handle_line(self, rank: int, raw: bytes) -> list[Reply]:
+        known = self._answers.get(raw)
+        if known is not None:  # every rank asks the same: answered once, then by its bytes
+            return [(rank, known)]
         if not raw.strip(b" \r"):
             return []
         if raw == b"cmd=abort" or raw.startswith(b"cmd=abort "):
@@ -171,19 +183,11 @@ class PmiServer:
                 raise
             return [(rank, _error(name, "malformed_request"))]
         cmd = fields["cmd"]
-        if cmd == "init":
-            return [(rank, self._init(fields))]
-        if cmd == "get_maxes":
-            line = format_command(
-                "maxes", kvsname_max=KVSNAME_MAX, keylen_max=KEYLEN_MAX, vallen_max=VALLEN_MAX
-            )
+        if cmd in _STATELESS:
+            line = self._stateless(cmd, fields)
+            if len(self._answers) < _ANSWERS_KEPT:
+                self._answers[raw] = line
             return [(rank, line)]
-        if cmd == "get_appnum":
-            return [(rank, format_command("appnum", appnum=self.appnum))]
-        if cmd == "get_my_kvsname":
-            return [(rank, format_command("my_kvsname", kvsname=self.kvsname))]
-        if cmd == "get_universe_size":
-            return [(rank, format_command("universe_size", size=self.size))]
         if cmd == "put":
             return [(rank, self._put(fields))]
         if cmd == "get":
@@ -196,10 +200,26 @@ class PmiServer:
         if cmd == "finalize":
             self.finalized.add(rank)
             self.in_barrier.discard(rank)
-            return [(rank, format_command("finalize_ack")), *self._settle_barrier()]
+            return [(rank, _FINALIZE_ACK), *self._settle_barrier()]
         if cmd in _UNSUPPORTED:
             return [(rank, _error(_UNSUPPORTED[cmd], "unsupported_command"))]
         return [(rank, _error(f"{cmd}_response", "unknown_command"))]
+
+    def _stateless(self, cmd: str, fields: dict[str, str]) -> bytes:
+        """The reply to a request that asks about the job, not its state: the same line for
+        the same request, whichever rank asks and whenever."""
+        if cmd == "init":
+            return self._init(fields)
+        if cmd == "get_maxes":
+            return format_command(
+                "maxes", kvsname_max=KVSNAME_MAX, keylen_max=KEYLEN_MAX, vallen_max=VALLEN_MAX
+            )
+        if cmd == "get_appnum":
+            return format_command("appnum", appnum=self.appnum)
+        if cmd == "get_my_kvsname":
+            return format_command("my_kvsname", kvsname=self.kvsname)
+        assert cmd == "get_universe_size"
+        return format_command("universe_size", size=self.size)
 
     def _init(self, fields: dict[str, str]) -> bytes:
         version, subversion = fields.get("pmi_version"), fields.get("pmi_subversion")
@@ -234,7 +254,7 @@ class PmiServer:
         if old is not None and old != value:
             return _error("put_result", f"duplicate_key_{key}")
         self.kvs[key] = value
-        return format_command("put_result", rc=0, msg="success")
+        return _PUT_DONE
 
     def _get(self, fields: dict[str, str]) -> bytes:
         key = fields.get("key")
@@ -274,7 +294,7 @@ class PmiServer:
             waiting = sorted(self.in_barrier)
             self.in_barrier.clear()
             self.barriers_completed += 1
-            return [(r, format_command("barrier_out")) for r in waiting]
+            return [(r, _BARRIER_OUT) for r in waiting]
         gone = sorted((self.disconnected | self.finalized) - self.in_barrier)
         if not gone:
             return []

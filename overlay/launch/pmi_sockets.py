@@ -25,10 +25,12 @@ class SocketPmiServer:
     A child made with a bare ``os.fork`` (no exec) inherits the server ends too and must close
     them (``close_in_child``), or the server's hang-up is hidden from the other ranks.
 
-    With ``fd_floor``, every server end is moved to a descriptor at or above it, where nothing
-    else lives (the caller picks a floor above every descriptor it has open): a forked child then
-    closes all the server ends it inherited with one ``close_range(2)``, whatever the size, rather
-    than one ``close`` per rank (O(N) per broker, O(N²) across an instance).
+    With ``fd_floor``, both ends of every connection are moved to descriptors at or above it,
+    where nothing else lives (the caller picks a floor above every descriptor it has open, with
+    room for the N server ends and the client ends it holds at once): a forked child then closes
+    all the server ends it inherited, and every other rank's client end, with one
+    ``close_range(2)`` on each side of its own, whatever the size, rather than one ``close`` per
+    rank (O(N) per broker, O(N²) across an instance).
 
     A reply is written without blocking, and what the socket does not take at once with a
     blocking ``sendall`` bounded by ``send_timeout``; a rank that stops reading for that long,
@@ -80,13 +82,13 @@ class SocketPmiServer:
         server_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         if self._floor is not None:
             try:
-                moved = fcntl.fcntl(server_end.fileno(), fcntl.F_DUPFD_CLOEXEC, self._floor)
+                server_end = self._above_floor(server_end)
+                client_end = self._above_floor(client_end)
             except OSError:
                 server_end.close()
                 client_end.close()
                 raise
-            server_end.close()
-            server_end = socket.socket(fileno=moved)
+            self._highest = max(self._highest, client_end.fileno())
         server_end.setblocking(False)
         self._highest = max(self._highest, server_end.fileno())
         self._paired.add(rank)
@@ -96,13 +98,30 @@ class SocketPmiServer:
             selector.register(server_end, selectors.EVENT_READ, self)
         return client_end
 
+    def _above_floor(self, sock: socket.socket) -> socket.socket:
+        """`sock` moved to the lowest free descriptor at or above the floor (the old one closed)."""
+        assert self._floor is not None
+        try:
+            moved = fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, self._floor)
+        finally:
+            sock.close()
+        return socket.socket(fileno=moved)
+
+    @property
+    def floored(self) -> bool:
+        """Whether both ends of every connection sit above the floor: a forked child's
+        ``close_in_child`` then closes the other ranks' client ends as well, so the caller may
+        make several connections before it forks the first of their children."""
+        return self._floor is not None
+
     def fileobjs(self) -> list[socket.socket]:
         """The open server ends, for callers that poll without a selector."""
         return list(self._by_rank.values())
 
     def close_in_child(self, keep: int) -> None:
         """In a child made with a bare ``os.fork``: close every server end it inherited, but not
-        descriptor ``keep`` (its own client end). With ``fd_floor`` the socket objects are left
+        descriptor ``keep`` (its own client end); with ``fd_floor``, every other rank's client end
+        too (those the parent has not closed yet). With ``fd_floor`` the socket objects are left
         untouched (their descriptors closed under them), so the child must never use or close
         them afterwards: it has to leave by ``os._exit``, as a forked broker does."""
         if self._floor is None:

@@ -94,7 +94,13 @@ def _inherited() -> list[int]:
 
 def _close_all(fds: list[int]) -> None:
     """Close `fds`, each run of consecutive ones with one close_range(2): a reserve opened at
-    once (a forked broker's, inherited) is one run, not 256 closes."""
+    once (a forked broker's, inherited) is one run, not 256 closes, found by its ends alone."""
+    if not fds:
+        return
+    low, high = min(fds), max(fds)
+    if high - low == len(fds) - 1:  # distinct descriptors: exactly low..high, one run
+        os.closerange(low, high + 1)
+        return
     held = sorted(fds)
     first = 0
     for i in range(1, len(held) + 1):
