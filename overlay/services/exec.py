@@ -207,7 +207,9 @@ class ExecService:
         if self.rank in targets:
             actions += self._here(request)
         if request.topic == "exec.start":  # every target answers, if only to say it is missing
-            if request.payload.get("merge") is True:
+            # merged where it fans out: a broker with no branch to wait for (a leaf) sends its
+            # own exit as it is, which the broker above merges as it would the merged one
+            if below and request.payload.get("merge") is True:
                 key = (request.tag, tuple(request.route))
                 mine = [t for t in targets if t not in astray]
                 job = str(request.payload.get("id"))
