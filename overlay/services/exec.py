@@ -363,6 +363,9 @@ class ExecService:
             return []
         handoff = job.handoffs.get(rank)
         if handoff is None:
+            if last and seq == 0:  # its first answer and its last, in order: with the others'
+                self._taken.taken(str(job.id), rank)
+                return []
             handoff = job.handoffs[rank] = Handoff(job.window)
         upto = handoff.handed(seq, cost, last)
         if upto is None:
