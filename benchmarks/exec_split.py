@@ -4,13 +4,14 @@
 
 Starts `tbon start --test-size=N` (kary:32) in wait mode, maps each broker's PID to its rank
 (`tbon status --json`), runs the CLI once to warm up, then R times, each time reading every
-broker's utime+stime and cutime+cstime (the jobs it reaped) from /proc before and after. Prints
-the medians: rank 0's own CPU, the interior brokers', the leaves', the jobs' (their children's),
-the launcher's, the orphan guards' (one shell per broker that ran a job, overlay/broker/guard.py,
-told of each job's start and end; not reaped, so in no broker's cutime) and the CLI's
-(RUSAGE_CHILDREN). Idle brokers' burn over the run is in it too: `--idle S` measures that alone,
-over S seconds without a run. `--settle S` reads the CPU S seconds after the CLI ends, so that
-what the brokers do for the job after its client has its answers (exec.taken) is counted.
+broker's CPU (all its threads' schedstat, in ns) and cutime+cstime (the jobs it reaped, in
+ticks) from /proc before and after. Prints the medians: rank 0's own CPU, the interior
+brokers', the leaves', the jobs' (their children's), the launcher's, the orphan guards' (one shell
+per broker that ran a job, overlay/broker/guard.py, told of each job's start and end; not reaped,
+so in no broker's cutime) and the CLI's (RUSAGE_CHILDREN). Idle brokers' burn over the run is
+in it too: `--idle S` measures that alone, over S seconds without a run. `--settle S` reads the
+CPU S seconds after the CLI ends, so that what the brokers do for the job after its client has
+its answers (exec.taken) is counted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _times(pid: int) -> tuple[float, float, float]:
-    """(own utime, own stime, reaped children's cutime+cstime) of `pid`, in seconds."""
+    """(own CPU, own stime, reaped children's cutime+cstime) of `pid`, in seconds. Its own CPU
+    is every thread's /proc schedstat, in nanoseconds: utime and stime come in ticks (10 ms),
+    which a leaf's 1-2 ms per run falls between. Its stime and its children's come in ticks."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             stat = handle.read()
@@ -37,7 +40,23 @@ def _times(pid: int) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     fields = stat[stat.rfind(")") + 2 :].split()
     reaped = int(fields[13]) + int(fields[14])
-    return int(fields[11]) / TICK, int(fields[12]) / TICK, reaped / TICK
+    return _schedstat(pid), int(fields[12]) / TICK, reaped / TICK
+
+
+def _schedstat(pid: int) -> float:
+    """The CPU time of every thread of `pid`, in seconds (0 if it is gone)."""
+    total = 0
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/schedstat") as handle:
+                total += int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
 
 
 def _guards(brokers: set[int]) -> list[int]:
@@ -96,10 +115,10 @@ def main() -> int:
                 time.sleep(args.settle)  # what the brokers do after the client has it all
             after_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
             sums: dict[str, float] = {}
-            for pid, (user, system, reaped) in before.items():
-                user2, system2, reaped2 = _times(pid)
+            for pid, (cpu, system, reaped) in before.items():
+                cpu2, system2, reaped2 = _times(pid)
                 kind = role.get(pid, "launcher")
-                sums[kind] = sums.get(kind, 0.0) + user2 + system2 - user - system
+                sums[kind] = sums.get(kind, 0.0) + cpu2 - cpu
                 sums[kind + " sys"] = sums.get(kind + " sys", 0.0) + system2 - system
                 if kind not in ("launcher", "guards"):
                     sums["jobs"] = sums.get("jobs", 0.0) + reaped2 - reaped

@@ -15,7 +15,6 @@ import signal
 import stat
 import sys
 import time
-import uuid
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -399,7 +398,7 @@ def _run(
     from tbon.overlay.wire.exits import answers_of
     from tbon.overlay.wire.flow import StdinRoom, output_window
 
-    job_id = uuid.uuid4().hex
+    job_id = os.urandom(16).hex()  # as uuid4().hex, without loading uuid (and platform)
     window = output_window(len(targets))
     start = {
         "id": job_id,
@@ -450,11 +449,12 @@ def _run(
                 stdin = streams.pass_stdin(stdin)
             while outcome.pending and (reply := client.receive(0)) is not None:
                 if reply.tag == tag:
+                    heard = time.monotonic()
                     for one in answers_of(reply.payload):  # a merged answer: each rank's
                         if watcher is not None:
                             watcher.heard(one.get("rank"))
                         if isinstance(rank := one.get("rank"), int):
-                            prompts.heard(rank, time.monotonic())
+                            prompts.heard(rank, heard)
                         streams.answer(one, reply.data)
                 elif reply.tag == watch and not reply.errnum:
                     if (view := pages.take(reply.payload)) is None:
@@ -619,7 +619,10 @@ class Streams:
             return
         seq = payload.get("seq")
         inbox = None
-        if isinstance(seq, int) and not isinstance(seq, bool):
+        last = not ("stream" in payload or "stdin" in payload or "stdin_closed" in payload)
+        if seq == 0 and last and rank not in self.inboxes:
+            pass  # its first answer and its last (`tbon exec -r all true`): in order, and alone
+        elif isinstance(seq, int) and not isinstance(seq, bool):
             inbox = self._inbox(rank)
             if not self._in_order(rank, inbox, seq):
                 return

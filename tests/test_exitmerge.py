@@ -182,6 +182,26 @@ def test_the_error_that_completes_a_subtree_goes_on_before_the_exits_held() -> N
     assert answers_of(merged.message.payload) == [{"rank": 3, "exit": 0, "seq": 0}]
 
 
+def test_a_target_with_nothing_below_it_sends_its_own_exit_as_it_is() -> None:
+    """Rank 5 of kary:2 (7 ranks) is a leaf: nothing to wait for, so nothing held or merged
+    there; rank 2 above it merges its plain exit as it would a merged one."""
+    leaf = ExecService(5, Topology("kary:2", 7), Lifecycle())
+    request = start([5], ["l1", "p0", "c2"], 5)
+    assert [a for a in leaf.handle(request, 0.0) if isinstance(a, Forward)] == []
+    assert not leaf.merge.jobs
+    own = request.respond({"rank": 5, "exit": 0, "seq": 0}, streaming=True)
+    assert leaf.gather(own, 0.0) is None  # goes up as it came
+    interior = ExecService(2, Topology("kary:2", 7), Lifecycle())
+    above = start([2, 5, 6], ["l1", "p0"], 2)
+    interior.handle(above, 0.0)
+    for rank in (2, 6):
+        interior.gather(above.respond({"rank": rank, "exit": 0, "seq": 0}, streaming=True), 0.0)
+    plain = above.respond({"rank": 5, "exit": 0, "seq": 0}, streaming=True)
+    [merged] = interior.gather(plain, 0.0) or []
+    assert isinstance(merged, PassOn)
+    assert merged.message.payload == {"exits": [{"ranks": "2,5-6", "exit": 0, "seq": 0}]}
+
+
 def test_a_job_that_did_not_ask_for_merging_is_not_held() -> None:
     service = ExecService(1, Topology("kary:2", 7), Lifecycle())
     request = start([1, 3, 4], ["l1", "p0"], 1, merge=False)

@@ -91,14 +91,16 @@ def _fitting_size(env: dict[Any, Any]) -> int | None:
     """environment_size of an env whose names and values are all good, in one pass over all of
     them at once (every rank checks the client's whole environment: one encoding rather than
     one per name and value); None if any is not. Encoding with surrogateescape is done
-    character by character, so the whole encodes, and to as many bytes, iff every part does."""
-    names, values = list(env), list(env.values())
-    if not all(isinstance(text, str) for text in values) or not all(
-        isinstance(name, str) and name and "=" not in name for name in names
-    ):
+    character by character, so the whole encodes, and to as many bytes, iff every part does.
+    Every test is one call in C (a join refuses anything but strings), none a Python step per
+    variable: each rank of `tbon exec -r all` checks dozens of them."""
+    names = list(env)
+    try:
+        joined = "".join(names)
+        text = joined + "".join(env.values())
+    except TypeError:  # a name or a value that is not a string
         return None
-    text = "".join(names) + "".join(values)
-    if "\0" in text:
+    if not all(names) or "=" in joined or "\0" in text:
         return None
     try:
         return len(os.fsencode(text)) + 2 * len(names)
@@ -210,7 +212,9 @@ class ExecService:
         if self.rank in targets:
             actions += self._here(request)
         if request.topic == "exec.start":  # every target answers, if only to say it is missing
-            if request.payload.get("merge") is True:
+            # merged where it fans out: a broker with no branch to wait for (a leaf) sends its
+            # own exit as it is, which the broker above merges as it would the merged one
+            if below and request.payload.get("merge") is True:
                 key = (request.tag, tuple(request.route))
                 mine = [t for t in targets if t not in astray]
                 job = str(request.payload.get("id"))
@@ -362,6 +366,9 @@ class ExecService:
             return []
         handoff = job.handoffs.get(rank)
         if handoff is None:
+            if last and seq == 0:  # its first answer and its last, in order: with the others'
+                self._taken.taken(str(job.id), rank)
+                return []
             handoff = job.handoffs[rank] = Handoff(job.window)
         upto = handoff.handed(seq, cost, last)
         if upto is None:
@@ -377,6 +384,8 @@ class ExecService:
         and the last answers handed over are acknowledged together once their job is over
         (takenhold.py): one exec.taken per job, fanned out like exec.start, rather than one
         exec.credit to each rank (1024 at once for `tbon exec -r all true`)."""
+        if not self.merge.jobs and not self._taken:
+            return []  # most turns of most brokers: nothing held
         actions: list[Action] = []
         deadline = self.merge.next_deadline()
         if deadline is not None and now >= deadline:
@@ -394,6 +403,8 @@ class ExecService:
     def next_deadline(self) -> float | None:
         """When held exits are due to go up without the rest of their subtree's, or held
         acknowledgements to go down."""
+        if not self.merge.jobs and not self._taken:
+            return None
         merge, taken = self.merge.next_deadline(), self._taken.next_deadline()
         deadlines = [d for d in (merge, taken) if d is not None]
         return min(deadlines) if deadlines else None

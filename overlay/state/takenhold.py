@@ -37,6 +37,10 @@ class TakenHold:
         self._held: dict[str, _Held] = {}
         self._over: set[str] = set()
 
+    def __bool__(self) -> bool:
+        """Whether any rank is held."""
+        return bool(self._held)
+
     def taken(self, job: str, rank: int) -> None:
         """`rank`'s last answer of `job` was handed to the client, in order."""
         self._held.setdefault(job, _Held()).ranks.append(rank)
