@@ -27,6 +27,12 @@ from common import progress, start_here, wrap_each
 PARTS = [
     ("tbon.overlay.broker.broker", "boot"),
     ("tbon.overlay.broker.broker", "Broker.__init__"),
+    ("tbon.overlay.boot.pmi", "pmi_wireup"),
+    ("tbon.overlay.boot.pmi_client", "PmiClient.get"),
+    ("tbon.overlay.boot.pmi_client", "PmiClient.barrier"),
+    ("tbon.overlay.links.children", "Children.__init__"),
+    ("tbon.overlay.links.children", "Children.bind"),
+    ("tbon.overlay.state.ranktable", "RankTable.__init__"),
     ("tbon.overlay.services.rankpath", "RankPath.handle_all"),
     ("tbon.overlay.links.children", "Children._report"),
     ("tbon.overlay.links.children", "Children._hello"),
@@ -39,6 +45,19 @@ PARTS = [
     ("tbon.overlay.broker.broker", "Broker._timers"),
     ("tbon.overlay.broker.broker", "Broker._tick"),
     ("tbon.overlay.broker.broker", "Broker._next_deadline"),
+    ("tbon.overlay.services.exec", "ExecService.flush"),
+    ("tbon.overlay.services.status", "StatusService.pushes"),
+    ("tbon.overlay.services.flub", "FlubService.unpark"),
+    ("tbon.overlay.services.retire", "RetireService.settle"),
+    ("tbon.overlay.broker.broker", "Broker._locate_late"),
+    ("tbon.overlay.services.dmesg", "DmesgService.pushes"),
+    ("tbon.overlay.links.local", "LocalServer.release"),
+    ("tbon.overlay.broker.broker", "Broker._maybe_finish"),
+    ("tbon.overlay.broker.broker", "Broker._send_reports"),
+    ("tbon.overlay.links.children", "Children.settle"),
+    ("tbon.overlay.links.children", "Children._known"),
+    ("tbon.overlay.links.children", "Children._feed"),
+    ("tbon.overlay.wire.message", "decode_payload"),
 ]
 
 
@@ -71,6 +90,42 @@ def main() -> int:
         return timed
 
     wrap_each(PARTS, wrap)
+    counted: dict[str, int] = defaultdict(int)  # what reached rank 0, and what it sent
+
+    def count_receive(function: Callable[..., Any]) -> Callable[..., Any]:
+        def receive(sock: Any) -> Any:
+            frames = function(sock)
+            counted["messages read from children"] += 1
+            counted["bytes read from children"] += sum(len(f.bytes) for f in frames[1:])
+            return frames
+
+        return receive
+
+    def count_calls(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def counting(*a: Any, **k: Any) -> Any:
+            counted[name] += 1
+            return function(*a, **k)
+
+        return counting
+
+    def count_events(function: Callable[..., Any]) -> Callable[..., Any]:
+        def decoding(payload: Any) -> Any:
+            events = function(payload)
+            counted["report events"] += len(events)
+            return events
+
+        return decoding
+
+    from tbon.overlay.links import children as children_module
+    from tbon.overlay.links import keyring as keyring_module
+
+    children_module._receive = count_receive(children_module._receive)  # type: ignore[attr-defined]
+    children_module.read_event = count_calls("monitor events", children_module.read_event)
+    children_module.decode_events = count_events(children_module.decode_events)
+    handler = keyring_module.ZapHandler
+    handler.handle = count_calls("ZAP requests", handler.handle)  # type: ignore[method-assign]
+    sender = children_module.Children
+    sender._send_raw = count_calls("messages sent to children", sender._send_raw)  # type: ignore[method-assign]
     original_start = program.InitialProgram.start
     import gc
 
@@ -88,6 +143,7 @@ def main() -> int:
         lines = [f"{'part':32} {'calls':>6} {'ms (nested included)':>20}"]
         names = [n for _, n in PARTS] + sorted(n for n in spent if n.startswith("gc "))
         lines += [f"{n:32} {calls[n]:6d} {spent[n] * 1e3:20.1f}" for n in names]
+        lines += [f"{n:32} {v:>6}" for n, v in counted.items()]
         for tid in sorted(os.listdir("/proc/self/task")):
             with open(f"/proc/self/task/{tid}/stat") as stat:
                 text = stat.read()
