@@ -65,6 +65,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("-S", "--setattr", action="append", default=[])
+    parser.add_argument(
+        "--markdown", action="store_true", help="a table of the totals only (for compare.py)"
+    )
     args = parser.parse_args()
 
 
@@ -151,7 +154,7 @@ def main() -> int:
             fields = text.rsplit(")", 1)[1].split()
             ticks = int(fields[11]) + int(fields[12])
             lines.append(f"thread {name:25} {ticks * 1000 // os.sysconf('SC_CLK_TCK'):6d} ms")
-        lines.append(f"main thread CPU {time.thread_time() * 1e3:.1f} ms")
+        lines.append(f"main thread CPU {time.thread_time() * 1e3:.1f} ms (pid {os.getpid()})")
         with open(os.path.join(out, "split"), "w") as report:
             report.write("\n".join(lines) + "\n")
         return original_start(self)
@@ -172,7 +175,23 @@ def main() -> int:
         print(f"rank 0 never started its program (launcher exit {code})", file=sys.stderr)
         return 1
     with open(path) as report:
-        print(report.read(), end="")
+        text = report.read()
+    if not args.markdown:
+        print(text, end="")
+        return code
+    totals = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if line.startswith("main thread CPU"):
+            totals["rank 0 main thread CPU (ms)"] = line.split()[3]
+        elif line.startswith("thread ZMQbg/IO"):
+            totals["rank 0 I/O thread CPU (ms, 10 ms ticks)"] = line.split()[2]
+        elif name.strip() in ("messages read from children", "bytes read from children"):
+            totals[name.strip()] = value
+    print(f"| rank 0 at wire-up, {args.size} brokers | value |")
+    print("|---|---|")
+    for name, value in totals.items():
+        print(f"| {name} | {value} |")
     return code
 
 
