@@ -127,6 +127,26 @@ def main() -> int:
     children_module.decode_events = count_events(children_module.decode_events)
     handler = keyring_module.ZapHandler
     handler.handle = count_calls("ZAP requests", handler.handle)  # type: ignore[method-assign]
+    marks: dict[str, float] = {}  # wall-clock moments of rank 0's start-up
+
+    def mark(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def marking(*a: Any, **k: Any) -> Any:
+            marks.setdefault(name, time.monotonic())
+            return function(*a, **k)
+
+        return marking
+
+    from tbon.overlay.boot import pmi_client
+
+    barrier = pmi_client.PmiClient.barrier
+
+    def barrier_left(self: Any) -> Any:  # the second ends the wire-up: children connect
+        result = barrier(self)
+        marks["PMI barriers left"] = time.monotonic()
+        return result
+
+    pmi_client.PmiClient.barrier = barrier_left  # type: ignore[method-assign]
+    handler.handle = mark("first ZAP request answered", handler.handle)  # type: ignore[method-assign]
     sender = children_module.Children
     sender._send_raw = count_calls("messages sent to children", sender._send_raw)  # type: ignore[method-assign]
     original_start = program.InitialProgram.start
@@ -147,6 +167,10 @@ def main() -> int:
         names = [n for _, n in PARTS] + sorted(n for n in spent if n.startswith("gc "))
         lines += [f"{n:32} {calls[n]:6d} {spent[n] * 1e3:20.1f}" for n in names]
         lines += [f"{n:32} {v:>6}" for n, v in counted.items()]
+        left = marks.get("PMI barriers left")
+        if left is not None and "first ZAP request answered" in marks:
+            late = marks["first ZAP request answered"] - left
+            lines.append(f"first ZAP answer, s after PMI  {late:8.2f}")
         for tid in sorted(os.listdir("/proc/self/task")):
             with open(f"/proc/self/task/{tid}/stat") as stat:
                 text = stat.read()
