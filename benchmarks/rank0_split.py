@@ -27,6 +27,12 @@ from common import progress, start_here, wrap_each
 PARTS = [
     ("tbon.overlay.broker.broker", "boot"),
     ("tbon.overlay.broker.broker", "Broker.__init__"),
+    ("tbon.overlay.boot.pmi", "pmi_wireup"),
+    ("tbon.overlay.boot.pmi_client", "PmiClient.get"),
+    ("tbon.overlay.boot.pmi_client", "PmiClient.barrier"),
+    ("tbon.overlay.links.children", "Children.__init__"),
+    ("tbon.overlay.links.children", "Children.bind"),
+    ("tbon.overlay.state.ranktable", "RankTable.__init__"),
     ("tbon.overlay.services.rankpath", "RankPath.handle_all"),
     ("tbon.overlay.links.children", "Children._report"),
     ("tbon.overlay.links.children", "Children._hello"),
@@ -39,6 +45,19 @@ PARTS = [
     ("tbon.overlay.broker.broker", "Broker._timers"),
     ("tbon.overlay.broker.broker", "Broker._tick"),
     ("tbon.overlay.broker.broker", "Broker._next_deadline"),
+    ("tbon.overlay.services.exec", "ExecService.flush"),
+    ("tbon.overlay.services.status", "StatusService.pushes"),
+    ("tbon.overlay.services.flub", "FlubService.unpark"),
+    ("tbon.overlay.services.retire", "RetireService.settle"),
+    ("tbon.overlay.broker.broker", "Broker._locate_late"),
+    ("tbon.overlay.services.dmesg", "DmesgService.pushes"),
+    ("tbon.overlay.links.local", "LocalServer.release"),
+    ("tbon.overlay.broker.broker", "Broker._maybe_finish"),
+    ("tbon.overlay.broker.broker", "Broker._send_reports"),
+    ("tbon.overlay.links.children", "Children.settle"),
+    ("tbon.overlay.links.children", "Children._known"),
+    ("tbon.overlay.links.children", "Children._feed"),
+    ("tbon.overlay.wire.message", "decode_payload"),
 ]
 
 
@@ -46,6 +65,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("-S", "--setattr", action="append", default=[])
+    parser.add_argument(
+        "--markdown", action="store_true", help="a table of the totals only (for compare.py)"
+    )
     args = parser.parse_args()
 
 
@@ -71,6 +93,62 @@ def main() -> int:
         return timed
 
     wrap_each(PARTS, wrap)
+    counted: dict[str, int] = defaultdict(int)  # what reached rank 0, and what it sent
+
+    def count_receive(function: Callable[..., Any]) -> Callable[..., Any]:
+        def receive(sock: Any) -> Any:
+            frames = function(sock)
+            counted["messages read from children"] += 1
+            counted["bytes read from children"] += sum(len(f.bytes) for f in frames[1:])
+            return frames
+
+        return receive
+
+    def count_calls(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def counting(*a: Any, **k: Any) -> Any:
+            counted[name] += 1
+            return function(*a, **k)
+
+        return counting
+
+    def count_events(function: Callable[..., Any]) -> Callable[..., Any]:
+        def decoding(payload: Any) -> Any:
+            events = function(payload)
+            counted["report events"] += len(events)
+            return events
+
+        return decoding
+
+    from tbon.overlay.links import children as children_module
+    from tbon.overlay.links import keyring as keyring_module
+
+    children_module._receive = count_receive(children_module._receive)  # type: ignore[attr-defined]
+    children_module.read_event = count_calls("monitor events", children_module.read_event)
+    children_module.decode_events = count_events(children_module.decode_events)
+    handler = keyring_module.ZapHandler
+    handler.handle = count_calls("ZAP requests", handler.handle)  # type: ignore[method-assign]
+    marks: dict[str, float] = {}  # wall-clock moments of rank 0's start-up
+
+    def mark(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def marking(*a: Any, **k: Any) -> Any:
+            marks.setdefault(name, time.monotonic())
+            return function(*a, **k)
+
+        return marking
+
+    from tbon.overlay.boot import pmi_client
+
+    barrier = pmi_client.PmiClient.barrier
+
+    def barrier_left(self: Any) -> Any:  # the second ends the wire-up: children connect
+        result = barrier(self)
+        marks["PMI barriers left"] = time.monotonic()
+        return result
+
+    pmi_client.PmiClient.barrier = barrier_left  # type: ignore[method-assign]
+    handler.handle = mark("first ZAP request answered", handler.handle)  # type: ignore[method-assign]
+    sender = children_module.Children
+    sender._send_raw = count_calls("messages sent to children", sender._send_raw)  # type: ignore[method-assign]
     original_start = program.InitialProgram.start
     import gc
 
@@ -88,6 +166,11 @@ def main() -> int:
         lines = [f"{'part':32} {'calls':>6} {'ms (nested included)':>20}"]
         names = [n for _, n in PARTS] + sorted(n for n in spent if n.startswith("gc "))
         lines += [f"{n:32} {calls[n]:6d} {spent[n] * 1e3:20.1f}" for n in names]
+        lines += [f"{n:32} {v:>6}" for n, v in counted.items()]
+        left = marks.get("PMI barriers left")
+        if left is not None and "first ZAP request answered" in marks:
+            late = marks["first ZAP request answered"] - left
+            lines.append(f"first ZAP answer, s after PMI  {late:8.2f}")
         for tid in sorted(os.listdir("/proc/self/task")):
             with open(f"/proc/self/task/{tid}/stat") as stat:
                 text = stat.read()
@@ -95,7 +178,7 @@ def main() -> int:
             fields = text.rsplit(")", 1)[1].split()
             ticks = int(fields[11]) + int(fields[12])
             lines.append(f"thread {name:25} {ticks * 1000 // os.sysconf('SC_CLK_TCK'):6d} ms")
-        lines.append(f"main thread CPU {time.thread_time() * 1e3:.1f} ms")
+        lines.append(f"main thread CPU {time.thread_time() * 1e3:.1f} ms (pid {os.getpid()})")
         with open(os.path.join(out, "split"), "w") as report:
             report.write("\n".join(lines) + "\n")
         return original_start(self)
@@ -116,7 +199,23 @@ def main() -> int:
         print(f"rank 0 never started its program (launcher exit {code})", file=sys.stderr)
         return 1
     with open(path) as report:
-        print(report.read(), end="")
+        text = report.read()
+    if not args.markdown:
+        print(text, end="")
+        return code
+    totals = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if line.startswith("main thread CPU"):
+            totals["rank 0 main thread CPU (ms)"] = line.split()[3]
+        elif line.startswith("thread ZMQbg/IO"):
+            totals["rank 0 I/O thread CPU (ms, 10 ms ticks)"] = line.split()[2]
+        elif name.strip() in ("messages read from children", "bytes read from children"):
+            totals[name.strip()] = value
+    print(f"| rank 0 at wire-up, {args.size} brokers | value |")
+    print("|---|---|")
+    for name, value in totals.items():
+        print(f"| {name} | {value} |")
     return code
 
 

@@ -465,7 +465,7 @@ class Node:
         if self.path is not None:
             self.perform([ApplyAll(events)])
             return
-        self.reports.add(events)
+        self.reports.add(events, now)
 
     def send_reports(self, now: float) -> None:
         """broker.py's _send_reports, after each turn: what is due goes up."""

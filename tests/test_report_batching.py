@@ -48,7 +48,7 @@ def lost(rank: int, reason: str = "connection dropped") -> Lost:
 def test_after_a_quiet_spell_what_one_turn_read_goes_at_once() -> None:
     batcher = Batcher(interval=0.005)
     assert batcher.deadline() is None and batcher.take(10.0) == []
-    batcher.add([lost(1), lost(2)])
+    batcher.add([lost(1), lost(2)], 10.0)
     assert batcher.deadline() is not None and batcher.deadline() <= 10.0
     assert batcher.take(10.0) == [[lost(1), lost(2)]]
     assert len(batcher) == 0 and batcher.deadline() is None
@@ -56,22 +56,48 @@ def test_after_a_quiet_spell_what_one_turn_read_goes_at_once() -> None:
 
 def test_within_an_interval_of_the_last_report_events_wait_for_it() -> None:
     batcher = Batcher(interval=0.005)
-    batcher.add([lost(1)])
+    batcher.add([lost(1)], 10.0)
     assert batcher.take(10.0) == [[lost(1)]]
-    batcher.add([lost(2)])
-    batcher.add([lost(3)])
+    batcher.add([lost(2)], 10.001)
+    batcher.add([lost(3)], 10.002)
     assert batcher.deadline() == 10.005
     assert batcher.take(10.004) == []  # not yet: one report per interval
     assert batcher.take(10.005) == [[lost(2), lost(3)]]
-    batcher.add([lost(4)])
+    batcher.add([lost(4)], 10.006)
     assert batcher.deadline() == 10.005 + 0.005  # the interval runs from the last report sent
+
+
+def test_joins_alone_wait_an_interval_from_the_first_for_company() -> None:
+    """A subtree wiring up says its hellos within milliseconds of each other: the first join
+    after a quiet spell waits an interval for those that follow, and they go up together."""
+    batcher = Batcher(interval=0.005)
+    first, second = Online(3, 1, "h", 9, 1, KEY), Online(4, 1, "h", 10, 1, KEY)
+    batcher.add([first], 10.0)
+    assert batcher.deadline() == 10.005
+    assert batcher.take(10.004) == []
+    batcher.add([second], 10.004)
+    assert batcher.deadline() == 10.005  # from the first, not the last
+    assert batcher.take(10.005) == [[first, second]]
+    batcher.add([Online(5, 1, "h", 11, 1, KEY)], 10.020)
+    assert batcher.deadline() == 10.025  # the last report is long past: from this join
+
+
+def test_anything_but_a_join_takes_the_joins_held_with_it_at_once() -> None:
+    """A loss (or any other news) is not held for company: it goes after a quiet spell at
+    once, with the joins before it, in their order."""
+    batcher = Batcher(interval=0.005)
+    join = Online(3, 1, "h", 9, 1, KEY)
+    batcher.add([join], 10.0)
+    batcher.add([lost(4)], 10.001)
+    assert batcher.deadline() is not None and batcher.deadline() <= 10.001
+    assert batcher.take(10.001) == [[join, lost(4)]]
 
 
 def test_a_full_batch_goes_at_once_and_the_rest_waits() -> None:
     batcher = Batcher(interval=0.005, max_events=3)
-    batcher.add([lost(0)])
+    batcher.add([lost(0)], 10.0)
     batcher.take(10.0)
-    batcher.add([lost(rank) for rank in range(1, 8)])
+    batcher.add([lost(rank) for rank in range(1, 8)], 10.001)
     assert batcher.deadline() == float("-inf")  # due now: the loop takes it this turn
     assert batcher.take(10.001) == [[lost(1), lost(2), lost(3)], [lost(4), lost(5), lost(6)]]
     assert len(batcher) == 1 and batcher.deadline() == 10.001 + 0.005
@@ -80,16 +106,16 @@ def test_a_full_batch_goes_at_once_and_the_rest_waits() -> None:
 
 def test_a_goodbye_takes_everything_held() -> None:
     batcher = Batcher(interval=0.005)
-    batcher.add([lost(1)])
+    batcher.add([lost(1)], 10.0)
     batcher.take(10.0)
-    batcher.add([lost(2)])
+    batcher.add([lost(2)], 10.001)
     assert batcher.take(10.001, force=True) == [[lost(2)]]
 
 
 def test_long_strings_split_a_batch_by_its_weight() -> None:
     batcher = Batcher(interval=0.005, max_bytes=10_000)
     events = [lost(rank, "x" * 1000) for rank in range(5)]  # 6160 bytes each at most
-    batcher.add(events)
+    batcher.add(events, 10.0)
     assert batcher.take(10.0) == [[event] for event in events]
 
 
@@ -101,7 +127,7 @@ def test_a_full_report_of_the_heaviest_events_fits_a_frame() -> None:
     ]
     heavy += [lost(rank, "\x01" * 50_000) for rank in range(100)]
     batcher = Batcher()
-    batcher.add(heavy)
+    batcher.add(heavy, 10.0)
     batches = batcher.take(10.0)
     assert [event for batch in batches for event in batch] == heavy
     for batch in batches:
@@ -150,7 +176,7 @@ def test_batches_keep_the_order_and_the_bounds(
     sent: list[Event] = []
     now, last = 0.0, float("-inf")
     for adding, later, force in steps:
-        batcher.add(adding)
+        batcher.add(adding, now)
         added += adding
         deadline = batcher.deadline()
         now += later

@@ -261,3 +261,28 @@ def test_the_handshake_timeout_attribute() -> None:
             assert "handshake-timeout" in str(error)
         else:
             raise AssertionError(f"{bad!r} was taken")
+
+
+def test_a_parent_blocks_on_its_own_tree_port_found_at_the_first_block() -> None:
+    """Children looks for ZeroMQ's listening socket only when it first blocks someone (the
+    look walks every descriptor): the filter still lands on the tree port's listener."""
+    import zmq
+
+    from tbon.overlay.links.children import Children
+    from tbon.overlay.state.topology import Topology
+
+    context = zmq.Context()
+    children = Children(
+        context, 0, Topology("kary:2", 3), broker_config({}), zmq.curve_keypair()[1].decode()
+    )
+    try:
+        port = int(children.bind("tcp://127.0.0.1:*").rsplit(":", 1)[1])
+        assert _connects(port, "127.0.0.2")
+        children._block(frozenset({"127.0.0.2"}))
+        assert not _connects(port, "127.0.0.2")
+        assert _connects(port, "127.0.0.1")
+        children._block(frozenset())
+        assert _connects(port, "127.0.0.2")
+    finally:
+        children.close()
+        context.term()

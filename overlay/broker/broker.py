@@ -776,7 +776,7 @@ class Broker:
         if self.path is not None:
             self.perform([ApplyAll(events)])
             return
-        self.reports.add(events)
+        self.reports.add(events, now)
         deadline = self.reports.deadline()
         if deadline is not None and now < deadline < self._due:  # else this turn's _tick sends
             self._due = deadline

@@ -119,7 +119,10 @@ class Children:
         self.flood = FloodLog(FLOOD_LOG_EVERY)
         self.blocklist = Blocklist(max(1.0, config.handshake_timeout))  # blocklist.py
         self._port = 0  # the tree port: a stranger is closed only on a socket bound to it
-        self._listener: int | None = None  # its listening socket's descriptor (ZeroMQ's)
+        # its listening socket's descriptor (ZeroMQ's), looked for at the first block only: the
+        # look walks every descriptor of the broker (its reserve too), and most never block
+        self._listener: int | None = None
+        self._looked = False
         # the cards (rank, endpoint, public key) of this broker's ancestors and its own, rank 0
         # first: what a child needs to seek a live ancestor should this broker go
         self.lineage: list[list[Any]] = []
@@ -149,7 +152,7 @@ class Children:
         self.socket.bind(endpoint)
         bound = self.socket.last_endpoint.decode()
         self._port = int(bound.rsplit(":", 1)[1])
-        self._listener = _find_listener(self._port)
+        self._listener, self._looked = None, False
         return bound
 
     # --- the sessions, as the broker and the router ask them -----------------------------------
@@ -277,7 +280,11 @@ class Children:
 
     def _block(self, blocked: frozenset[str] | None) -> None:
         """Have the tree port's listener drop new connections from `blocked` (None: as is)."""
-        if blocked is None or self._listener is None:
+        if blocked is None:
+            return
+        if not self._looked and self._port:
+            self._listener, self._looked = _find_listener(self._port), True
+        if self._listener is None:
             return
         try:
             attach(self._listener, blocked)

@@ -21,6 +21,7 @@ import zmq
 from tbon import exitcodes
 from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.cards import BadCards, Card, card_ok, decode_group
+from tbon.overlay.links.handshakes import Handshakes
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
 from tbon.overlay.wire.flow import LINK_HWM
@@ -117,6 +118,7 @@ class ParentLink:
         self._last_sent = now  # the hello, below
         self.answered = False  # a heartbeat was answered: the broker's next deadline moved
         self.endpoint, parent_public_z85 = parent
+        self.handshakes = Handshakes(self.endpoint)  # what its failures and retries are told
         option(zmq.CURVE_SERVERKEY, parent_public_z85.encode())
         self.socket.connect(self.endpoint)
         hello_timeout = self.config.timeout or 60.0
@@ -154,18 +156,16 @@ class ParentLink:
             event, value = read_event(self.monitor.recv_multipart())
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshaken = True
+                if (line := self.handshakes.success()) is not None:
+                    log.log(*line)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 return LinkEnded(
                     exitcodes.REFUSED, f"parent at {self.endpoint} refused this broker's key"
                 )
             if event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                level = logging.DEBUG if self.quiet else logging.WARNING
-                log.log(
-                    level,
-                    "CURVE handshake with the parent at %s failed: %s",
-                    self.endpoint,
-                    _why(event, value),
-                )
+                # ZeroMQ tries again by itself: a retry that succeeds is no fault (handshakes.py)
+                protocol = event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                log.log(*self.handshakes.failure(_why(event, value), protocol, self.quiet))
             elif event == zmq.EVENT_DISCONNECTED and self.welcomed:
                 return LinkEnded(exitcodes.LOST, "lost the connection to the parent")
         return None

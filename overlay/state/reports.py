@@ -6,8 +6,9 @@ own next report, in the order it read them. One event is a broker's word on itse
 its connection to its old parent dropped (sent once welcomed again).
 
 Batching is the tree's own job (docs/protocol.md §5.4): a `Batcher` holds a broker's events for
-at most REPORT_INTERVAL after its last report, so rank 0 reads one message per child per
-interval, not one per rank that changed, and applies each in one pass (services/rankpath.py).
+at most REPORT_INTERVAL after its last report (joins alone, also after the first of them), so
+rank 0 reads one message per child per interval, not one per rank that changed, and applies each
+in one pass (services/rankpath.py).
 The order of the events about one rank is kept on the way (each broker's queue is first in,
 first out, and a link delivers in order); incarnations make a late one harmless all the same.
 """
@@ -127,9 +128,11 @@ def _require(condition: bool, what: str) -> None:
 
 REPORT_INTERVAL = 0.005
 """Seconds a broker's reports wait for company (docs/protocol.md §5.4): what one turn of the loop
-read goes up at once after a quiet spell; what comes within REPORT_INTERVAL of the last report
-sent waits for it, so that a busy subtree sends its parent at most one report per interval,
-whatever its size, and a join or a loss is held a few milliseconds at most on each level."""
+read goes up at once after a quiet spell, unless it is only joins (Onlines), which wait
+REPORT_INTERVAL from the first for the joins that follow it (a subtree wiring up says its hellos
+within milliseconds of each other); what comes within REPORT_INTERVAL of the last report sent
+waits for it, so that a busy subtree sends its parent at most one report per interval, whatever
+its size, and a join or a loss is held a few milliseconds at most on each level."""
 MAX_EVENTS = 1024
 """Events in one report at most: a flood of changes goes up in several, and a broker refuses a
 report that lists more (a child that does is not an honest broker)."""
@@ -176,11 +179,13 @@ class Batcher:
         self._bytes = 0
         self._full: list[list[Event]] = []  # batches that filled up, to go at the next take
         self._last_sent = float("-inf")
+        self._first = 0.0  # when the queue's first event came
+        self._joins = False  # the queue holds Onlines only: it waits for company
 
     def __len__(self) -> int:
         return len(self._queue) + sum(len(batch) for batch in self._full)
 
-    def add(self, events: Sequence[Event]) -> None:
+    def add(self, events: Sequence[Event], now: float) -> None:
         for event in events:
             size = weight(event)
             if self._queue and (
@@ -188,25 +193,32 @@ class Batcher:
             ):
                 self._full.append(self._queue)
                 self._queue, self._bytes = [], 0
+            if not self._queue:
+                self._first, self._joins = now, True
             self._queue.append(event)
             self._bytes += size
+            self._joins = self._joins and type(event) is Online
 
     def deadline(self) -> float | None:
         """When what is held must go: now if a batch is full, else an interval after the last
-        report sent; None when nothing is held."""
+        report sent (and, for joins only, after the first of them came); None when nothing is
+        held."""
         if self._full:
             return float("-inf")
         if not self._queue:
             return None
-        return self._last_sent + self.interval
+        return self._queue_due()
+
+    def _queue_due(self) -> float:
+        due = self._last_sent + self.interval
+        return max(due, self._first + self.interval) if self._joins else due
 
     def take(self, now: float, force: bool = False) -> list[list[Event]]:
         """The batches to send now (oldest first): every full one, and what else is held once
-        an interval has passed since the last report sent, or if `force` (the broker is about
-        to say goodbye)."""
+        its `deadline` has come, or if `force` (the broker is about to say goodbye)."""
         due = self._full
         self._full = []
-        if self._queue and (force or now >= self._last_sent + self.interval):
+        if self._queue and (force or now >= self._queue_due()):
             due.append(self._queue)
             self._queue, self._bytes = [], 0
         if due:
