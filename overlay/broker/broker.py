@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -875,9 +874,7 @@ class Broker:
         )
         status = built.status
         assert status is not None  # its roles: this broker the root, the others standing by
-        self.services = replace(
-            self.services, status=status, flub=built.flub, retire=built.retire
-        )
+        self.services = self.services.replaced(status=status, flub=built.flub, retire=built.retire)
         self.router.handlers = self.services.handlers()
         self.router.table = self.table
         self.performer.status, self.performer.path = status, path

@@ -17,7 +17,6 @@ from enum import StrEnum
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
-from tbon.record import Record
 
 PROTOCOL_VERSION = 3
 """Raised when brokers of two versions can no longer work together: 3 since reports went up
@@ -44,7 +43,7 @@ class Kind(StrEnum):
     CONTROL = "control"
 
 
-class Message(Record):
+class Message:
     """One overlay message.
 
     `nodeid` is the destination rank of a request (ANY_RANK: the first broker that receives it).
@@ -56,8 +55,9 @@ class Message(Record):
     copies that differ little (exec's fan-out, services/exec.py): the payload is not encoded
     again then, so the two must say the same.
 
-    Not a dataclass (tbon/record.py says why): fields compared as a Record's, but mutable (a
-    forwarding broker appends a hop to `route`, a reply gets its `errnum`), so not hashable.
+    Not a dataclass (tbon/record.py says why) but equal and shown as one: by its fields. Not a
+    Record either: it is mutable (a forwarding broker appends a hop to `route`, a reply gets its
+    `errnum`), and so not hashable.
     """
 
     __slots__ = __match_args__ = (
@@ -75,7 +75,7 @@ class Message(Record):
         "term",  # header `term` as it came (state/terms.py judges it); None: absent
         "body",  # the payload already encoded (the sender's promise), or None
     )
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as the dataclass was
 
     def __init__(
         self,
@@ -99,7 +99,17 @@ class Message(Record):
         self.errnum, self.errstr, self.streaming, self.version = errnum, errstr, streaming, version
         self.data, self.term, self.body = data, term, body
 
-    __str__ = Record.__repr__  # as the dataclass showed it
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"Message({fields})"
 
     def respond(self, payload: dict[str, Any] | None = None, *, streaming: bool = False) -> Message:
         return Message(
