@@ -24,13 +24,13 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
 from tbon.overlay.state.grouptopics import TOPICS as GROUP_TOPICS
-from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
 from tbon.overlay.wire.route import client_notice, connection_of
 
 if TYPE_CHECKING:
     from tbon.overlay.services.status import StatusService
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 ROOT_TOPICS = frozenset(
     {

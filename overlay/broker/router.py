@@ -30,7 +30,7 @@ from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import EXEC_TOPICS, last_word, unreachable
 from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
-from tbon.overlay.state.ranktable import CONNECTED, RankTable
+from tbon.overlay.state.rankstates import CONNECTED
 from tbon.overlay.state.terms import News, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # each link's module is loaded by a broker that has such a li
     from tbon.overlay.links.children import Children
     from tbon.overlay.links.local import LocalServer
     from tbon.overlay.links.uplink import Uplink
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 log = logging.getLogger("tbon.broker")
 
