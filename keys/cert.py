@@ -26,7 +26,6 @@ import contextlib
 import os
 import stat
 import struct
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import nacl.public
@@ -34,6 +33,7 @@ import zmq
 from zmq.utils import z85
 
 from tbon.errors import TbonError
+from tbon.record import Record
 
 if TYPE_CHECKING:  # loaded to read or write a certificate file: a broker that makes its keys
     from pathlib import Path  # in memory never loads pathlib (and urllib.parse, ipaddress)
@@ -117,20 +117,26 @@ def _encode(raw: bytes) -> str:
     return z85.encode(raw).decode("ascii")
 
 
-@dataclass(frozen=True)
-class Certificate:
+class Certificate(Record):
     """A CURVE key pair (or a public key alone) with where, when and by what it was made.
 
-    ``secret`` is None for a public-only certificate. It is left out of the repr so that logging a
-    certificate cannot leak it.
+    ``secret`` is None for a public-only certificate. It is left out of the repr and str so that
+    logging a certificate cannot leak it.
     """
 
-    public: str
-    secret: str | None = field(repr=False)
-    name: str
-    hostname: str
-    created: str
-    version: str
+    __slots__ = __match_args__ = ("public", "secret", "name", "hostname", "created", "version")
+
+    def __init__(
+        self, public: str, secret: str | None, name: str, hostname: str, created: str, version: str
+    ) -> None:
+        self.public, self.secret, self.name = public, secret, name
+        self.hostname, self.created, self.version = hostname, created, version
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__ if f != "secret")
+        return f"Certificate({shown})"
+
+    __str__ = __repr__
 
 
 def new_certificate(name: str | None = None) -> Certificate:

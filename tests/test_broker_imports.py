@@ -129,10 +129,22 @@ def test_only_the_root_groups_members_load_its_machine(tmp_path: Path, standbys:
     assert loaded == {rank: sorted(MEMBER_MACHINE) if rank in members else [] for rank in range(4)}
 
 
-def test_importing_the_broker_does_not_load_the_rank0_status_service() -> None:
+TABLE_HOLDERS_ONLY = (
+    "tbon.overlay.services.status",  # rank 0 serves status
+    "tbon.overlay.services.rankpath",
+    "tbon.overlay.state.ranktable",  # the table's rules: rank 0 and the root group's members
+    "tbon.overlay.state.rankentries",
+    "tbon.overlay.state.snapshot",
+    "tbon.overlay.state.statusviews",
+)
+
+
+def test_importing_the_broker_does_not_load_what_only_a_table_holder_uses() -> None:
+    """A broker that holds no rank table needs the events it reports (state/rankevents.py),
+    not the table's rules: those are imported where rank 0 or a member builds its table."""
     code = (
         "import sys; import tbon.overlay.broker.broker, tbon.overlay.broker.dispatch; "
-        "print(sorted(m for m in sys.modules if m.startswith('tbon.overlay.services.status')))"
+        f"print(sorted(m for m in sys.modules if m in {TABLE_HOLDERS_ONLY!r}))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

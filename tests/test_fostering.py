@@ -11,7 +11,6 @@ top down, while the table walks up.
 from __future__ import annotations
 
 import random
-from dataclasses import astuple
 from typing import Any
 
 import pytest
@@ -89,7 +88,7 @@ def up(result: RankTable, ranks: list[int], now: float = 101.0, keyed: bool = Tr
 
 def frozen(result: RankTable) -> tuple[Any, ...]:
     """Everything the table holds, to tell that a refused event touched nothing."""
-    entries = tuple(astuple(entry) for entry in result.entries)
+    entries = tuple(entry.fields() for entry in result.entries)
     return result.generation, entries, dict(result.retired_keys)
 
 
@@ -429,10 +428,10 @@ def test_a_child_s_dropped_connection_to_an_attached_parent_ends_only_the_link()
     result = chain(4)
     assert result.apply(hello(result, 3, parent=1), 200.0).applied
     assert result.entry(3).other_links == (2,)
-    before = astuple(result.entry(2))
+    before = result.entry(2).fields()
     outcome = result.apply(Dropped(3, 1, 2, "connection dropped"), 200.1)
     assert outcome.applied and outcome.changed == (3,)
-    assert astuple(result.entry(2)) == before
+    assert result.entry(2).fields() == before
     assert (result.entry(3).attached_to, result.entry(3).other_links) == (1, ())
     stale = result.apply(Lost(3, 1, "connection dropped", parent=2), 200.2)
     assert not stale.applied and stale.reason == "rank 3 is attached to rank 1, not to rank 2"
@@ -744,14 +743,14 @@ class HealingMachine(RuleBasedStateMachine):
         names exactly the entries that changed. `must`: whether it has to be applied."""
         self.now += 0.5
         before = frozen(self.table)
-        entries = [astuple(entry) for entry in self.table.entries]
+        entries = [entry.fields() for entry in self.table.entries]
         outcome = self.table.apply(event, self.now)
         if must is not None:
             assert outcome.applied == must, (event, outcome)
         if not outcome.applied:
             assert outcome.changed == () and frozen(self.table) == before, event
             return outcome
-        after = [astuple(entry) for entry in self.table.entries]
+        after = [entry.fields() for entry in self.table.entries]
         changed = {r for r, (a, b) in enumerate(zip(entries, after, strict=True)) if a != b}
         assert set(outcome.changed) == changed, (event, outcome)
         assert self.table.generation == before[0] + bool(changed)
@@ -788,7 +787,7 @@ class HealingMachine(RuleBasedStateMachine):
             "departed": Departed(rank, entry.incarnation, reporter),
             "void": Void(rank, entry.incarnation, "voided"),
         }[kind]
-        before = [astuple(e) for e in self.table.entries]
+        before = [e.fields() for e in self.table.entries]
         was = [(e.state, e.attached_to, e.phase) for e in self.table.entries]
         seeking_until = entry.adrift_until  # an adrift rank's attachees keep its deadline
         self._apply(event, must=True)
@@ -803,14 +802,14 @@ class HealingMachine(RuleBasedStateMachine):
             if other.rank == rank:
                 continue
             if other.rank not in below:
-                assert astuple(other) == before[other.rank]
+                assert other.fields() == before[other.rank]
             elif state in CONNECTED and attached == rank:  # its link went here: adrift
                 assert other.state is state and other.pid is not None
                 assert other.attached_to is None
                 assert other.adrift_until == grace_ends
             elif state in CONNECTED:  # its link goes elsewhere: untouched
-                assert astuple(other) == before[other.rank]
-            elif astuple(other) != before[other.rank]:  # never online, under a parent gone
+                assert other.fields() == before[other.rank]
+            elif other.fields() != before[other.rank]:  # never online, under a parent gone
                 parent = topology.parent(other.rank)
                 assert parent is not None
                 assert parent == rank or was[parent][0] not in CONNECTED
@@ -912,7 +911,7 @@ class HealingMachine(RuleBasedStateMachine):
         self._apply(hello(self.table, rank, parent=welcomer), must=True)
         assert gone in self.table.entry(rank).other_links
         parent = self.table.entry(gone)
-        adrift, before = parent.adrift_until is not None, astuple(parent)
+        adrift, before = parent.adrift_until is not None, parent.fields()
         seeking_until = parent.adrift_until
         was = {e.rank: (e.state, e.attached_to, e.other_links) for e in self.table.entries}
         said = Dropped(rank, entry.incarnation, gone, "connection dropped")
@@ -920,7 +919,7 @@ class HealingMachine(RuleBasedStateMachine):
         assert gone not in self.table.entry(rank).other_links
         assert self.table.entry(rank).attached_to == welcomer
         if not adrift:
-            assert astuple(self.table.entry(gone)) == before
+            assert self.table.entry(gone).fields() == before
         else:
             assert self.table.entry(gone).state not in CONNECTED
             assert (
@@ -942,7 +941,7 @@ class HealingMachine(RuleBasedStateMachine):
         if rank is None:
             return
         entry = self.table.entry(rank)
-        before = astuple(entry)
+        before = entry.fields()
         attached = entry.attached_to
         self._apply(Moved(rank, entry.incarnation, None if own else attached, to), must=True)
         entry = self.table.entry(rank)
@@ -950,7 +949,7 @@ class HealingMachine(RuleBasedStateMachine):
         if can_hold:
             assert (entry.attached_to, entry.adrift_until) == (to, None)
         else:
-            assert astuple(entry) == before
+            assert entry.fields() == before
 
     @rule(data=st.data(), torpid=st.booleans())
     def torpid(self, data: st.DataObject, torpid: bool) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import astuple
 from typing import Any
 
 import pytest
@@ -88,7 +87,7 @@ def subtrees(result: RankTable) -> list[str]:
 
 
 def fingerprint(result: RankTable) -> tuple[Any, ...]:
-    return (result.generation, tuple(astuple(entry) for entry in result.entries))
+    return (result.generation, tuple(entry.fields() for entry in result.entries))
 
 
 def brute_subtree(result: RankTable, rank: int) -> SubtreeStatus:
@@ -786,7 +785,7 @@ class RankTableMachine(RuleBasedStateMachine):
 
     def _apply_checked(self, event: Event) -> None:
         before = fingerprint(self.table)
-        old_entries = [astuple(entry) for entry in self.table.entries]
+        old_entries = [entry.fields() for entry in self.table.entries]
         was = [entry.state for entry in self.table.entries]
         attached = [entry.attached_to for entry in self.table.entries]
         self.adrift_until = [entry.adrift_until for entry in self.table.entries]
@@ -798,7 +797,7 @@ class RankTableMachine(RuleBasedStateMachine):
             or event.incarnation == self.table.entry(event.rank).incarnation
         )
         outcome = self.table.apply(event, self.now)
-        new_entries = [astuple(entry) for entry in self.table.entries]
+        new_entries = [entry.fields() for entry in self.table.entries]
         changed = {
             r for r, (a, b) in enumerate(zip(old_entries, new_entries, strict=True)) if a != b
         }

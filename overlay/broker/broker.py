@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -40,16 +39,8 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
 from tbon.overlay.services.retire import Draining
 from tbon.overlay.state.healing import adrift
-from tbon.overlay.state.rankevents import Lost
-from tbon.overlay.state.ranktable import (
-    CONNECTED,
-    UNKNOWN_HOST,
-    Event,
-    Located,
-    Online,
-    RankTable,
-    root_once_applied,
-)
+from tbon.overlay.state.rankevents import UNKNOWN_HOST, Event, Located, Lost, Online
+from tbon.overlay.state.rankstates import CONNECTED
 from tbon.overlay.state.reports import Batcher, encode_events
 from tbon.overlay.state.terms import Ignored, News, Superseded, Terms
 from tbon.overlay.wire.message import Kind, Message
@@ -61,6 +52,7 @@ if TYPE_CHECKING:  # the links up: loaded by a broker that has a parent only, no
     from tbon.overlay.links.uplink import Card, Uplink, UplinkNews
     from tbon.overlay.services.group import GroupService
     from tbon.overlay.services.rankpath import RankPath  # rank 0's only
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 log = logging.getLogger("tbon.broker")
 
@@ -111,6 +103,7 @@ class Broker:
         self.path: RankPath | None = None
         if self.founding:
             from tbon.overlay.services.rankpath import RankPath
+            from tbon.overlay.state.ranktable import RankTable
 
             grace = (config.timeout or 60.0) + self.reattach_timeout
             self.table = RankTable(
@@ -875,9 +868,7 @@ class Broker:
         )
         status = built.status
         assert status is not None  # its roles: this broker the root, the others standing by
-        self.services = replace(
-            self.services, status=status, flub=built.flub, retire=built.retire
-        )
+        self.services = self.services.replaced(status=status, flub=built.flub, retire=built.retire)
         self.router.handlers = self.services.handlers()
         self.router.table = self.table
         self.performer.status, self.performer.path = status, path
@@ -893,6 +884,8 @@ class Broker:
         # rank 0, or a root that took over before: the one this root's log names once applied
         # whole, entries of earlier terms not yet committed included (they are committed with
         # this term's first, before anything this root proposes; docs/protocol.md §13.4)
+        from tbon.overlay.state.ranktable import root_once_applied
+
         dead = self.table.entry(root_once_applied(self.table, self.group.unapplied()))
         why = f"the root died; rank {self.rank} took over in term {term}"
         log.warning("%s", why)

@@ -8,8 +8,7 @@ unknown topic, and never loads the module that serves them (services/status.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tbon.overlay.broker.logs import recent
 from tbon.overlay.broker.router import Handler
@@ -25,13 +24,13 @@ from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import PingService, Whoami
 from tbon.overlay.services.retire import RetireService
 from tbon.overlay.state.grouptopics import TOPICS as GROUP_TOPICS
-from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
 from tbon.overlay.wire.route import client_notice, connection_of
 
 if TYPE_CHECKING:
     from tbon.overlay.services.status import StatusService
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 ROOT_TOPICS = frozenset(
     {
@@ -66,20 +65,47 @@ flow beside a stream, where an answer to each would double the traffic. Every ot
 answered, a response or an error, whatever its payload (tests/test_answers.py walks them all)."""
 
 
-@dataclass(frozen=True)
 class Services:
-    """This broker's services, each built with what it needs; the topic table is `handlers`."""
+    """This broker's services, each built with what it needs; the topic table is `handlers`.
+    A plain class, not a dataclass, for start-up time (tbon/record.py)."""
 
-    ping: PingService
-    exec: ExecService
-    flub: FlubService
-    retire: RetireService
-    dmesg: DmesgService
-    heal: HealService
-    attr: AttrService
-    status: StatusService | None  # rank 0 only
-    whole: Callable[[], bool] = lambda: True  # what heal.wait waits for (the broker knows)
-    group: GroupService | None = None  # the root group's member here (services/group.py)
+    __slots__ = (
+        "attr",
+        "dmesg",
+        "exec",
+        "flub",
+        "group",
+        "heal",
+        "ping",
+        "retire",
+        "status",
+        "whole",
+    )
+
+    def __init__(
+        self,
+        *,
+        ping: PingService,
+        exec: ExecService,
+        flub: FlubService,
+        retire: RetireService,
+        dmesg: DmesgService,
+        heal: HealService,
+        attr: AttrService,
+        status: StatusService | None,
+        whole: Callable[[], bool] = lambda: True,
+        group: GroupService | None = None,
+    ) -> None:
+        self.ping, self.exec, self.flub, self.retire = ping, exec, flub, retire
+        self.dmesg, self.heal, self.attr = dmesg, heal, attr
+        self.status = status  # rank 0 only
+        self.whole = whole  # what heal.wait waits for (the broker knows)
+        self.group = group  # the root group's member here (services/group.py)
+
+    def replaced(self, **changes: Any) -> Services:
+        """These services with some changed (at a takeover, the root's own), as
+        dataclasses.replace made them."""
+        return Services(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
 
     @staticmethod
     def build(

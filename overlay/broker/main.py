@@ -9,7 +9,6 @@ Its help is laid out as every other command's (tbon/helptext.py), from the table
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 
 from tbon import exitcodes
 from tbon.errors import TbonError, UsageError, debugging
@@ -126,14 +125,16 @@ def help_text() -> str:
     return render(page)
 
 
-@dataclass
 class Args:
     """What `tbon broker` was asked: its -S assignments, -c file and initial program."""
 
-    setattr: list[str] = field(default_factory=list)
-    config_file: str | None = None
-    help: bool = False
-    command: list[str] = field(default_factory=list)
+    __slots__ = ("command", "config_file", "help", "setattr")
+
+    def __init__(self) -> None:
+        self.setattr: list[str] = []
+        self.config_file: str | None = None
+        self.help = False
+        self.command: list[str] = []
 
 
 _OPTION_NAMES = {name: names for names, _, _ in OPTIONS for name in names}  # name -> all of them

@@ -47,7 +47,7 @@ from tbon.overlay.services.actions import (
     Withdraw,
     WriteStdin,
 )
-from tbon.overlay.state.ranktable import Event
+from tbon.overlay.state.rankevents import Event
 from tbon.overlay.wire.message import Buffer, Message
 
 if TYPE_CHECKING:  # loaded by a broker that has children only; the path, by rank 0 only

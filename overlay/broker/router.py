@@ -24,23 +24,24 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.services.exec import EXEC_TOPICS, last_word, unreachable
 from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
-from tbon.overlay.state.ranktable import CONNECTED, RankTable
+from tbon.overlay.state.rankstates import CONNECTED
 from tbon.overlay.state.terms import News, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
 from tbon.overlay.wire.route import child_hop, parent_hop
+from tbon.record import Record
 
 if TYPE_CHECKING:  # each link's module is loaded by a broker that has such a link only
     from tbon.overlay.links.children import Children
     from tbon.overlay.links.local import LocalServer
     from tbon.overlay.links.uplink import Uplink
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 log = logging.getLogger("tbon.broker")
 
@@ -65,15 +66,14 @@ client sends to rank 0 as the root: after a takeover (docs/protocol.md §13.4) a
 them to the root of the latest term (`Router.to_the_root`)."""
 
 
-@dataclass(frozen=True)
-class Pending:
+class Pending(Record):
     """A call awaiting its response: what to do with it, the link it must come back by, and
     when to stop waiting."""
 
-    then: Continuation
-    link: str
-    deadline: float
-    topic: str
+    __slots__ = __match_args__ = ("then", "link", "deadline", "topic")
+
+    def __init__(self, then: Continuation, link: str, deadline: float, topic: str) -> None:
+        self.then, self.link, self.deadline, self.topic = then, link, deadline, topic
 
 
 class Router:

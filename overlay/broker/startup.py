@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -38,16 +37,28 @@ if TYPE_CHECKING:
 # by the broker that boots that way only: a broker's memory is mostly the modules it loaded.
 
 
-@dataclass
 class Booted:
-    config: BrokerConfig  # a joiner's carries the instance's liveness settings
-    public: str
-    secret: str
-    wireup: Wireup
-    children: Children | None  # bound if the rank has children
-    endpoint: str  # what children dial: the address bound, or the config file's
-    pmi: PmiClient | None  # finalized once the broker is in the tree
-    by_config: bool  # config-file bootstrap: its ranks belong to their hosts
+    """What boot made. Plain classes here, not dataclasses, for start-up time (tbon/record.py)."""
+
+    __slots__ = ("by_config", "children", "config", "endpoint", "pmi", "public", "secret", "wireup")
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        public: str,
+        secret: str,
+        wireup: Wireup,
+        children: Children | None,
+        endpoint: str,
+        pmi: PmiClient | None,
+        by_config: bool,
+    ) -> None:
+        self.config = config  # a joiner's carries the instance's liveness settings
+        self.public, self.secret, self.wireup = public, secret, wireup
+        self.children = children  # bound if the rank has children
+        self.endpoint = endpoint  # what children dial: the address bound, or the config file's
+        self.pmi = pmi  # finalized once the broker is in the tree
+        self.by_config = by_config  # config-file bootstrap: its ranks belong to their hosts
 
     def close(self) -> None:
         if self.children is not None:
@@ -218,12 +229,13 @@ def adopt(config: BrokerConfig, attributes: dict[str, Any]) -> BrokerConfig:
     )
 
 
-@dataclass
 class Rundir:
     """The run directory that holds the local socket; removed at the end if this broker made it."""
 
-    path: str
-    created: bool
+    __slots__ = ("created", "path")
+
+    def __init__(self, path: str, created: bool) -> None:
+        self.path, self.created = path, created
 
     @staticmethod
     def make(wanted: str | None, rank: int) -> Rundir:
@@ -266,15 +278,23 @@ def private_directory() -> str:
     raise FileExistsError(f"no free name for a run directory in {parent}")
 
 
-@dataclass
 class Links:
     """Every socket a broker holds, and the run directory of its local one."""
 
-    children: Children | None
-    parent: ParentLink | Uplink | None  # the first link up, until the broker wraps it in an Uplink
-    local: LocalServer
-    rundir: Rundir
-    context: zmq.Context  # for the links up a broker opens later (seeking a parent, going home)
+    __slots__ = ("children", "context", "local", "parent", "rundir")
+
+    def __init__(
+        self,
+        children: Children | None,
+        parent: ParentLink | Uplink | None,
+        local: LocalServer,
+        rundir: Rundir,
+        context: zmq.Context,
+    ) -> None:
+        self.children = children
+        self.parent = parent  # the first link up, until the broker wraps it in an Uplink
+        self.local, self.rundir = local, rundir
+        self.context = context  # for the links up a broker opens later (seeking a parent, home)
 
     def close(self, linger: bool) -> None:
         """`linger`: let the parent link deliver what is queued (a goodbye) before it closes."""

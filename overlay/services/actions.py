@@ -13,13 +13,13 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tbon.overlay.state.ranktable import Event
+from tbon.overlay.state.rankevents import Event
 from tbon.overlay.wire.message import Buffer, Message
 from tbon.record import Record
 
 if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
     from tbon.overlay.links.children import Rejoin
-    from tbon.overlay.state.ranktable import Outcome, Reserve  # records, but not actions
+    from tbon.overlay.state.rankevents import Outcome, Reserve  # records, but not actions
 
 
 class Respond(Record):

@@ -42,21 +42,15 @@ from tbon.overlay.services.actions import (
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.trust import from_parent_of, unless_from_root
 from tbon.overlay.state.possession import CHALLENGE_LIFE, Challenges
-from tbon.overlay.state.ranktable import (
-    CONNECTED,
-    Outcome,
-    RankState,
-    RankTable,
-    Reboot,
-    Release,
-    Reserve,
-)
+from tbon.overlay.state.rankevents import Outcome, Reboot, Release, Reserve
+from tbon.overlay.state.rankstates import CONNECTED, RankState
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 from tbon.overlay.wire.route import Connection, connection_of
 
 if TYPE_CHECKING:  # the children's side is loaded by a broker that has children only
     from tbon.overlay.links.children import Rejoin
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 Card = dict[str, str]
 """What a joiner needs to reach its parent: endpoint, public_key (Z85), hostname."""

@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any
 from tbon.overlay.links.cards import Card, card_ok
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import Action, Apply, Respond, Send, Wake, fail, warning
-from tbon.overlay.state.rankevents import Reserve
-from tbon.overlay.state.ranktable import Event, RankTable
+from tbon.overlay.state.rankevents import Event, Reserve
 from tbon.overlay.state.terms import StaleTerm
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, MessageError
@@ -47,6 +46,7 @@ from tbon.overlay.wire.route import from_above, from_member, from_rank0
 if TYPE_CHECKING:
     from tbon.overlay.state.groupwire import Proposal
     from tbon.overlay.state.leadership import AppendEntries, Instruction, Member
+    from tbon.overlay.state.ranktable import RankTable  # the root's, and a standby's copy
 
 log = logging.getLogger("tbon.broker")
 
@@ -508,6 +508,7 @@ def digest(table: RankTable) -> str:
 def _replica(topology: Topology, origin: Any) -> Any:
     """A standby's copy of the table as the root built its own, and its one path."""
     from tbon.overlay.services.rankpath import RankPath
+    from tbon.overlay.state.ranktable import RankTable
 
     if not isinstance(origin, dict):
         return None

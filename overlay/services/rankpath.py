@@ -40,7 +40,6 @@ has a path; any other broker sends its events up (`Report`), and an Apply there 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tbon.overlay.services.actions import Action, Call, Send, Wake, info, warning
 from tbon.overlay.services.heal import in_orders
@@ -70,6 +69,7 @@ from tbon.overlay.state.ranktable import (
     Void,
 )
 from tbon.overlay.wire.message import Kind, Message
+from tbon.record import Record
 
 Chains = list[list[int]]
 """A rank's chains of links to rank 0, nearest first (RankTable.links_above)."""
@@ -78,20 +78,22 @@ RELEASED = "the joiner released its reservation"
 EXPIRED = "the reservation expired"
 
 
-@dataclass(frozen=True)
-class Applied:
+class Applied(Record):
     """What an event did to the table, and every follow-up it calls for, in order."""
 
-    outcome: Outcome
-    actions: list[Action]
+    __slots__ = __match_args__ = ("outcome", "actions")
+
+    def __init__(self, outcome: Outcome, actions: list[Action]) -> None:
+        self.outcome, self.actions = outcome, actions
 
 
-@dataclass(frozen=True)
-class AppliedAll:
+class AppliedAll(Record):
     """What a report's events did, one outcome each, and every follow-up, in order."""
 
-    outcomes: list[Outcome]
-    actions: list[Action]
+    __slots__ = __match_args__ = ("outcomes", "actions")
+
+    def __init__(self, outcomes: list[Outcome], actions: list[Action]) -> None:
+        self.outcomes, self.actions = outcomes, actions
 
 
 class RankPath:

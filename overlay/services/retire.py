@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tbon import exitcodes
 from tbon.overlay.parse.numbers import is_int, is_number
@@ -29,10 +29,14 @@ from tbon.overlay.services.actions import (
     warning,
 )
 from tbon.overlay.services.trust import unless_from_root
-from tbon.overlay.state.ranktable import Outcome, RankState, RankTable, Retire
+from tbon.overlay.state.rankevents import Outcome, Retire
+from tbon.overlay.state.rankstates import RankState
 from tbon.overlay.state.retirement import Retirement, Step
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
+
+if TYPE_CHECKING:
+    from tbon.overlay.state.ranktable import RankTable  # rank 0's, and a member's
 
 
 class RetireWaiter:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tbon.limits import WHOLE_TABLE_MAX
@@ -51,14 +50,18 @@ Stamp = tuple[int, str]
 """What a watcher was last sent: the table's generation, and the roles and root group as text."""
 
 
-@dataclass(slots=True)
 class Watcher:
-    request: Message  # the status.watch: its route and tag address every table sent
-    sent: Stamp  # the stamp of the table last sent
-    unread: bool = True  # that table is in flight: the next waits for its acknowledgement
-    view: str = "table"  # VIEWS
-    rank: int = 0  # the subtree of a summary
-    cursor: int | None = None  # held: where the next page of the update being sent starts
+    """A status.watch being served. A plain class, not a dataclass (tbon/record.py)."""
+
+    __slots__ = ("cursor", "rank", "request", "sent", "unread", "view")
+
+    def __init__(self, request: Message, sent: Stamp, view: str = "table", rank: int = 0) -> None:
+        self.request = request  # the status.watch: its route and tag address every table sent
+        self.sent = sent  # the stamp of the table last sent
+        self.unread = True  # that table is in flight: the next waits for its acknowledgement
+        self.view = view  # VIEWS
+        self.rank = rank  # the subtree of a summary
+        self.cursor: int | None = None  # held: where the next page of the update being sent starts
 
     @property
     def route(self) -> list[str]:

@@ -3,7 +3,8 @@
 Events are small frozen records of something a broker saw or asked for (dask's stimuli). Each
 names its rank (Reserve: the one it asks for, or None) and, but for Reserve and Reboot, the
 incarnation it speaks of. ranktable.py holds the rules that decide them, and re-exports every
-name here: callers import them from there.
+name here. A broker that holds no table (all but the root and its standbys) imports them from
+here, so that it never loads the table's rules (tests/test_broker_imports.py).
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ ranktable.py says how a rank moves between phases.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from enum import Enum, StrEnum
 
 from tbon.overlay.state.topology import Topology
+from tbon.record import Record
 
 
 class RankState(StrEnum):
@@ -99,40 +99,91 @@ CONFIG_PHASES = frozenset(
 """The phases of a rank that belongs to its host in the config file."""
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(Record):
     """A reservation's terms: when it lapses, and the host to show again if it does."""
 
-    until: float
-    host_before: str
+    __slots__ = __match_args__ = ("until", "host_before")
+
+    def __init__(self, until: float, host_before: str) -> None:
+        self.until, self.host_before = until, host_before
 
 
-@dataclass(slots=True)
 class RankEntry:
     """One rank as rank 0 knows it. Its state is the phase; the fields are that phase's data,
-    and the properties give callers the public view without exposing the phase."""
+    and the properties give callers the public view without exposing the phase.
 
-    rank: int
-    phase: Phase
-    incarnation: int
-    host: str
-    pid: int | None
-    since: float  # when the rank entered its phase
-    torpid: bool = False
-    key: str | None = None  # the key FLUB last reserved the rank for: kept, to know who holds it
-    lease: Lease | None = None  # while reserved, and only then
-    reason: str = ""  # why it entered its phase, worded by the table's row; "" if nothing to say
-    last_pid: int | None = None  # the last broker welcomed as this rank: kept once it has gone
-    attached_to: int | None = None  # while connected: the broker its link goes to (None: adrift)
-    adrift_until: float | None = None  # lost its link: when rank 0 gives up on its reattaching
-    # while connected: other brokers that welcomed this broker too, whose end of that link has
-    # not been reported yet (a second welcome while it sought a parent, or the way home)
-    other_links: tuple[int, ...] = ()
-    # while connected: parents whose link to this broker ended (moved or dropped) while it held
-    # another; the lineage its subtree holds may still be theirs (the broker died before its
-    # children read the other link's), so a foster parent is chosen on their chain too
-    # (state/healing.py, rule 3). Ancestors only, each once: no longer than the tree is deep
-    past_links: tuple[int, ...] = ()
+    Not a dataclass, for start-up time (tbon/record.py), but equal and shown as the dataclass
+    was, field by field (group.py's digest hashes the repr); mutable, so not hashable."""
+
+    __slots__ = __match_args__ = (
+        "rank",
+        "phase",
+        "incarnation",
+        "host",
+        "pid",
+        "since",
+        "torpid",
+        "key",
+        "lease",
+        "reason",
+        "last_pid",
+        "attached_to",
+        "adrift_until",
+        "other_links",
+        "past_links",
+    )
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        rank: int,
+        phase: Phase,
+        incarnation: int,
+        host: str,
+        pid: int | None,
+        since: float,
+        torpid: bool = False,
+        key: str | None = None,
+        lease: Lease | None = None,
+        reason: str = "",
+        last_pid: int | None = None,
+        attached_to: int | None = None,
+        adrift_until: float | None = None,
+        other_links: tuple[int, ...] = (),
+        past_links: tuple[int, ...] = (),
+    ) -> None:
+        self.rank, self.phase, self.incarnation, self.host = rank, phase, incarnation, host
+        self.pid = pid
+        self.since = since  # when the rank entered its phase
+        self.torpid = torpid
+        self.key = key  # the key FLUB last reserved the rank for: kept, to know who holds it
+        self.lease = lease  # while reserved, and only then
+        self.reason = reason  # why it entered its phase, worded by the table's row ("": nothing)
+        self.last_pid = last_pid  # the last broker welcomed as this rank: kept once it has gone
+        # while connected: the broker its link goes to (None: adrift)
+        self.attached_to = attached_to
+        self.adrift_until = adrift_until  # lost its link: when rank 0 gives up on its reattaching
+        # while connected: other brokers that welcomed this broker too, whose end of that link
+        # has not been reported yet (a second welcome while it sought a parent, or the way home)
+        self.other_links = other_links
+        # while connected: parents whose link to this broker ended (moved or dropped) while it
+        # held another; the lineage its subtree holds may still be theirs (the broker died before
+        # its children read the other link's), so a foster parent is chosen on their chain too
+        # (state/healing.py, rule 3). Ancestors only, each once: no longer than the tree is deep
+        self.past_links = past_links
+
+    def fields(self) -> tuple[object, ...]:
+        """Every field's value, in order (what dataclasses.astuple gave)."""
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.fields() == other.fields()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"RankEntry({shown})"
 
     @property
     def state(self) -> RankState:

@@ -128,7 +128,6 @@ the guards and effects its rows name are meant to be read side by side. The even
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tbon.overlay.state.rankentries import CompactEntries, Entries
@@ -165,6 +164,7 @@ from tbon.overlay.state.rankstates import (
 )
 from tbon.overlay.state.snapshot import describe
 from tbon.overlay.state.topology import Topology
+from tbon.record import Record
 
 __all__ = [
     "ALLOCATABLE",
@@ -198,24 +198,24 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Orphaned:
+class Orphaned(Record):
     """Internal: the broker above this rank ended, so this rank's broker exits too. `cause`
     names that rank and how it went, as the orphan's reason."""
 
-    rank: int
-    incarnation: int
-    cause: str
+    __slots__ = __match_args__ = ("rank", "incarnation", "cause")
+
+    def __init__(self, rank: int, incarnation: int, cause: str) -> None:
+        self.rank, self.incarnation, self.cause = rank, incarnation, cause
 
 
-@dataclass(frozen=True, slots=True)
-class LinkEnded:
+class LinkEnded(Record):
     """Internal: `parent`'s link to the rank's broker ended (its Lost or Moved), while the
     broker has another link: the rank stays connected."""
 
-    rank: int
-    incarnation: int
-    parent: int
+    __slots__ = __match_args__ = ("rank", "incarnation", "parent")
+
+    def __init__(self, rank: int, incarnation: int, parent: int) -> None:
+        self.rank, self.incarnation, self.parent = rank, incarnation, parent
 
 
 def refused(reason: str) -> Outcome:
@@ -617,16 +617,22 @@ RETIRED = "retired"
 # --- the table ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(Record):
     """One row: where the rank goes (None: it stays), what must hold, what else happens, and
     why the rank is there (a reason, or a function of the event that words it)."""
 
-    target: Phase | None
-    guards: tuple[Guard, ...] = ()
-    effects: tuple[Effect, ...] = ()
-    note: str = ""  # said on an applied repeat; {rank} is filled in
-    why: str | Why = ""
+    __slots__ = __match_args__ = ("target", "guards", "effects", "note", "why")
+
+    def __init__(
+        self,
+        target: Phase | None,
+        guards: tuple[Guard, ...] = (),
+        effects: tuple[Effect, ...] = (),
+        note: str = "",  # said on an applied repeat; {rank} is filled in
+        why: str | Why = "",
+    ) -> None:
+        self.target, self.guards, self.effects = target, guards, effects
+        self.note, self.why = note, why
 
 
 def _ends(target: Phase, why: str | Why, *, retired: bool = False) -> Rule:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.ranktable import Departed, Dropped, Event, Lost, Moved, Online, Torpid
+from tbon.overlay.state.rankevents import Departed, Dropped, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.wire.message import MessageError
 
 Reported = Online | Lost | Departed | Torpid | Moved | Dropped

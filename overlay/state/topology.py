@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from functools import cached_property
 
 from tbon.errors import UsageError
@@ -41,7 +40,6 @@ def spec_from_fanout(fanout: str) -> str:
     return f"kary:{int(fanout)}"
 
 
-@dataclass(frozen=True)
 class Topology:
     """The tree of `size` ranks for one spec; every query is O(depth) or O(children).
 
@@ -51,15 +49,27 @@ class Topology:
     query that needs it: `postorder`, `descendants` (rank 0's roll-ups), or a `parents:` tree.
     """
 
-    spec: str
-    size: int
+    # A plain class, not a dataclass (tbon/record.py says why); not a Record either, since its
+    # cached properties need an instance dict. Equal, and hashed alike, by (spec, size).
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "spec", parse_spec(self.spec))
-        if self.size < 1:
-            raise UsageError(f"invalid size {self.size}: an instance has at least one rank")
+    def __init__(self, spec: str, size: int) -> None:
+        self.spec = parse_spec(spec)
+        self.size = size
+        if size < 1:
+            raise UsageError(f"invalid size {size}: an instance has at least one rank")
         if self.spec.startswith("parents:"):
-            _check_parents(self.spec, self.size)
+            _check_parents(self.spec, size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology) or type(other) is not type(self):
+            return NotImplemented
+        return (self.spec, self.size) == (other.spec, other.size)
+
+    def __hash__(self) -> int:
+        return hash((self.spec, self.size))
+
+    def __repr__(self) -> str:
+        return f"Topology(spec={self.spec!r}, size={self.size!r})"
 
     @cached_property
     def _fanout(self) -> int | None:

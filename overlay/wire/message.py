@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -44,7 +43,6 @@ class Kind(StrEnum):
     CONTROL = "control"
 
 
-@dataclass(slots=True)
 class Message:
     """One overlay message.
 
@@ -56,21 +54,62 @@ class Message:
     `body`, if set, is `payload` as encode() would put it, made once by whoever sends many
     copies that differ little (exec's fan-out, services/exec.py): the payload is not encoded
     again then, so the two must say the same.
+
+    Not a dataclass (tbon/record.py says why) but equal and shown as one: by its fields. Not a
+    Record either: it is mutable (a forwarding broker appends a hop to `route`, a reply gets its
+    `errnum`), and so not hashable.
     """
 
-    kind: Kind
-    topic: str
-    payload: dict[str, Any] = field(default_factory=dict)
-    nodeid: int = ANY_RANK
-    tag: int = 0
-    route: list[str] = field(default_factory=list)
-    errnum: int = 0
-    errstr: str = ""
-    streaming: bool = False
-    version: int = PROTOCOL_VERSION
-    data: Buffer = b""
-    term: object = None  # header `term` as it came (state/terms.py judges it); None: absent
-    body: bytes | None = None  # the payload already encoded (the sender's promise), or None
+    __slots__ = __match_args__ = (
+        "kind",
+        "topic",
+        "payload",
+        "nodeid",
+        "tag",
+        "route",
+        "errnum",
+        "errstr",
+        "streaming",
+        "version",
+        "data",
+        "term",  # header `term` as it came (state/terms.py judges it); None: absent
+        "body",  # the payload already encoded (the sender's promise), or None
+    )
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as the dataclass was
+
+    def __init__(
+        self,
+        kind: Kind,
+        topic: str,
+        payload: dict[str, Any] | None = None,
+        nodeid: int = ANY_RANK,
+        tag: int = 0,
+        route: list[str] | None = None,
+        errnum: int = 0,
+        errstr: str = "",
+        streaming: bool = False,
+        version: int = PROTOCOL_VERSION,
+        data: Buffer = b"",
+        term: object = None,
+        body: bytes | None = None,
+    ) -> None:
+        self.kind, self.topic, self.nodeid, self.tag = kind, topic, nodeid, tag
+        self.payload: dict[str, Any] = {} if payload is None else payload
+        self.route: list[str] = [] if route is None else route
+        self.errnum, self.errstr, self.streaming, self.version = errnum, errstr, streaming, version
+        self.data, self.term, self.body = data, term, body
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"Message({fields})"
 
     def respond(self, payload: dict[str, Any] | None = None, *, streaming: bool = False) -> Message:
         return Message(
