@@ -628,9 +628,10 @@ class Broker:
             if self.exit_code is not None or not parent.holds(link):
                 break
             news = parent.read(link, now)
-            if news is not None:
-                beats = False
-                self._uplink_news(news, now)
+            if news is None:  # a heartbeat, answered (or nothing): what follows, if anything,
+                break  # the next poll finds (it asks ZeroMQ first): no readable() asked here
+            beats = False
+            self._uplink_news(news, now)
             if self.exit_code is not None or not parent.holds(link) or not link.readable():
                 break
         if not beats or self.exit_code is not None or not parent.holds(link):
