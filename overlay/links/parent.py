@@ -174,13 +174,10 @@ class ParentLink:
     def read(self, now: float) -> ParentInbound | None:
         """The next message from the parent; None if there was none, or if it was only a
         heartbeat (answered here: nothing in it for the broker)."""
-        socket = self.socket
         try:
-            frames = [socket.recv(NOBLOCK, copy=False)]
+            frames = self.socket.recv_multipart(flags=NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        while frames[-1].more:  # recv_multipart less its Python-level option reads
-            frames.append(socket.recv(copy=False))
         self.handshaken = True
         if self.welcomed and is_heartbeat(frames):
             self._liveness.heard(now)
