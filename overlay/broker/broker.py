@@ -634,8 +634,8 @@ class Broker:
             self._uplink_news(news, now)
             if self.exit_code is not None or not parent.holds(link) or not link.readable():
                 break
-        if not beats or self.exit_code is not None or not parent.holds(link):
-            return None
+        if not beats or self.exit_code is not None or not parent.holds(link) or link.overflow:
+            return None  # an answer that found the link full: _tick ends the link
         # only heartbeats: the answers put this broker's own beat off, and nothing else
         # changed (idle is free: no turn's work, no asking every source; wakeup.py)
         self._wakeup.beat(now, parent.next_deadline())
