@@ -199,6 +199,22 @@ def test_a_silent_followers_client_is_probed_then_forgotten_when_gone() -> None:
     assert service.disconnect(gone, NOW) == [] and service.followers == []
 
 
+def test_a_probe_is_a_deadline_of_the_loop_so_an_idle_broker_sends_it_on_time() -> None:
+    """The probe is due PROBE seconds after the unread batch, whatever else wakes the broker
+    (overlay/broker/wakeup.py asks every source; heartbeats alone do no turn's work)."""
+    ring = LogRing()
+    service = DmesgService(3, ring)
+    assert service.next_deadline() is None  # no follower
+    sent(service.follow(request("dmesg.follow"), NOW))
+    assert service.next_deadline() is None  # its batch unread, but nothing waiting
+    ring.append(NOW, logging.INFO, "waiting")
+    assert service.next_deadline() == NOW + PROBE
+    [probe] = sent(service.pushes(NOW + PROBE))
+    assert service.next_deadline() == NOW + 2 * PROBE  # the next probe, while it stays unread
+    sent(service.ack(ack(probe), NOW + PROBE))
+    assert service.next_deadline() is None  # read, and its records sent: none unread waiting
+
+
 def test_bad_requests_are_refused() -> None:
     service = DmesgService(3, LogRing())
     for bad in (

@@ -15,7 +15,7 @@ import os
 import subprocess
 import time
 
-from conftest import DEADLINE, TBON, Instance, child_env, tbon
+from conftest import DEADLINE, TBON, Instance, child_env, tbon, wait_for
 from flooder import Flooder
 
 NOFILE = 256
@@ -70,3 +70,21 @@ def test_a_flood_past_the_descriptor_limit_locks_no_local_user_out(instance) -> 
     assert [r["state"] for r in status["ranks"]] == ["online"] * 3
     lines = [line for line in inst.stderr().splitlines() if "connection flood" in line]
     assert 1 <= len(lines) <= 5, lines  # by interval, not by connection
+
+
+def test_the_end_of_a_flood_is_logged_on_time_by_an_idle_broker(instance) -> None:
+    """The flood's next line is a deadline set from connection events: it wakes the broker.
+    Rank 0, alone and beating nobody for an hour, says the flood is over about an interval
+    (10 s) after it ends, not at its next wake-up for anything else."""
+    endpoint = "tbon.endpoint=tcp://127.0.0.1:*"
+    inst = instance(1, "size=2", "tbon.heartbeat=1h", endpoint, nofile=NOFILE)
+    with Flooder(("127.0.0.1", tree_port(inst)), FLOOD, source="127.0.0.2") as flood:
+        deadline = time.monotonic() + DEADLINE
+        while "connection flood on the tree port" not in inst.stderr():
+            assert time.monotonic() < deadline, f"flood: {flood.opened} opened, no line logged"
+            flood.pump(0.01)
+    wait_for(
+        lambda: "the connection flood on the tree port is over" in inst.stderr(),
+        "the end of the flood logged",
+        timeout=60.0,
+    )

@@ -3,6 +3,7 @@ and replaced; ranks, pids, exit codes and job output asserted."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -175,3 +176,38 @@ def test_a_normal_heal_warns_of_no_refused_key(instance) -> None:
     inst.stop()
     assert launcher_said(inst.stderr(), 1, before[1], "killed by signal SIGKILL")
     assert not NOT_AUTHORIZED.search(inst.stderr()), inst.stderr()
+
+
+def test_heal_wait_times_out_on_time_at_an_idle_rank0(instance) -> None:
+    """heal.wait's own deadline wakes the broker: rank 0, holding a rank adrift (stopped, so
+    that it cannot reattach) and with nothing else due for an hour, answers ETIMEDOUT when the
+    wait is over, not at its next heartbeat or the end of the reattach grace."""
+    from tbon.overlay.connectors.client import NoAnswer, RequestError
+
+    inst = instance(
+        3,
+        "tbon.fanout=1",  # a chain: 0 - 1 - 2
+        "tbon.timeout=0",  # only the dropped connection tells
+        "tbon.heartbeat=1h",
+        "broker.reattach-timeout=1h",
+    )
+    before = pids(inst.status())
+    os.kill(before[2], signal.SIGSTOP)
+    try:
+        os.kill(before[1], signal.SIGKILL)
+        inst.wait_status(
+            lambda s: s["ranks"][1]["state"] == "lost" and attached(s, 2) == [None],
+            "rank 1 lost and rank 2 adrift",
+        )
+        with inst.client() as client:
+            try:
+                client.rpc("heal.wait", {"timeout": 0.5}, nodeid=0, timeout=30.0, quiet=True)
+            except NoAnswer:
+                raise AssertionError("heal.wait was not answered within 30 s") from None
+            except RequestError as error:
+                assert error.errnum == errno.ETIMEDOUT, error
+            else:
+                raise AssertionError("heal.wait said the tree is whole with rank 2 adrift")
+    finally:
+        os.kill(before[2], signal.SIGCONT)
+    inst.wait_status(lambda s: attached(s, 2) == [0], "rank 2 fostered by rank 0")

@@ -30,6 +30,7 @@ from tbon.overlay.broker.program import InitialProgram
 from tbon.overlay.broker.router import Router
 from tbon.overlay.broker.signals import SignalPipe
 from tbon.overlay.broker.startup import Booted, Links, boot, open_links
+from tbon.overlay.broker.wakeup import WakeUp
 from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.asker import Asker
 from tbon.overlay.links.cards import encode_group
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # the links up: loaded by a broker that has a parent only, no
 log = logging.getLogger("tbon.broker")
 
 BATCH = 256  # messages read from one socket before the others get a turn
+QUIET = True  # a handler read only heartbeats: no turn's work, no asking every source (wakeup.py)
 VERDICT_GRACE_MS = 100  # before judging a peer's silence, how long to look for its messages
 
 
@@ -75,7 +77,9 @@ class Broker:
         self.signals = signals
         self.uri = self.local.uri
         self._poller = zmq.Poller()
-        self._handlers: dict[Any, Callable[[float], None]] = {}
+        # what reads each socket; one returns QUIET when it read only heartbeats (wakeup.py)
+        self._handlers: dict[Any, Callable[[float], bool | None]] = {}
+        self._wakeup = WakeUp()  # when the loop next wakes (wakeup.py)
         self.reattach_timeout = config.reattach_timeout or config.timeout or 60.0
         # the term fence (docs/protocol.md §13.3), shared by the router and the links: rank 0
         # leads term 1 from the start; a takeover raises it (Terms.lead), and only there
@@ -140,7 +144,6 @@ class Broker:
             self._term_news,
         )
         self._drop_parent = False  # a standby that took over: its uplink closes after this turn
-        self._due = 0.0  # when the next timer falls due; 0 makes the loop recompute it
         self.reports = Batcher()  # what goes up to the parent, a report per short interval
         self.program = InitialProgram(command, self.uri, self.rank, self.topology.size)
         self.jobs = JobRunner(
@@ -315,20 +318,20 @@ class Broker:
         self._handlers[link.monitor] = lambda now: self._read_parent_monitor(link, now)
         self._poller.register(link.socket, zmq.POLLIN)
         self._poller.register(link.monitor, zmq.POLLIN)
-        self._due = 0.0
+        self.wake()
 
     def _watch_asking(self, link: ParentLink, on_ready: Callable[[float], None]) -> None:
         """A link of the asker's (links/asker.py): its socket and monitor, read by `on_ready`."""
         for sock in (link.socket, link.monitor):
             self._handlers[sock] = on_ready
             self._poller.register(sock, zmq.POLLIN)
-        self._due = 0.0
+        self.wake()
 
     def _unwatch_link(self, link: ParentLink) -> None:
         for sock in (link.socket, link.monitor):
             if self._handlers.pop(sock, None) is not None:
                 self._poller.unregister(sock)
-        self._due = 0.0  # a retry of it may be due
+        self.wake()  # a retry of it may be due
 
     def go_home(self, card: tuple[int, str, str]) -> str:
         if self.parent is None:
@@ -373,25 +376,26 @@ class Broker:
         if self.parent is None or self.parent.admits_children:
             self._admit_children()
         self._handle_signals(time.monotonic())
+        wakeup, busy = self._wakeup, True
         while True:
             now = time.monotonic()
-            if now >= self._due:  # heartbeats, silence, leases: not on every message
+            if now >= wakeup.due:  # heartbeats, silence, leases: not on every message
                 self._timers(now)
-            self._tick(now)
-            if self.exit_code is not None:
-                return
-            if now >= self._due:
-                timeout = self._next_deadline(now)
-                self._due = float("inf") if timeout is None else now + timeout
-            left = self._due - now
-            ready = dict(
-                poller.poll(None if left == float("inf") else max(0, int(left * 1000) + 1))
-            )
+                busy = True
+            if busy:  # a turn that did anything: every deadline it added is asked for here
+                self._tick(now)
+                if self.exit_code is not None:
+                    return
+                up = self.parent.next_deadline() if self.parent is not None else None
+                wakeup.asked(now, self._deadlines(), up)
+            ready = poller.poll(wakeup.timeout_ms(now))
             now = time.monotonic()
-            for sock in ready:
+            busy = not ready or wakeup.due == 0.0
+            for sock, _ in ready:
                 handler = handlers.get(sock)  # exec jobs' pipes come and go
-                if handler is not None and self.exit_code is None:
-                    handler(now)
+                if handler is not None and self.exit_code is None and handler(now) is not QUIET:
+                    busy = True
+            busy = busy or self.exit_code is not None or wakeup.due == 0.0
 
     def _admit_children(self) -> None:
         """Read the children's hellos from now on: a broker welcomes no child before it is
@@ -402,28 +406,25 @@ class Broker:
         self._handlers[children.socket] = self._read_children
         self._poller.register(children.socket, zmq.POLLIN)
 
-    def _next_deadline(self, now: float) -> float | None:
-        deadlines = [
-            d
-            for d in (
-                self.children.next_deadline() if self.children else None,
-                self.parent.next_deadline() if self.parent else None,
-                # while the root group has not committed what is asked, the table's own
-                # deadlines wait for it (the commit wakes the loop): asked again, they would spin
-                self.table.next_expiry() if self.table and not self.group.waiting else None,
-                self.group.next_deadline(),
-                self.asker.next_deadline(),
-                self.late_hosts.next_deadline() if self.late_hosts else None,
-                self.services.heal.next_deadline(),
-                self.draining.next_deadline() if self.draining else None,
-                self.reports.deadline(),
-                self.router.next_deadline(),
-                self.services.exec.next_deadline(),
-                self.stop_deadline,
-            )
-            if d is not None
-        ]
-        return max(0.0, min(deadlines) - now) if deadlines else None
+    def _deadlines(self) -> tuple[float | None, ...]:
+        """Every source's next deadline but the link up's (the loop asks that one apart, as
+        a heartbeat moves it: wakeup.py). A new source of deadlines is one more line here."""
+        return (
+            self.children.next_deadline() if self.children else None,
+            # while the root group has not committed what is asked, the table's own
+            # deadlines wait for it (the commit wakes the loop): asked again, they would spin
+            self.table.next_expiry() if self.table and not self.group.waiting else None,
+            self.group.next_deadline(),
+            self.asker.next_deadline(),
+            self.late_hosts.next_deadline() if self.late_hosts else None,
+            self.services.heal.next_deadline(),
+            self.draining.next_deadline() if self.draining else None,
+            self.reports.deadline(),
+            self.router.next_deadline(),
+            self.services.exec.next_deadline(),
+            self.services.dmesg.next_deadline(),
+            self.stop_deadline,
+        )
 
     def _timers(self, now: float) -> None:
         """Heartbeats, judgements of silence and lease expiry: run when one falls due."""
@@ -578,48 +579,60 @@ class Broker:
         while self.children.zap.socket.poll(0):
             self.children.zap.handle()
 
-    def _read_children(self, now: float) -> None:
-        """Connection events and messages from children, in the order they happened."""
+    def _read_children(self, now: float) -> bool | None:
+        """Connection events and messages from children, in the order they happened; QUIET if
+        that was only heartbeats from live sessions (they put off only their silences)."""
         children = self.children
         assert children is not None
-        children.drain_monitor()
+        beats = not children.drain_monitor()
         if children.socket not in self._handlers:
-            return  # no hello is read before this broker's own welcome (_admit_children)
+            return None  # no hello is read before this broker's own welcome (_admit_children)
         for _ in range(BATCH):
             if not children.readable():
-                self.report(children.settle(), now)
+                settled = children.settle()
+                beats = beats and not settled
+                self.report(settled, now)
                 break
             inbound = children.read(now)
+            beats = beats and inbound.beat
             if inbound.sooner:
-                self._due = 0.0  # a child came, went or changed: its timers change too
+                self.wake()  # a child came, went or changed: its timers change too
             self.report(inbound.reports, now)  # rank 0: a deadline the table gave wakes it
             welcomed = self.parent is None or self.parent.welcomed
             for rejoin in inbound.rejoins:
                 self.perform(self.services.flub.ask_rejoin(rejoin, welcomed))
             for child, message in inbound.messages:
                 self.router.route(message, f"c{child}", now)
+        else:
+            beats = False  # more to read: the next turn's
         self._maybe_finish(now)
+        return QUIET if beats and self.exit_code is None else None
 
     def _read_parent_monitor(self, link: ParentLink, now: float) -> None:
         assert self.parent is not None
         self._uplink_news(self.parent.monitor(link, now), now)
 
-    def _read_parent(self, link: ParentLink, now: float) -> None:
+    def _read_parent(self, link: ParentLink, now: float) -> bool | None:
+        """What the link up brought; QUIET if that was only heartbeats, answered by the link."""
         parent = self.parent
         assert parent is not None
+        beats = True
         for _ in range(BATCH):  # called when the poller (or a poll) found the link readable
             if self.exit_code is not None or not parent.holds(link):
                 break
             news = parent.read(link, now)
-            if news is not None:
-                self._uplink_news(news, now)
+            if news is None:  # a heartbeat, answered (or nothing): what follows, if anything,
+                break  # the next poll finds (it asks ZeroMQ first): no readable() asked here
+            beats = False
+            self._uplink_news(news, now)
             if self.exit_code is not None or not parent.holds(link) or not link.readable():
                 break
-        if link.answered and self.exit_code is None and self._due > now:
-            # the answer put this broker's own beat off: no wake-up for it (idle is free)
-            link.answered = False
-            timeout = self._next_deadline(now)
-            self._due = float("inf") if timeout is None else now + timeout
+        if not beats or self.exit_code is not None or not parent.holds(link) or link.overflow:
+            return None  # an answer that found the link full: _tick ends the link
+        # only heartbeats: the answers put this broker's own beat off, and nothing else
+        # changed (idle is free: no turn's work, no asking every source; wakeup.py)
+        self._wakeup.beat(now, parent.next_deadline())
+        return QUIET
 
     def _uplink_news(self, news: UplinkNews, now: float) -> None:
         """Act on what the links up brought: a welcome, a loss, orders, messages."""
@@ -635,7 +648,7 @@ class Broker:
             elif self.children is not None:
                 # up a new link: what the lost one carried may be lost with it (downward.py)
                 self.report(self.children.census(), now)
-            self._due = 0.0  # heartbeats to the parent start now
+            self.wake()  # heartbeats to the parent start now
         if news.lineage and self.children is not None:
             self.children.lineage = [*map(list, parent.lineage), self._card()]
             if not self.group.leads:  # the root's own group is what it learned itself
@@ -653,7 +666,7 @@ class Broker:
             self._admit_members(now)
             self.perform(self.group.root_unreachable(now))
         if news.detached or news.declined:
-            self._due = 0.0
+            self.wake()
         if news.terms:
             self._term_news(news.terms)
         if news.ended is not None:
@@ -665,7 +678,7 @@ class Broker:
             self.lifecycle.retiring = True
             self.draining = Draining(self.rank, self.incarnation, news.retire, now)
             self.perform(self.draining.begin(len(self.jobs.jobs)))
-            self._due = 0.0
+            self.wake()
         came_from = f"p{news.peer}"
         for message in news.messages:
             self.router.route(message, came_from, now)
@@ -755,7 +768,7 @@ class Broker:
 
     def wake(self) -> None:
         """Something changed what the timers wait for: recompute them on the next turn."""
-        self._due = 0.0
+        self._wakeup.recompute()
 
     def _respond(self, reply: Message) -> bool:
         return self.router.respond(reply)
@@ -770,9 +783,7 @@ class Broker:
             self.perform([ApplyAll(events)])
             return
         self.reports.add(events, now)
-        deadline = self.reports.deadline()
-        if deadline is not None and now < deadline < self._due:  # else this turn's _tick sends
-            self._due = deadline
+        # sent by this turn's _tick, or, held, at the deadline the loop then asks for
 
     def _send_reports(self, now: float, force: bool = False) -> None:
         """Send the reports due now (all that are held, if `force`: before a goodbye)."""
@@ -791,7 +802,7 @@ class Broker:
         if self.parent is not None:
             self.parent.stop(now)  # a parent lost now is not sought again
         self.stop_deadline = now + self.config.shutdown_timeout
-        self._due = 0.0
+        self.wake()
         self.jobs.kill_all(signal.SIGTERM)
         if self.children is not None:
             self.children.shutdown()

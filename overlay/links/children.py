@@ -73,6 +73,8 @@ class Inbound:
     rejoins: list[Rejoin] = field(default_factory=list)
     # a session's deadline may be sooner (Downward.hastens): the loop's timers, at once
     sooner: bool = False
+    # it was only a heartbeat from a live session, heard: nothing for the broker to do
+    beat: bool = False
 
 
 def timing(config: BrokerConfig) -> Timing:
@@ -231,10 +233,13 @@ class Children:
 
     # --- input ------------------------------------------------------------------------------
 
-    def drain_monitor(self) -> None:
-        """Take in pending connection events. A disconnect is only noted here: it is applied by
-        `settle`, after the messages that the connection delivered before it closed (a goodbye)."""
+    def drain_monitor(self) -> bool:
+        """Take in pending connection events; whether there were any. A disconnect is only noted
+        here: it is applied by `settle`, after the messages that the connection delivered before
+        it closed (a goodbye)."""
+        took = False
         while self.monitor.get(EVENTS) & POLLIN:  # as readable(): no poll
+            took = True
             kind, fd = read_event(self.monitor.recv_multipart())
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 now = time.monotonic()
@@ -250,6 +255,7 @@ class Children:
                 self.zap.refusals.clear()
             else:
                 self._connection_event(kind, fd)
+        return took
 
     def _connection_event(self, kind: int, fd: int) -> None:
         if kind == zmq.EVENT_ACCEPTED:
@@ -325,8 +331,10 @@ class Children:
             return inbound
         routing_id = frames[0].bytes
         if (sender := self._known(routing_id, frames, now, inbound)) is not None:
-            if frames[1].bytes == REPORT_HEAD:  # else a heartbeat: heard, nothing more to do
+            if frames[1].bytes == REPORT_HEAD:
                 self._known_report(sender, frames, inbound)
+            else:  # a heartbeat: heard (a torpid flag cleared is a report), nothing more to do
+                inbound.beat = not (inbound.reports or inbound.sooner)
             return inbound
         self.drain_monitor()
         try:

@@ -212,6 +212,14 @@ class DmesgService:
                 actions.append(Respond(follower.request.respond(probe, streaming=True)))
         return actions
 
+    def next_deadline(self) -> float | None:
+        """When `pushes` probes a follower next: one with records waiting and its batch unread
+        (what a turn logged is pushed by that turn itself)."""
+        return min(
+            (f.sent_at + PROBE for f in self.followers if f.unread and self._waiting(f)),
+            default=None,
+        )
+
     def disconnect(self, request: Message, now: float) -> list[Action]:
         """client.disconnect: the client whose answers travel along this route has gone."""
         self.followers = [f for f in self.followers if f.request.route != request.route]
