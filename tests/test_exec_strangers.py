@@ -1,6 +1,8 @@
 """A client cannot speak for another client's job: an `exec.taken` only the client's broker
 sends (docs/protocol.md §7.1), which makes a target forget what it keeps of a job for a heal, is
-ignored when a client writes it.
+ignored when a client writes it; and an `exec.signal`, `exec.stdin` or `exec.credit` naming a job
+another client started is ignored by the job's rank (§7: a job is its client's), with a warning
+in its log, whoever learned the job's id.
 
 Each wait is for an answer on one connection, whose order makes a later request's answer a
 barrier for everything sent before it along the same way.
@@ -62,3 +64,71 @@ def test_a_stranger_s_exec_taken_does_not_drop_another_client_s_kept_answers(ins
         again = [p for p in read_until(owner, 5) if p.get("stream") == "stdout"]
         assert [p["seq"] for p in again] == [0], "rank 1 forgot the job's line for a stranger"
         wait_for(lambda: "ignored exec.taken written by a client" in inst.stderr(), "the warning")
+
+
+def start_victim(owner: RawClient, argv: list[str], eof: bool = True) -> None:
+    """Start the owner's job "victim" on rank 1, acknowledging, and wait for its first line."""
+    start = {"id": "victim", "argv": argv, "cwd": None, "targets": [1], "acks": True, "eof": eof}
+    send(owner, "exec.start", 1, start)
+    header, said = read(owner)
+    assert header["g"] == 1 and said["stream"] == "stdout" and said["seq"] == 0, said
+
+
+def after_rank1(client: RawClient, tag: int) -> list[dict[str, Any]]:
+    """Everything `client` is sent until rank 1 answers a ping sent now: along the same way as
+    what `client` sent before, so rank 1 has read all of that by then."""
+    send(client, "broker.ping", tag, {}, nodeid=1)
+    return read_until(client, tag)
+
+
+def test_a_stranger_s_exec_signal_does_not_kill_another_client_s_job(instance) -> None:
+    inst = instance(2)
+    with RawClient(inst.uri) as owner, RawClient(inst.uri) as stranger:
+        start_victim(owner, ["sh", "-c", "echo ready; exec sleep 600"])
+        send(stranger, "exec.signal", 2, {"id": "victim", "targets": [1], "signal": 9})
+        assert after_rank1(stranger, 3) == []
+        # Still running: the owner's own SIGTERM is what ends it.
+        send(owner, "exec.signal", 4, {"id": "victim", "targets": [1], "signal": 15})
+        while "exit" not in (said := read(owner)[1]):
+            pass
+        assert said["signal"] == 15, f"the job ended by another signal: {said}"
+        wait_for(lambda: "ignored exec.signal for job victim" in inst.stderr(), "the warning")
+
+
+def test_a_stranger_s_exec_credit_does_not_drop_another_client_s_kept_answers(instance) -> None:
+    inst = instance(2)
+    with RawClient(inst.uri) as owner, RawClient(inst.uri) as stranger:
+        start_victim(owner, ["sh", "-c", "echo hello; exec sleep 600"])
+        # Rank 1 keeps that line until the owner's broker acknowledges it; a stranger says
+        # it took it (seq 1), which would let rank 1 forget it.
+        credit = {"id": "victim", "bytes": 4096, "seq": 1}
+        send(stranger, "exec.credit", 2, credit, nodeid=1)
+        assert after_rank1(stranger, 3) == []
+        send(owner, "exec.resend", 4, {"id": "victim", "targets": [1]})
+        again = [p for p in after_rank1(owner, 5) if p.get("stream") == "stdout"]
+        assert [p["seq"] for p in again] == [0], "rank 1 forgot the job's line for a stranger"
+        wait_for(lambda: "ignored exec.credit for job victim" in inst.stderr(), "the warning")
+
+
+def send_stdin(client: RawClient, tag: int, line: bytes) -> None:
+    """The job "victim"'s input on rank 1: `line`, then its end."""
+    header = {"v": 1, "k": "request", "t": "exec.stdin", "n": 0, "g": tag}
+    payload = {"id": "victim", "targets": [1], "eof": True}
+    client.send_multipart([json.dumps(header).encode(), json.dumps(payload).encode(), line])
+
+
+def test_a_stranger_s_exec_stdin_does_not_reach_another_client_s_job(instance) -> None:
+    inst = instance(2)
+    with RawClient(inst.uri) as owner, RawClient(inst.uri) as stranger:
+        start_victim(owner, ["sh", "-c", "echo ready; read line; echo got $line"], eof=False)
+        send_stdin(stranger, 2, b"intruder\n")
+        assert after_rank1(stranger, 3) == []
+        send_stdin(owner, 4, b"mine\n")
+        said, lines = {}, []
+        while "exit" not in said:
+            frames = owner.recv_multipart(int(DEADLINE * 1000))
+            said = json.loads(frames[1])
+            if said.get("stream") == "stdout":
+                lines.append(frames[2])
+        assert lines == [b"got mine\n"], f"the job read another's input: {lines}"
+        wait_for(lambda: "ignored exec.stdin for job victim" in inst.stderr(), "the warning")

@@ -50,7 +50,7 @@ from tbon.overlay.services.trust import from_parent_of
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, decode, encode
-from tbon.overlay.wire.route import client_notice, connection_of, from_rank0
+from tbon.overlay.wire.route import client_notice, connection_of, from_rank0, origin, same_client
 
 NOW = 200.0
 CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "parent"}
@@ -1083,6 +1083,86 @@ def test_an_exec_taken_a_client_wrote_is_ignored_wherever_it_comes() -> None:
     for route in (["s"], ["s", "c3", "c1"], ["s", "c1", "p0", "p1"]):
         actions = exec_at(0).handle(request("exec.taken", payload, route=route), NOW)
         assert GrantCredit("j1", 0, exec_service.ALL) in actions, route
+
+
+def test_a_request_s_origin_is_its_first_broker_and_that_broker_s_hop() -> None:
+    """Who started a request is read the same at every rank and along every way: the client's
+    broker (named by the next broker's link hop, up or down) and its hop there."""
+    cases = {
+        ("l0a",): (3, "l0a"),  # the client's broker is the rank reading it
+        ("l0a", "c3", "c1", "p0", "p2"): (3, "l0a"),  # up to rank 0, then down
+        ("l0a", "c3", "p0", "p2"): (3, "l0a"),  # the same client after rank 1 died
+        ("l0a", "p1"): (1, "l0a"),  # straight down from the client's broker
+        ("x", "p5", "l0a", "c3", "p0"): (3, "l0a"),  # what the client wrote is passed over
+        ("s", "c4", "c1"): (4, "s"),  # a broker's own
+        ("c4", "c1"): None,  # no broker started it
+        (): None,
+    }
+    for route, expected in cases.items():
+        assert origin(request("x", route=list(route)), 3) == expected, route
+
+
+@given(
+    padding=st.lists(st.sampled_from(["s", "l0", "c1", "p2", "x"]), max_size=4),
+    hop=st.sampled_from(["l0a", "l1", "s"]),
+    broker=st.integers(0, 50),
+    up=st.booleans(),
+    way=st.lists(st.builds(lambda k, r: f"{k}{r}", st.sampled_from("cp"), st.integers(0, 50))),
+)
+def test_no_route_a_client_writes_or_a_heal_changes_moves_a_request_s_origin(
+    padding: list[str], hop: str, broker: int, up: bool, way: list[str]
+) -> None:
+    route = [*padding, hop, f"{'c' if up else 'p'}{broker}", *way]
+    assert origin(request("x", route=route), 99) == (broker, hop)
+
+
+def test_only_a_job_s_client_and_its_broker_act_on_it() -> None:
+    start = request("exec.start", {"id": "j1"}, route=["l0a", "c3", "c1", "p0"])
+    assert same_client(request("exec.credit", route=["l0a", "c3", "p0"]), start, 2)  # healed
+    assert same_client(request("exec.signal", route=["s", "c3", "c1", "p0"]), start, 2)
+    assert not same_client(request("exec.signal", route=["l0b", "c3", "c1", "p0"]), start, 2)
+    assert not same_client(request("exec.signal", route=["l0a", "c4", "c1", "p0"]), start, 2)
+    assert not same_client(request("exec.signal", route=["s", "c4", "c1", "p0"]), start, 2)
+    assert not same_client(request("exec.signal", route=["l0a", "c3", "l0b"]), start, 2)
+
+
+def test_exec_requests_from_a_client_that_did_not_start_the_job_are_ignored() -> None:
+    """exec.stdin, exec.signal, exec.credit, exec.resend and exec.taken naming a job at this
+    rank act on it only from its own client or that client's broker; the rest are said in the
+    log, and an exec.start reusing the id is refused as a duplicate."""
+    service = exec_at(0)
+    owner, stranger, broker = ["l0a", "c3", "c1"], ["l0b", "c3", "c1"], ["s", "c3", "c1"]
+    service.started = lambda job_id: request("exec.start", route=owner) if job_id == "j1" else None
+    targets = {"id": "j1", "targets": [0]}
+    signal_job = request("exec.signal", {**targets, "signal": 15}, route=stranger)
+    stdin = request("exec.stdin", targets, route=stranger)
+    resend = request("exec.resend", targets, route=stranger)
+    taken = request("exec.taken", targets, route=["s", "c4", "c1"])  # another broker
+    for refused in (signal_job, stdin, resend, taken):
+        [logged] = service.handle(refused, NOW)
+        assert isinstance(logged, Log) and "ignored" in logged.text, refused.topic
+    credit = {"id": "j1", "bytes": 0, "seq": 5}
+    [logged] = service.credit(request("exec.credit", credit, route=stranger, nodeid=0), NOW)
+    assert isinstance(logged, Log) and "for job j1 from l0b/c3/c1: not its client" in logged.text
+    assert service.credit(request("exec.credit", credit, route=owner), NOW) == [
+        GrantCredit("j1", 0, 5)
+    ]
+    assert service.credit(request("exec.credit", credit, route=broker), NOW) == [
+        GrantCredit("j1", 0, 5)
+    ]
+    assert service.handle(request("exec.signal", {**targets, "signal": 15}, route=owner), NOW) == [
+        SignalJob("j1", 15)
+    ]
+    gone = request("exec.signal", {**targets, "signal": 9, "gone": True}, route=broker)
+    assert service.handle(gone, NOW) == [AbandonJob("j1")]
+    another = {"id": "j1", "argv": ["true"], "targets": [0]}
+    [answer] = service.handle(request("exec.start", another, route=stranger), NOW)
+    assert isinstance(answer, Respond) and "duplicate id" in answer.message.payload["error"]
+    assert of_type(service.handle(request("exec.start", another, route=owner), NOW), StartJob)
+    # a job not here (never started, or forgotten): nothing to guard
+    assert service.handle(
+        request("exec.signal", {**targets, "id": "j2", "signal": 15}, route=stranger), NOW
+    ) == [SignalJob("j2", 15)]
 
 
 def test_a_refused_exec_start_leaves_nothing_to_kill() -> None:

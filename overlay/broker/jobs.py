@@ -263,6 +263,15 @@ class JobRunner:
             why = "its client asked" if job_id is not None else "the way up changed"
             log.info("exec: sent %d unacknowledged answer(s) again (%s)", sent, why)
 
+    def started(self, job_id: str) -> Message | None:
+        """What a job here (running, or finished with answers kept) keeps of its exec.start: its
+        route says which client it is (exec service: only that client acts on it)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.request
+        tail = self.tails.get(job_id)
+        return None if tail is None else tail.request
+
     def acknowledge(self, job_id: str, upto: int) -> None:
         """The client has taken every answer of `job_id` numbered below `upto`."""
         job = self.jobs.get(job_id)

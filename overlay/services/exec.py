@@ -37,7 +37,7 @@ from tbon.overlay.services.actions import (
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import unless_broker_own
+from tbon.overlay.services.trust import unless_broker_own, unless_job_client
 from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
@@ -49,6 +49,8 @@ from tbon.overlay.wire.resend import Handoff
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
+
+DUPLICATE = "exec.start: bad argv or a duplicate id"
 
 ALL = 2**62
 """An acknowledgement of every answer a job sent (exec.taken: its last one was taken)."""
@@ -138,7 +140,7 @@ def start_problem(payload: dict[str, Any]) -> str | None:
     if not isinstance(job_id, str) or not isinstance(argv, list) or not argv:
         return "exec.start needs id and argv"
     if not all(os_text(word) for word in argv):
-        return "exec.start: bad argv or a duplicate id"
+        return DUPLICATE
     if cwd is not None and not os_text(cwd):
         return "exec.start: cwd must be a directory's path or null"
     if why := environment_problem(payload.get("env")):
@@ -184,6 +186,9 @@ class ExecService:
         self.leads: Callable[[], bool] = lambda: rank == 0
         # the exits of the jobs fanned out from here, held to go up together (exitmerge.py)
         self.merge = ExitMerge()
+        # the exec.start of a job here (running, or finished with answers kept), as it reached
+        # this broker, by the job's id: whose job it is (the job runner's, once built)
+        self.started: Callable[[str], Message | None] = lambda job_id: None
 
     def handle(self, request: Message, now: float) -> list[Action]:
         """exec.start, exec.stdin or exec.signal: one copy down each branch with targets, and
@@ -256,6 +261,10 @@ class ExecService:
     def _here(self, request: Message) -> list[Action]:
         payload = request.payload
         job_id = str(payload.get("id", ""))
+        if (refused := unless_job_client(request, self.rank, self.started(job_id))) is not None:
+            if request.topic == "exec.start":  # another client's job: it keeps its id and answers
+                return [_answer(request, {"rank": self.rank, "error": DUPLICATE})]
+            return refused  # only the job's own client (or its broker) acts on it
         if request.topic == "exec.stdin":
             return [WriteStdin(job_id, request.data, bool(payload.get("eof")))]
         if request.topic == "exec.resend":  # a heal is over: what the client has not taken
@@ -309,6 +318,8 @@ class ExecService:
             return []
         if amount == 0 and seq is None:
             return []
+        if (refused := unless_job_client(request, self.rank, self.started(job_id))) is not None:
+            return refused  # a stranger's seq would drop what the job keeps for its client
         return [GrantCredit(job_id, amount, seq, resend)]
 
     # --- clients that go away -------------------------------------------------------------

@@ -13,7 +13,13 @@ from tbon.overlay.services.actions import Action, Respond, fail, warning
 from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
-from tbon.overlay.wire.route import broker_own, connection_of, order_sender, sent_down
+from tbon.overlay.wire.route import (
+    broker_own,
+    connection_of,
+    order_sender,
+    same_client,
+    sent_down,
+)
 
 ORDERS = frozenset(
     {
@@ -95,3 +101,18 @@ def unless_broker_own(request: Message) -> list[Action] | None:
         return None
     sender = "/".join(connection_of(request))
     return [warning(f"ignored {request.topic} written by a client ({sender}): brokers send it")]
+
+
+def unless_job_client(request: Message, rank: int, start: Message | None) -> list[Action] | None:
+    """None if `request` (exec.stdin, exec.signal, exec.credit, exec.resend, exec.taken; an
+    exec.start reusing a finished job's id) may act on the job it names at `rank`: `start`, the
+    job's exec.start as it reached this rank, came from the same client (wire/route.py
+    `same_client`: its broker and its connection there, which no heal changes), or no such job
+    is here (nothing to act on). Else it is ignored, said in the log: all but exec.start are
+    one-way, with no answer to refuse them by. A job id is the client's to choose and shows in
+    the brokers' logs, so knowing it proves nothing (docs/protocol.md §7)."""
+    if start is None or same_client(request, start, rank):
+        return None
+    sender = "/".join(connection_of(request)) or "?"
+    job = str(request.payload.get("id"))[:40]
+    return [warning(f"ignored {request.topic} for job {job} from {sender}: not its client")]

@@ -87,6 +87,38 @@ def broker_own(request: Message) -> bool:
     return bool(route) and route[0] == "s" and connection_of(request) == tuple(route)
 
 
+Origin = tuple[int, str]
+"""Who started a request: the rank of the broker it entered the tree by, and the hop that broker
+pushed for it ("l<id>": one of its local clients; "s": itself)."""
+
+
+def origin(request: Message, here: int) -> Origin | None:
+    """Who started `request`, read at rank `here`, however it travelled: its first broker's hop
+    (connection_of), and that broker's rank, which the next broker's link hop names ("c<rank>"
+    going up, "p<rank>" going down) or, with no link hop after it, `here`. The link hops between
+    change when a heal fosters a broker on the way; these two do not, and no client can write
+    them (connection_of). None for a route that no broker started."""
+    connection = connection_of(request)
+    if not connection or _link(connection[0]):
+        return None
+    if len(connection) == 1:
+        return here, connection[0]
+    first = parent_hop(connection[1])
+    if first is None:
+        first = child_hop(connection[1])
+    return None if first is None else (first, connection[0])
+
+
+def same_client(request: Message, start: Message, here: int) -> bool:
+    """Whether `request` comes from the client that sent `start` (an exec.start, as both reached
+    rank `here`), or from that client's broker itself, which speaks for its client (the
+    acknowledgements it hands over, the kill when its client goes: docs/protocol.md §7.1)."""
+    sender, owner = origin(request, here), origin(start, here)
+    if sender is None or owner is None or sender[0] != owner[0]:
+        return False
+    return sender[1] == owner[1] or sender[1] == "s"
+
+
 def parent_hop(hop: str) -> int | None:
     """The parent's rank that a "p<rank>" hop names, or None for any other hop."""
     return int(hop[1:]) if hop.startswith("p") and is_decimal(hop[1:]) else None
