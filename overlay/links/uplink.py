@@ -25,7 +25,7 @@ from tbon import exitcodes
 from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
-from tbon.overlay.state.ranktable import Dropped, Event
+from tbon.overlay.state.rankevents import Dropped, Event
 from tbon.overlay.state.reports import decode_events, encode_events
 from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.wire.flow import LINK_HWM
