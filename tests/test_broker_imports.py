@@ -69,13 +69,14 @@ def test_a_singleton_broker_loads_neither_the_cli_nor_what_it_has_no_use_for(tmp
 
 MEMBER_MACHINE = ("tbon.overlay.state.leadership", "tbon.overlay.state.groupwire")
 TABLE = "tbon.overlay.state.ranktable"  # the table's rules: rank 0 and members only
+DATACLASSES = "dataclasses"  # a leaf's links up define none; the links down and members' do
 
 RUN_CONFIGURED = """
 import json, sys
 from tbon.cli.main import main
 code = main(["broker", *sys.argv[1:]])
 print(json.dumps([code, sorted(m for m in sys.modules if m in MEMBERS)]))
-""".replace("MEMBERS", repr((*MEMBER_MACHINE, TABLE)))
+""".replace("MEMBERS", repr((*MEMBER_MACHINE, TABLE, DATACLASSES)))
 
 
 @pytest.mark.parametrize("standbys", [0, 2])
@@ -84,6 +85,7 @@ def test_only_the_root_groups_members_load_its_machine(tmp_path: Path, standbys:
     loads anything for them): with no standbys none loads the member machine; with two, the
     root and its standbys do, and the one other broker does not. Only the root and members
     load the rank table's rules: the links of the others take its events from rankevents.py.
+    Nor does a leaf that is no member load dataclasses: its links up define Records.
     Then a `tbon shutdown`."""
     cert = tmp_path / "instance.cert"
     assert tbon("keygen", str(cert)).returncode == 0
@@ -135,7 +137,7 @@ def test_only_the_root_groups_members_load_its_machine(tmp_path: Path, standbys:
     members = {0, 1, 2} if standbys else set()  # the root and its standbys
     expected = {rank: sorted(MEMBER_MACHINE) if rank in members else [] for rank in range(4)}
     for rank in members | {0}:
-        expected[rank] = sorted([*expected[rank], TABLE])
+        expected[rank] = sorted([*expected[rank], TABLE, DATACLASSES])
     assert loaded == expected
 
 
