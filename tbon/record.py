@@ -8,6 +8,10 @@ dataclass costs half a millisecond to define, a record a few microseconds. Treat
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
+R = TypeVar("R", bound="Record")
+
 
 class Record:
     __slots__: tuple[str, ...] = ()
@@ -32,3 +36,10 @@ class Record:
         values = [(f, v) for f, v in values if v is not None and v != ""]  # unset: not news
         words = [f"{f}: {v}" if isinstance(v, str) else f"{f} {v}" for f, v in values]
         return f"{name.lower()} ({', '.join(words)})"
+
+
+def replaced(record: R, **changes: Any) -> R:
+    """`record` with some fields changed, a new one of its type, as dataclasses.replace made it
+    (for a record whose `__init__` takes its fields by their names)."""
+    fields = {name: getattr(record, name) for name in record.__slots__}
+    return type(record)(**{**fields, **changes})

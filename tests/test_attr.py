@@ -25,9 +25,7 @@ def table(*assignments: str, size: int = 4, rank: int = 0, endpoint: str = "", *
     attributes = parse_assignments(list(assignments))
     settings = broker_config(attributes, config.pop("config_file", None))
     if config:
-        import dataclasses
-
-        settings = dataclasses.replace(settings, **config)
+        settings = settings.replaced(**config)
     me = Whoami(
         rank, settings.hostname, 1, "local:///run/tbon-x/local", endpoint, "key", attributes
     )

@@ -38,6 +38,10 @@ NEVER = (
     "tbon.overlay.boot.config_file",
     "tbon.overlay.state.leadership",  # no standbys: no member of the root group
     "tbon.overlay.state.groupwire",
+    "dataclasses",  # its value classes are Records or plain classes (tbon/record.py) ...
+    "inspect",  # ... so neither it nor what it imports is loaded
+    "ast",
+    "dis",
 )
 
 RUN = """
@@ -64,20 +68,25 @@ def test_a_singleton_broker_loads_neither_the_cli_nor_what_it_has_no_use_for(tmp
 
 
 MEMBER_MACHINE = ("tbon.overlay.state.leadership", "tbon.overlay.state.groupwire")
+TABLE = "tbon.overlay.state.ranktable"  # the table's rules: rank 0 and members only
+DATACLASSES = "dataclasses"  # a leaf's links up define none; the links down and members' do
 
 RUN_CONFIGURED = """
 import json, sys
 from tbon.cli.main import main
 code = main(["broker", *sys.argv[1:]])
 print(json.dumps([code, sorted(m for m in sys.modules if m in MEMBERS)]))
-""".replace("MEMBERS", repr(MEMBER_MACHINE))
+""".replace("MEMBERS", repr((*MEMBER_MACHINE, TABLE, DATACLASSES)))
 
 
 @pytest.mark.parametrize("standbys", [0, 2])
 def test_only_the_root_groups_members_load_its_machine(tmp_path: Path, standbys: int) -> None:
     """Four brokers started on their own, as srun or a config file starts them (no launcher
     loads anything for them): with no standbys none loads the member machine; with two, the
-    root and its standbys do, and the one other broker does not. Then a `tbon shutdown`."""
+    root and its standbys do, and the one other broker does not. Only the root and members
+    load the rank table's rules: the links of the others take its events from rankevents.py.
+    Nor does a leaf that is no member load dataclasses: its links up define Records.
+    Then a `tbon shutdown`."""
     cert = tmp_path / "instance.cert"
     assert tbon("keygen", str(cert)).returncode == 0
     hosts = [f"tcp://127.0.0.1:{free_port()}" for _ in range(4)]
@@ -126,10 +135,14 @@ def test_only_the_root_groups_members_load_its_machine(tmp_path: Path, standbys:
         code, loaded[rank] = json.loads(out.splitlines()[-1])
         assert code == 0, err
     members = {0, 1, 2} if standbys else set()  # the root and its standbys
-    assert loaded == {rank: sorted(MEMBER_MACHINE) if rank in members else [] for rank in range(4)}
+    expected = {rank: sorted(MEMBER_MACHINE) if rank in members else [] for rank in range(4)}
+    for rank in members | {0}:
+        expected[rank] = sorted([*expected[rank], TABLE, DATACLASSES])
+    assert loaded == expected
 
 
 TABLE_HOLDERS_ONLY = (
+    "dataclasses",  # no value class of a broker is a dataclass (tbon/record.py)
     "tbon.overlay.services.status",  # rank 0 serves status
     "tbon.overlay.services.rankpath",
     "tbon.overlay.state.ranktable",  # the table's rules: rank 0 and the root group's members
@@ -141,7 +154,8 @@ TABLE_HOLDERS_ONLY = (
 
 def test_importing_the_broker_does_not_load_what_only_a_table_holder_uses() -> None:
     """A broker that holds no rank table needs the events it reports (state/rankevents.py),
-    not the table's rules: those are imported where rank 0 or a member builds its table."""
+    not the table's rules: those are imported where rank 0 or a member builds its table.
+    Nor does it load dataclasses (with inspect, dis and ast): its value classes are Records."""
     code = (
         "import sys; import tbon.overlay.broker.broker, tbon.overlay.broker.dispatch; "
         f"print(sorted(m for m in sys.modules if m in {TABLE_HOLDERS_ONLY!r}))"

@@ -4,7 +4,6 @@ parent's beats stop. The ParentLink is the real one; its DEALER is a list."""
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -77,7 +76,7 @@ def parent_says(link: ParentLink, dealer: Dealer, topic: str, now: float) -> Non
 
 @pytest.fixture
 def config() -> BrokerConfig:
-    return dataclasses.replace(broker_config({}), heartbeat=HEARTBEAT, torpid=5.0, timeout=10.0)
+    return broker_config({}).replaced(heartbeat=HEARTBEAT, torpid=5.0, timeout=10.0)
 
 
 def test_a_parents_beat_is_answered_at_once(clock: Clock, config: BrokerConfig) -> None:

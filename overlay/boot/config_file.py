@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tbon.errors import UsageError
 from tbon.overlay.boot.wireup import BusinessCard, Wireup
 from tbon.overlay.parse.hostlist import expand_hostlist
 from tbon.overlay.state.topology import Topology, explicit_parents
+from tbon.record import Record
 
 DEFAULT_PORT = 8050
 DEFAULT_BIND = "tcp://*:%p"
@@ -29,19 +29,24 @@ HOST_KEYS = frozenset({"host", "bind", "connect", "parent"})
 _TCP = re.compile(r"^tcp://[^/:\s]+:\d+$")
 
 
-@dataclass(frozen=True)
-class HostEntry:
-    host: str
-    bind: str  # %h still to be replaced by the host's address (only the broker can resolve it)
-    connect: str
-    parent: str | None = None
+class HostEntry(Record):
+    __slots__ = __match_args__ = ("host", "bind", "connect", "parent")
+
+    def __init__(self, host: str, bind: str, connect: str, parent: str | None = None) -> None:
+        self.host = host
+        # %h still to be replaced by the host's address (only the broker can resolve it)
+        self.bind = bind
+        self.connect = connect
+        self.parent = parent
 
 
-@dataclass(frozen=True)
-class BootConfig:
-    path: str
-    hosts: tuple[HostEntry, ...]
-    curve_cert: str
+class BootConfig(Record):
+    __slots__ = __match_args__ = ("path", "hosts", "curve_cert")
+
+    def __init__(self, path: str, hosts: tuple[HostEntry, ...], curve_cert: str) -> None:
+        self.path = path
+        self.hosts = hosts
+        self.curve_cert = curve_cert
 
     def rank_of(self, hostname: str) -> int:
         for rank, entry in enumerate(self.hosts):

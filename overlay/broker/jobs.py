@@ -42,7 +42,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.overlay.broker.guard import OrphanGuard
@@ -53,6 +52,7 @@ from tbon.overlay.state.joblife import Finish, Instruction, JobLife, ReadFreely,
 from tbon.overlay.wire.flow import CHUNK, DEFAULT_WINDOW, MESSAGE_COST, STDIN_WINDOW, Window
 from tbon.overlay.wire.message import Buffer, Kind, Message
 from tbon.overlay.wire.resend import Outbox
+from tbon.record import Record
 
 log = logging.getLogger("tbon.exec")
 
@@ -71,34 +71,80 @@ them (it went away unnoticed): longer than any heal may take (tbon.timeout plus
 broker.reattach-timeout)."""
 
 
-@dataclass
-class Tail:
-    """A finished job's answers that its client has not acknowledged yet: its exit at least."""
+class Tail(Record):
+    """A finished job's answers that its client has not acknowledged yet: its exit at least.
+    Not a dataclass, for start-up time (tbon/record.py); mutable, so not hashable."""
 
-    request: Message
-    outbox: Outbox[Kept]
-    until: float
+    __slots__ = __match_args__ = ("request", "outbox", "until")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, request: Message, outbox: Outbox[Kept], until: float) -> None:
+        self.request, self.outbox, self.until = request, outbox, until
 
 
-@dataclass
-class Job:
-    id: str
-    request: Message  # exec.start as it reached this broker: answers go back along its route
-    process: Spawned
-    window: Window  # output credit: the client's window, both streams together
-    streams: dict[int, str] = field(default_factory=dict)  # open output fd -> stdout/stderr
-    partial: dict[str, bytes] = field(default_factory=dict)
-    paused: bool = False  # output fds unwatched: the window is spent
-    life: JobLife = field(default_factory=JobLife)
-    stdin: bytearray = field(default_factory=bytearray)
-    stdin_eof: bool = False
-    stdin_read: int = 0  # bytes the job took from its stdin since the last credit sent back
-    status: int | None = None
-    signal: int | None = None  # the signal that ended its main process, if one did
-    note: str = ""  # why the broker ended it, told to the client with its exit status
-    outbox: Outbox[Kept] = field(default_factory=Outbox)  # its answers, numbered and kept
-    pidfd: int | None = None  # readable once its main process has ended, watched till reaped
-    grown: set[int] = field(default_factory=set)  # output fds enlarged (at their first output)
+class Job(Record):
+    """A job running here, until its exit is sent. Not a dataclass, for start-up time
+    (tbon/record.py); mutable, so not hashable."""
+
+    __slots__ = __match_args__ = (
+        "id",
+        "request",
+        "process",
+        "window",
+        "streams",
+        "partial",
+        "paused",
+        "life",
+        "stdin",
+        "stdin_eof",
+        "stdin_read",
+        "status",
+        "signal",
+        "note",
+        "outbox",
+        "pidfd",
+        "grown",
+    )
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        id: str,
+        request: Message,
+        process: Spawned,
+        window: Window,
+        streams: dict[int, str] | None = None,
+        partial: dict[str, bytes] | None = None,
+        paused: bool = False,
+        life: JobLife | None = None,
+        stdin: bytearray | None = None,
+        stdin_eof: bool = False,
+        stdin_read: int = 0,
+        status: int | None = None,
+        signal: int | None = None,
+        note: str = "",
+        outbox: Outbox[Kept] | None = None,
+        pidfd: int | None = None,
+        grown: set[int] | None = None,
+    ) -> None:
+        self.id = id
+        self.request = request  # exec.start as it reached this broker: answers go back its route
+        self.process = process
+        self.window = window  # output credit: the client's window, both streams together
+        self.streams: dict[int, str] = {} if streams is None else streams  # fd -> stdout/stderr
+        self.partial: dict[str, bytes] = {} if partial is None else partial
+        self.paused = paused  # output fds unwatched: the window is spent
+        self.life = JobLife() if life is None else life
+        self.stdin = bytearray() if stdin is None else stdin
+        self.stdin_eof = stdin_eof
+        self.stdin_read = stdin_read  # bytes the job took from its stdin since credit went back
+        self.status = status
+        self.signal = signal  # the signal that ended its main process, if one did
+        self.note = note  # why the broker ended it, told to the client with its exit status
+        # its answers, numbered and kept
+        self.outbox: Outbox[Kept] = Outbox() if outbox is None else outbox
+        self.pidfd = pidfd  # readable once its main process has ended, watched till reaped
+        self.grown: set[int] = set() if grown is None else grown  # output fds enlarged (at first)
 
     @property
     def may_read(self) -> bool:

@@ -9,7 +9,6 @@ half-way is closed again here, so the caller has nothing to guard.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -219,8 +218,7 @@ def adopt(config: BrokerConfig, attributes: dict[str, Any]) -> BrokerConfig:
     standbys = attributes.get("tbon.standbys", config.standbys)
     if not (is_int(standbys) and 0 <= standbys <= MAX_STANDBYS):
         standbys = config.standbys
-    return dataclasses.replace(
-        config,
+    return config.replaced(
         heartbeat=float(attributes["tbon.heartbeat"]),
         torpid=float(attributes["tbon.torpid"]),
         timeout=float(attributes["tbon.timeout"]),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
+from typing import Any
 
 from tbon.errors import UsageError
 from tbon.limits import check_duration, parse_rank, parse_size
@@ -11,6 +11,7 @@ from tbon.overlay.parse.duration import parse_duration
 from tbon.overlay.parse.numbers import is_decimal
 from tbon.overlay.state.standbys import DEFAULT_STANDBYS, MAX_STANDBYS
 from tbon.overlay.state.topology import DEFAULT_SPEC, parse_spec, spec_from_fanout
+from tbon.record import Record
 
 DEFAULTS: dict[str, str] = {
     "tbon.topo": DEFAULT_SPEC,
@@ -66,31 +67,78 @@ def default_total(each: int) -> int:
     return each * 5 // 4
 
 
-@dataclass(frozen=True)
-class BrokerConfig:
-    size: int | None
-    topo: str
-    heartbeat: float
-    torpid: float
-    timeout: float
-    endpoint: str
-    shutdown_timeout: float
-    rundir: str | None
-    hostname: str
-    log_level: str
-    join_timeout: float = 30.0
-    client_backlog: int = 64 << 20  # bytes a local client may leave unread (links/local.py)
-    handshake_timeout: float = 5.0  # a peer's CURVE handshake on the tree port (children.py)
-    client_backlog_total: int = 80 << 20  # bytes all local clients together may leave unread
-    boot_server: str | None = None
-    requested_rank: int | None = None
-    cert: str | None = None  # a certificate (tbon keygen) holding this broker's key pair
-    config_file: str | None = None  # tbon broker -c FILE: config-file bootstrap
-    reattach_timeout: float | None = (
-        None  # how long an orphan seeks a live ancestor (None: timeout)
+class BrokerConfig(Record):
+    """A broker's settings, validated once (broker_config). A Record, not a frozen dataclass,
+    for start-up time (tbon/record.py): treat it as frozen, and make a changed copy with
+    replaced(). Equal field by field; not hashable in practice (its attributes are a dict)."""
+
+    __slots__ = __match_args__ = (
+        "size",
+        "topo",
+        "heartbeat",
+        "torpid",
+        "timeout",
+        "endpoint",
+        "shutdown_timeout",
+        "rundir",
+        "hostname",
+        "log_level",
+        "join_timeout",
+        "client_backlog",
+        "handshake_timeout",
+        "client_backlog_total",
+        "boot_server",
+        "requested_rank",
+        "cert",
+        "config_file",
+        "reattach_timeout",
+        "standbys",
+        "attributes",
     )
-    standbys: int = DEFAULT_STANDBYS  # tbon.standbys: copies of the root table (standbys.py)
-    attributes: dict[str, str] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        size: int | None,
+        topo: str,
+        heartbeat: float,
+        torpid: float,
+        timeout: float,
+        endpoint: str,
+        shutdown_timeout: float,
+        rundir: str | None,
+        hostname: str,
+        log_level: str,
+        join_timeout: float = 30.0,
+        client_backlog: int = 64 << 20,
+        handshake_timeout: float = 5.0,
+        client_backlog_total: int = 80 << 20,
+        boot_server: str | None = None,
+        requested_rank: int | None = None,
+        cert: str | None = None,
+        config_file: str | None = None,
+        reattach_timeout: float | None = None,
+        standbys: int = DEFAULT_STANDBYS,
+        attributes: dict[str, str] | None = None,
+    ) -> None:
+        self.size, self.topo, self.heartbeat, self.torpid = size, topo, heartbeat, torpid
+        self.timeout, self.endpoint, self.shutdown_timeout = timeout, endpoint, shutdown_timeout
+        self.rundir, self.hostname, self.log_level = rundir, hostname, log_level
+        self.join_timeout = join_timeout
+        self.client_backlog = client_backlog  # bytes a local client may leave unread (local.py)
+        self.handshake_timeout = handshake_timeout  # a peer's CURVE handshake (children.py)
+        self.client_backlog_total = client_backlog_total  # all local clients together, unread
+        self.boot_server = boot_server
+        self.requested_rank = requested_rank
+        self.cert = cert  # a certificate (tbon keygen) holding this broker's key pair
+        self.config_file = config_file  # tbon broker -c FILE: config-file bootstrap
+        self.reattach_timeout = reattach_timeout  # how long an orphan seeks (None: timeout)
+        self.standbys = standbys  # tbon.standbys: copies of the root table (standbys.py)
+        self.attributes: dict[str, str] = {} if attributes is None else attributes
+
+    def replaced(self, **changes: Any) -> BrokerConfig:
+        """This config with some fields changed, as dataclasses.replace made it (an unknown
+        name is a TypeError, as there)."""
+        return BrokerConfig(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, str]:

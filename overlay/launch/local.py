@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import dataclasses
 import functools
 import gc
 import importlib
@@ -179,7 +178,7 @@ class Launch:
                 ranks = range(first, min(first + batch, self.size))
                 ends = [server.make_pair(rank) for rank in ranks]
                 configs = [
-                    dataclasses.replace(self.config, rundir=os.path.join(self.rundir, str(rank)))
+                    self.config.replaced(rundir=os.path.join(self.rundir, str(rank)))
                     for rank in ranks
                 ]
                 gc.freeze()

@@ -35,7 +35,7 @@ from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.links.strangers import FloodLog, Strangers, caps_for
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.healing import may_report
-from tbon.overlay.state.ranktable import Dropped, Event
+from tbon.overlay.state.rankevents import Dropped, Event
 from tbon.overlay.state.reports import decode_events
 from tbon.overlay.state.terms import TERMED_CONTROLS, Terms
 from tbon.overlay.state.topology import Topology

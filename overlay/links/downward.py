@@ -86,7 +86,7 @@ from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.sessions import ChildSession, Connected, Ended, Expected, Standings
 from tbon.overlay.parse.numbers import is_int
-from tbon.overlay.state.ranktable import Departed, Event, Lost, Moved, Online, Torpid
+from tbon.overlay.state.rankevents import Departed, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Message
 

@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -36,6 +35,7 @@ from tbon.overlay.wire.message import (
     encode,
     is_heartbeat,
 )
+from tbon.record import Record
 
 log = logging.getLogger("tbon.parent")
 
@@ -55,26 +55,54 @@ MONITORED = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class LinkEnded:
+class LinkEnded(Record):
     """The link is over and the broker must exit with `exit_code`."""
 
-    exit_code: int
-    reason: str
+    __slots__ = __match_args__ = ("exit_code", "reason")
+
+    def __init__(self, exit_code: int, reason: str) -> None:
+        self.exit_code = exit_code
+        self.reason = reason
 
 
-@dataclass(slots=True)
-class ParentInbound:
-    welcomed: bool = False
-    lineage: list[Any] | None = None  # the ancestors' cards, from a welcome or a `lineage`
-    group: tuple[Card, ...] | None = None  # the root group's cards with it (None: malformed)
-    shutdown: bool = False
-    retire: dict[str, Any] | None = None  # the parent's order to retire: force, timeout
-    seeking: float | None = None  # the parent seeks a parent of its own for so many seconds
-    ended: LinkEnded | None = None
-    messages: list[Message] = field(default_factory=list)
-    term: object = None  # the header term of the control message read (state/terms.py)
-    root: object = None  # a `refuse`'s root of that term, where its sender named it
+class ParentInbound(Record):
+    __slots__ = __match_args__ = (
+        "welcomed",
+        "lineage",
+        "group",
+        "shutdown",
+        "retire",
+        "seeking",
+        "ended",
+        "messages",
+        "term",
+        "root",
+    )
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        welcomed: bool = False,
+        lineage: list[Any] | None = None,
+        group: tuple[Card, ...] | None = None,
+        shutdown: bool = False,
+        retire: dict[str, Any] | None = None,
+        seeking: float | None = None,
+        ended: LinkEnded | None = None,
+        messages: list[Message] | None = None,
+        term: object = None,
+        root: object = None,
+    ) -> None:
+        self.welcomed = welcomed
+        self.lineage = lineage  # the ancestors' cards, from a welcome or a `lineage`
+        self.group = group  # the root group's cards with it (None: malformed)
+        self.shutdown = shutdown
+        self.retire = retire  # the parent's order to retire: force, timeout
+        self.seeking = seeking  # the parent seeks a parent of its own for so many seconds
+        self.ended = ended
+        self.messages: list[Message] = [] if messages is None else messages
+        self.term = term  # the header term of the control message read (state/terms.py)
+        self.root = root  # a `refuse`'s root of that term, where its sender named it
 
 
 class ParentLink:

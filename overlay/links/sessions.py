@@ -11,7 +11,7 @@ from tbon import exitcodes
 from tbon.overlay.links.hello import Broker, Standing
 from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.liveness import Liveness
-from tbon.overlay.state.ranktable import Departed, Lost
+from tbon.overlay.state.rankevents import Departed, Lost
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,18 +19,18 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from tbon import exitcodes
 from tbon.overlay.links import upward
 from tbon.overlay.links.parent import LinkEnded, ParentInbound, ParentLink
 from tbon.overlay.links.upward import Card, Linger, LinkId, Upward
-from tbon.overlay.state.ranktable import Dropped, Event
+from tbon.overlay.state.rankevents import Dropped, Event
 from tbon.overlay.state.reports import decode_events, encode_events
 from tbon.overlay.state.terms import News, Refuse, Terms
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import Kind, Message, MessageError
 from tbon.overlay.wire.route import parent_hop
+from tbon.record import Record
 
 log = logging.getLogger("tbon.parent")
 
@@ -44,22 +44,52 @@ HELD_BYTES = 64 << 20
 """The most a broker holds for its parent while it has none (besides LINK_HWM messages)."""
 
 
-@dataclass(slots=True)
-class UplinkNews:
+class UplinkNews(Record):
     """What one read of (or one tick on) the links up means to the broker."""
 
-    attached: bool = False  # attached now (first welcome, reattached, or moved home)
-    first: bool = False  # ... and it is the first welcome of this broker's life
-    detached: str = ""  # the link to the parent is lost: seeking (why)
-    ended: LinkEnded | None = None  # exit with this
-    shutdown: bool = False
-    retire: dict | None = None
-    lineage: bool = False  # the lineage changed: tell the children
-    seeking_until: float | None = None  # tell the children this broker seeks until then
-    declined: str = ""  # an order it could not follow (going home)
-    messages: list[Message] = field(default_factory=list)
-    peer: int | None = None  # the parent the messages came from
-    terms: list[News] = field(default_factory=list)  # what the term fence learned
+    __slots__ = __match_args__ = (
+        "attached",
+        "first",
+        "detached",
+        "ended",
+        "shutdown",
+        "retire",
+        "lineage",
+        "seeking_until",
+        "declined",
+        "messages",
+        "peer",
+        "terms",
+    )
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        attached: bool = False,
+        first: bool = False,
+        detached: str = "",
+        ended: LinkEnded | None = None,
+        shutdown: bool = False,
+        retire: dict | None = None,
+        lineage: bool = False,
+        seeking_until: float | None = None,
+        declined: str = "",
+        messages: list[Message] | None = None,
+        peer: int | None = None,
+        terms: list[News] | None = None,
+    ) -> None:
+        self.attached = attached  # attached now (first welcome, reattached, or moved home)
+        self.first = first  # ... and it is the first welcome of this broker's life
+        self.detached = detached  # the link to the parent is lost: seeking (why)
+        self.ended = ended  # exit with this
+        self.shutdown = shutdown
+        self.retire = retire
+        self.lineage = lineage  # the lineage changed: tell the children
+        self.seeking_until = seeking_until  # tell the children this broker seeks until then
+        self.declined = declined  # an order it could not follow (going home)
+        self.messages: list[Message] = [] if messages is None else messages
+        self.peer = peer  # the parent the messages came from
+        self.terms: list[News] = [] if terms is None else terms  # what the term fence learned
 
 
 Opener = Callable[[Card, int], ParentLink]

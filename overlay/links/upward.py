@@ -83,12 +83,12 @@ Rules.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from tbon import exitcodes
 from tbon.overlay.links.cards import Card  # rank, endpoint, public key (Z85)
+from tbon.record import Record, replaced
 
 LinkId = int
 
@@ -106,49 +106,79 @@ foster parent to expect it within a round trip of the loss."""
 
 
 # --- states -----------------------------------------------------------------------------------
+# Records, not dataclasses, as every value class here: every broker with a parent defines them
+# at its start (tbon/record.py); replaced() stands in for dataclasses.replace.
 
 
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    link: LinkId
+class Waiting(Record):
+    __slots__ = __match_args__ = ("link",)
+
+    def __init__(self, link: LinkId) -> None:
+        self.link = link
 
 
-@dataclass(frozen=True, slots=True)
-class Home:
-    link: LinkId
-    peer: int
-    parent_until: float | None = None  # the parent's own search ends then (it said so)
+class Home(Record):
+    __slots__ = __match_args__ = ("link", "peer", "parent_until")
+
+    def __init__(self, link: LinkId, peer: int, parent_until: float | None = None) -> None:
+        self.link = link
+        self.peer = peer
+        self.parent_until = parent_until  # the parent's own search ends then (it said so)
 
 
-@dataclass(frozen=True, slots=True)
-class Fostered:
-    link: LinkId
-    peer: int
-    parent_until: float | None = None
+class Fostered(Record):
+    __slots__ = __match_args__ = ("link", "peer", "parent_until")
+
+    def __init__(self, link: LinkId, peer: int, parent_until: float | None = None) -> None:
+        self.link = link
+        self.peer = peer
+        self.parent_until = parent_until
 
 
-@dataclass(frozen=True, slots=True)
-class GoingHome:
-    link: LinkId
-    peer: int
-    card: Card  # where rank 0 sent it
-    trying: LinkId | None  # the link home; None while waiting for `retry_at`
-    retry_at: float | None = None
-    parent_until: float | None = None
+class GoingHome(Record):
+    __slots__ = __match_args__ = ("link", "peer", "card", "trying", "retry_at", "parent_until")
+
+    def __init__(
+        self,
+        link: LinkId,
+        peer: int,
+        card: Card,
+        trying: LinkId | None,
+        retry_at: float | None = None,
+        parent_until: float | None = None,
+    ) -> None:
+        self.link = link
+        self.peer = peer
+        self.card = card  # where rank 0 sent it
+        self.trying = trying  # the link home; None while waiting for `retry_at`
+        self.retry_at = retry_at
+        self.parent_until = parent_until
 
 
-@dataclass(frozen=True, slots=True)
-class Seeking:
-    until: float
-    candidates: dict[int, LinkId] = field(default_factory=dict)  # ancestor rank -> link
-    retries: dict[int, float] = field(default_factory=dict)  # ancestor rank -> ask again at
-    dropped: int | None = None  # the parent whose connection dropped, to be said once attached
+class Seeking(Record):
+    __slots__ = __match_args__ = ("until", "candidates", "retries", "dropped")
+
+    def __init__(
+        self,
+        until: float,
+        candidates: dict[int, LinkId] | None = None,
+        retries: dict[int, float] | None = None,
+        dropped: int | None = None,
+    ) -> None:
+        self.until = until
+        # ancestor rank -> link
+        self.candidates: dict[int, LinkId] = {} if candidates is None else candidates
+        # ancestor rank -> ask again at
+        self.retries: dict[int, float] = {} if retries is None else retries
+        self.dropped = dropped  # the parent whose connection dropped, to be said once attached
 
 
-@dataclass(frozen=True, slots=True)
-class Ended:
-    code: int
-    reason: str
+class Ended(Record):
+    __slots__ = __match_args__ = ("code", "reason")
+
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
 
 
 State = Waiting | Home | Fostered | GoingHome | Seeking | Ended
@@ -158,79 +188,102 @@ Attached = Home | Fostered | GoingHome
 # --- stimuli ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Welcomed:
-    link: LinkId
-    peer: int
-    incarnation: int
-    lineage: tuple[Card, ...] | None  # None: the welcome carried none (malformed)
-    group: tuple[Card, ...] | None = None  # the root group's cards; None: malformed, kept
+class Welcomed(Record):
+    __slots__ = __match_args__ = ("link", "peer", "incarnation", "lineage", "group")
+
+    def __init__(
+        self,
+        link: LinkId,
+        peer: int,
+        incarnation: int,
+        lineage: tuple[Card, ...] | None,
+        group: tuple[Card, ...] | None = None,
+    ) -> None:
+        self.link = link
+        self.peer = peer
+        self.incarnation = incarnation
+        self.lineage = lineage  # None: the welcome carried none (malformed)
+        self.group = group  # the root group's cards; None: malformed, kept
 
 
-@dataclass(frozen=True, slots=True)
-class LineageSaid:
+class LineageSaid(Record):
     """The parent sent its lineage again: it was welcomed anew, by whomever."""
 
-    link: LinkId
-    lineage: tuple[Card, ...]
-    group: tuple[Card, ...] | None = None
+    __slots__ = __match_args__ = ("link", "lineage", "group")
+
+    def __init__(
+        self, link: LinkId, lineage: tuple[Card, ...], group: tuple[Card, ...] | None = None
+    ) -> None:
+        self.link = link
+        self.lineage = lineage
+        self.group = group
 
 
-@dataclass(frozen=True, slots=True)
-class RootKnown:
+class RootKnown(Record):
     """The root of the latest term this broker knows of (§13.3): a member may seek it."""
 
-    rank: int
+    __slots__ = __match_args__ = ("rank",)
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
 
 
-@dataclass(frozen=True, slots=True)
-class LinkLost:
+class LinkLost(Record):
     """The connection dropped, or the link is full (`full`: its broker stopped reading)."""
 
-    link: LinkId
-    reason: str
-    full: bool = False
+    __slots__ = __match_args__ = ("link", "reason", "full")
+
+    def __init__(self, link: LinkId, reason: str, full: bool = False) -> None:
+        self.link = link
+        self.reason = reason
+        self.full = full
 
 
-@dataclass(frozen=True, slots=True)
-class Silent:
+class Silent(Record):
     """The peer said nothing for tbon.timeout (or never answered the hello)."""
 
-    link: LinkId
-    reason: str
+    __slots__ = __match_args__ = ("link", "reason")
+
+    def __init__(self, link: LinkId, reason: str) -> None:
+        self.link = link
+        self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
+class Refused(Record):
     """The peer refused this broker: its key at the CURVE handshake (`key`), or by `refuse`."""
 
-    link: LinkId
-    code: int
-    reason: str
-    key: bool = False
+    __slots__ = __match_args__ = ("link", "code", "reason", "key")
+
+    def __init__(self, link: LinkId, code: int, reason: str, key: bool = False) -> None:
+        self.link = link
+        self.code = code
+        self.reason = reason
+        self.key = key
 
 
-@dataclass(frozen=True, slots=True)
-class ParentSeeking:
+class ParentSeeking(Record):
     """The parent lost its own parent, and its search ends in `seconds`."""
 
-    link: LinkId
-    seconds: float
+    __slots__ = __match_args__ = ("link", "seconds")
+
+    def __init__(self, link: LinkId, seconds: float) -> None:
+        self.link = link
+        self.seconds = seconds
 
 
-@dataclass(frozen=True, slots=True)
-class HomeOrder:
-    card: Card
+class HomeOrder(Record):
+    __slots__ = __match_args__ = ("card",)
+
+    def __init__(self, card: Card) -> None:
+        self.card = card
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
-    pass
+class Stop(Record):
+    __slots__ = __match_args__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
-    pass
+class Tick(Record):
+    __slots__ = __match_args__ = ()
 
 
 Loss = LinkLost | Silent | Refused
@@ -245,73 +298,93 @@ class Linger(Enum):
     BRIEF = "brief"  # a dismissed link at its end: a moment for anything still queued
 
 
-@dataclass(frozen=True, slots=True)
-class Open:
-    link: LinkId
-    card: Card
-    incarnation: int
+class Open(Record):
+    __slots__ = __match_args__ = ("link", "card", "incarnation")
+
+    def __init__(self, link: LinkId, card: Card, incarnation: int) -> None:
+        self.link = link
+        self.card = card
+        self.incarnation = incarnation
 
 
-@dataclass(frozen=True, slots=True)
-class Close:
-    link: LinkId
-    linger: Linger
+class Close(Record):
+    __slots__ = __match_args__ = ("link", "linger")
+
+    def __init__(self, link: LinkId, linger: Linger) -> None:
+        self.link = link
+        self.linger = linger
 
 
-@dataclass(frozen=True, slots=True)
-class SendMoved:
-    link: LinkId
-    to: int
+class SendMoved(Record):
+    __slots__ = __match_args__ = ("link", "to")
+
+    def __init__(self, link: LinkId, to: int) -> None:
+        self.link = link
+        self.to = to
 
 
-@dataclass(frozen=True, slots=True)
-class Flush:
+class Flush(Record):
     """Send what was held to the parent now attached."""
 
+    __slots__ = __match_args__ = ()
 
-@dataclass(frozen=True, slots=True)
-class AttachedTo:
-    peer: int
-    first: bool  # the first welcome of this broker's life
-    why: str  # for the log
+class AttachedTo(Record):
+    __slots__ = __match_args__ = ("peer", "first", "why")
 
-
-@dataclass(frozen=True, slots=True)
-class Detached:
-    reason: str
+    def __init__(self, peer: int, first: bool, why: str) -> None:
+        self.peer = peer
+        self.first = first  # the first welcome of this broker's life
+        self.why = why  # for the log
 
 
-@dataclass(frozen=True, slots=True)
-class LineageChanged:
-    lineage: tuple[Card, ...]
+class Detached(Record):
+    __slots__ = __match_args__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class TellChildren:
+class LineageChanged(Record):
+    __slots__ = __match_args__ = ("lineage",)
+
+    def __init__(self, lineage: tuple[Card, ...]) -> None:
+        self.lineage = lineage
+
+
+class TellChildren(Record):
     """Tell every child this broker is seeking a parent until `until`."""
 
-    until: float
+    __slots__ = __match_args__ = ("until",)
+
+    def __init__(self, until: float) -> None:
+        self.until = until
 
 
-@dataclass(frozen=True, slots=True)
-class Decline:
+class Decline(Record):
     """An order this broker cannot follow now (or gave up following), and why."""
 
-    reason: str
+    __slots__ = __match_args__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class ReportDropped:
+class ReportDropped(Record):
     """Tell rank 0, up the parent link now attached, that the connection to `parent` dropped."""
 
-    parent: int
-    reason: str
+    __slots__ = __match_args__ = ("parent", "reason")
+
+    def __init__(self, parent: int, reason: str) -> None:
+        self.parent = parent
+        self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Exit:
-    code: int
-    reason: str
+class Exit(Record):
+    __slots__ = __match_args__ = ("code", "reason")
+
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
 
 
 Instruction = (
@@ -509,7 +582,7 @@ def welcome_first(m: Upward, s: Welcomed, role: str, now: float) -> list[Instruc
 def lineage_said(m: Upward, s: LineageSaid, role: str, now: float) -> list[Instruction]:
     """The parent was welcomed again: its search is over, and its ancestors may have changed."""
     assert isinstance(m.state, Attached)
-    m.state = replace(m.state, parent_until=None)
+    m.state = replaced(m.state, parent_until=None)
     return _adopt(m, s.lineage, s.group)
 
 
@@ -561,7 +634,7 @@ def waiting_ended(m: Upward, s: Loss, role: str, now: float) -> list[Instruction
 def parent_seeking(m: Upward, s: ParentSeeking, role: str, now: float) -> list[Instruction]:
     assert isinstance(m.state, Attached)
     until = now + max(0.0, s.seconds)
-    m.state = replace(m.state, parent_until=until)
+    m.state = replaced(m.state, parent_until=until)
     return [TellChildren(until)]
 
 
@@ -597,7 +670,7 @@ def _drop(m: Upward, link: LinkId, retry_at: float) -> list[Instruction]:
     assert isinstance(state, Seeking)
     rank = next(r for r, candidate in state.candidates.items() if candidate == link)
     candidates = {r: c for r, c in state.candidates.items() if r != rank}
-    m.state = replace(state, candidates=candidates, retries={**state.retries, rank: retry_at})
+    m.state = replaced(state, candidates=candidates, retries={**state.retries, rank: retry_at})
     return [m._close(link, Linger.NONE)]
 
 
@@ -616,7 +689,7 @@ def seeking_tick(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]
     opens = [m._open(cards[rank]) for rank in sorted(due) if rank in cards]
     retries = {r: w for r, w in state.retries.items() if r not in due}
     candidates = {**state.candidates, **{o.card[0]: o.link for o in opens}}
-    m.state = replace(state, candidates=candidates, retries=retries)
+    m.state = replaced(state, candidates=candidates, retries=retries)
     return list(opens)
 
 
@@ -676,7 +749,7 @@ def home_refused(m: Upward, s: Loss, role: str, now: float) -> list[Instruction]
     assert isinstance(state, GoingHome) and state.trying is not None
     out: list[Instruction] = [m._close(state.trying, Linger.NONE)]
     if isinstance(s, Refused) and s.key:
-        m.state = replace(state, trying=None, retry_at=now + RETRY_AFTER_KEY)
+        m.state = replaced(state, trying=None, retry_at=now + RETRY_AFTER_KEY)
         return out
     m.state = Fostered(state.link, state.peer, state.parent_until)
     return [*out, Decline(f"going home to rank {state.card[0]}: {s.reason}")]
@@ -688,7 +761,7 @@ def home_retry(m: Upward, s: Tick, role: str, now: float) -> list[Instruction]:
     if state.trying is not None or state.retry_at is None or now < state.retry_at:
         return []
     opened = m._open(state.card)
-    m.state = replace(state, trying=opened.link, retry_at=None)
+    m.state = replaced(state, trying=opened.link, retry_at=None)
     return [opened]
 
 
@@ -704,7 +777,7 @@ def root_known(m: Upward, s: RootKnown, role: str, now: float) -> list[Instructi
     asked = {*state.candidates, *state.retries}
     opens = [m._open(card) for card in m._seek_cards() if card[0] not in asked]
     candidates = {**state.candidates, **{o.card[0]: o.link for o in opens}}
-    m.state = replace(state, candidates=candidates)
+    m.state = replaced(state, candidates=candidates)
     return list(opens)
 
 

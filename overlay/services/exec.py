@@ -17,7 +17,6 @@ import json
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tbon.limits import ENV_LIMIT, environment_size
@@ -46,6 +45,7 @@ from tbon.overlay.wire.exits import BadExits, answers_of, decode, encode, exit_o
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
 from tbon.overlay.wire.message import SEPARATORS, Kind, Message
 from tbon.overlay.wire.resend import Handoff
+from tbon.record import Record
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
@@ -157,16 +157,24 @@ def start_problem(payload: dict[str, Any]) -> str | None:
     return None
 
 
-@dataclass(slots=True)
-class ClientJob:
+class ClientJob(Record):
     """A job a local client of this broker started: the ranks yet to end it (to kill, should
-    the client vanish) and, for a client that acknowledges, what was handed to it from each."""
+    the client vanish) and, for a client that acknowledges, what was handed to it from each.
+    Not a dataclass, for start-up time (tbon/record.py); mutable, so not hashable."""
 
-    id: Any
-    running: set[int]
-    window: int
-    acks: bool
-    handoffs: dict[int, Handoff] = field(default_factory=dict)
+    __slots__ = __match_args__ = ("id", "running", "window", "acks", "handoffs")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        id: Any,
+        running: set[int],
+        window: int,
+        acks: bool,
+        handoffs: dict[int, Handoff] | None = None,
+    ) -> None:
+        self.id, self.running, self.window, self.acks = id, running, window, acks
+        self.handoffs: dict[int, Handoff] = {} if handoffs is None else handoffs
 
 
 class ExecService:

@@ -26,9 +26,9 @@ from below (and its own) and sends them on together (wire/exits.py):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from tbon.overlay.wire.exits import Exit
+from tbon.record import Record
 
 HOLD_S = 0.05
 """Seconds an exit is held at most, waiting for the rest of its subtree's: a fraction of what a
@@ -41,29 +41,45 @@ Key = tuple[int, tuple[str, ...]]
 """A job as its answers reach this broker: its exec.start's tag, and the route back from here."""
 
 
-@dataclass(frozen=True, slots=True)
-class Flush:
+class Flush(Record):
     """Send these exits on, as one merged answer (or a few: wire/exits.py), along the job's route
     from here; `origin` is the rank the exec.start was addressed to here (the answer's `n`)."""
 
-    key: Key
-    origin: int
-    exits: tuple[Exit, ...]
+    __slots__ = __match_args__ = ("key", "origin", "exits")
+
+    def __init__(self, key: Key, origin: int, exits: tuple[Exit, ...]) -> None:
+        self.key, self.origin, self.exits = key, origin, exits
 
 
-@dataclass(slots=True)
-class _Job:
-    job: str
-    origin: int
-    waiting: set[int]  # targets of the subtree whose last word has not passed here yet
-    heard: float
-    held: dict[int, Exit] = field(default_factory=dict)
-    since: float | None = None  # when the oldest exit held was taken
+class _Job(Record):
+    """Mutable, so not hashable (a Record for its equality and repr only)."""
+
+    __slots__ = __match_args__ = ("job", "origin", "waiting", "heard", "held", "since")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        job: str,
+        origin: int,
+        waiting: set[int],
+        heard: float,
+        held: dict[int, Exit] | None = None,
+        since: float | None = None,
+    ) -> None:
+        self.job, self.origin, self.heard = job, origin, heard
+        self.waiting = waiting  # targets of the subtree whose last word has not passed here yet
+        self.held: dict[int, Exit] = {} if held is None else held
+        self.since = since  # when the oldest exit held was taken
 
 
-@dataclass(slots=True)
-class ExitMerge:
-    jobs: dict[Key, _Job] = field(default_factory=dict)
+class ExitMerge(Record):
+    """The jobs whose exits are held here (mutable, so not hashable)."""
+
+    __slots__ = __match_args__ = ("jobs",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, jobs: dict[Key, _Job] | None = None) -> None:
+        self.jobs: dict[Key, _Job] = {} if jobs is None else jobs
 
     def open(self, key: Key, job: str, targets: Iterable[int], origin: int, now: float) -> None:
         """This broker fanned out an exec.start that asked for merging: its targets here are

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import enum
 import signal
-from dataclasses import dataclass
+
+from tbon.record import Record
 
 
 class Life(enum.Enum):
@@ -31,31 +32,41 @@ class Life(enum.Enum):
     DONE = "done"  # ended, and its output closed: its exit is sent
 
 
-@dataclass(frozen=True)
-class SignalGroup:
+class SignalGroup(Record):
     """Send `signum` to the job's process group (before its leader is reaped, for Exited)."""
 
-    signum: int
+    __slots__ = __match_args__ = ("signum",)
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
 
 
-@dataclass(frozen=True)
-class ReadFreely:
+class ReadFreely(Record):
     """Read what is left of its output without credit (and watch its pipes again if paused)."""
 
+    __slots__ = __match_args__ = ()
 
-@dataclass(frozen=True)
-class Finish:
+
+class Finish(Record):
     """Close its input and send its exit: nothing of it is left."""
+
+    __slots__ = __match_args__ = ()
 
 
 Instruction = SignalGroup | ReadFreely | Finish
 
 
-@dataclass
-class JobLife:
-    streams: int = 2  # output streams not yet at their end
-    life: Life = Life.RUNNING
-    abandoned: bool = False
+class JobLife(Record):
+    """A job's life at its broker: a plain state machine (mutable, so not hashable)."""
+
+    __slots__ = __match_args__ = ("streams", "life", "abandoned")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self, streams: int = 2, life: Life = Life.RUNNING, abandoned: bool = False
+    ) -> None:
+        self.streams = streams  # output streams not yet at their end
+        self.life, self.abandoned = life, abandoned
 
     def signalled(self, signum: int, by_broker: bool = False) -> list[Instruction]:
         """A signal for the job: from its client (exec.signal), or from its broker ending it

@@ -16,7 +16,7 @@ handed over are held here and told together:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from tbon.record import Record
 
 HOLD_S = 5.0
 """Seconds the ranks handed over are held at most before they are told: longer than the fan-out
@@ -24,10 +24,13 @@ of a short job across thousands of ranks, short beside the 600 s a rank keeps wh
 acknowledged."""
 
 
-@dataclass(slots=True)
-class _Held:
-    ranks: list[int] = field(default_factory=list)
-    since: float | None = None  # when first flushed held (the broker's clock comes with `due`)
+class _Held(Record):
+    __slots__ = __match_args__ = ("ranks", "since")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, ranks: list[int] | None = None, since: float | None = None) -> None:
+        self.ranks: list[int] = [] if ranks is None else ranks
+        self.since = since  # when first flushed held (the broker's clock comes with `due`)
 
 
 class TakenHold:

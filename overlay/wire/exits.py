@@ -16,11 +16,11 @@ Output, input counts and errors (which carry no `seq`) travel one per message as
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from tbon.limits import MAX_SIZE
 from tbon.overlay.parse.numbers import is_int
+from tbon.record import Record
 
 GROUP_BYTES = 1 << 20
 """Bytes of groups (estimated: 64 for a group and its idset, plus its note) in one merged answer
@@ -34,16 +34,16 @@ class BadExits(ValueError):
     """A merged answer that is not one: the only error decoding raises."""
 
 
-@dataclass(frozen=True, slots=True)
-class Exit:
+class Exit(Record):
     """One rank's last answer to a job, as it said it: its status, its `seq`, and the signal that
     ended it and the broker's note, where there were any."""
 
-    rank: int
-    seq: int
-    status: int
-    signal: int | None = None
-    note: str | None = None
+    __slots__ = __match_args__ = ("rank", "seq", "status", "signal", "note")
+
+    def __init__(
+        self, rank: int, seq: int, status: int, signal: int | None = None, note: str | None = None
+    ) -> None:
+        self.rank, self.seq, self.status, self.signal, self.note = rank, seq, status, signal, note
 
     def payload(self) -> dict[str, Any]:
         """The answer as the rank itself sends it."""

@@ -22,7 +22,7 @@ docs/protocol.md §7.1 is the reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from tbon.record import Record
 
 MESSAGE_COST = 1024
 """Credit a data message costs beyond its bytes: what its header and frames cost, rounded up."""
@@ -52,13 +52,15 @@ def output_window(targets: int) -> int:
     return max(MIN_WINDOW, min(MAX_WINDOW, OUTPUT_BUDGET // max(1, targets)))
 
 
-@dataclass(slots=True)
-class Window:
+class Window(Record):
     """The sender's side: credit left to spend. It may go below zero by one message, never
-    further, because the sender stops as soon as it is spent."""
+    further, because the sender stops as soon as it is spent. Mutable, so not hashable."""
 
-    size: int
-    credit: int
+    __slots__ = __match_args__ = ("size", "credit")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, size: int, credit: int) -> None:
+        self.size, self.credit = size, credit
 
     @classmethod
     def full(cls, size: int) -> Window:
@@ -79,13 +81,15 @@ class Window:
         return self.open and not was_open
 
 
-@dataclass(slots=True)
-class Returns:
+class Returns(Record):
     """The receiver's side: bytes consumed and not yet given back, returned in batches of a
     quarter window so that credit flows back without a message per message."""
 
-    size: int
-    owed: int = 0
+    __slots__ = __match_args__ = ("size", "owed")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, size: int, owed: int = 0) -> None:
+        self.size, self.owed = size, owed
 
     def consumed(self, amount: int) -> int:
         """Note `amount` consumed; the credit to give back now (0: not yet)."""
@@ -96,12 +100,15 @@ class Returns:
         return owed
 
 
-@dataclass(slots=True)
-class StdinRoom:
+class StdinRoom(Record):
     """The client's side of stdin: one stream copied to every rank still taking input, so it
     may send what the fullest of them has room for."""
 
-    room: dict[int, int]
+    __slots__ = __match_args__ = ("room",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, room: dict[int, int]) -> None:
+        self.room = room
 
     @classmethod
     def for_ranks(cls, ranks: list[int]) -> StdinRoom:

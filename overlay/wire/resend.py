@@ -23,9 +23,10 @@ reading: a stalled reader costs the window once (in its broker's queue), not twi
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
+
+from tbon.record import Record
 
 T = TypeVar("T")
 
@@ -49,13 +50,19 @@ return (answers that cost no credit: a job's `stdin` counts), so that what a sen
 bounded in messages too."""
 
 
-@dataclass(slots=True)
-class Outbox(Generic[T]):
-    """The sender's side: each message numbered, and kept until acknowledged."""
+class Outbox(Record, Generic[T]):
+    """The sender's side: each message numbered, and kept until acknowledged. Mutable, so not
+    hashable (this module's classes are Records for their equality and repr only)."""
 
-    keep: bool = True  # False: number only (the receiver does not acknowledge)
-    next_seq: int = 0
-    kept: deque[tuple[int, T]] = field(default_factory=deque)
+    __slots__ = __match_args__ = ("keep", "next_seq", "kept")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self, keep: bool = True, next_seq: int = 0, kept: deque[tuple[int, T]] | None = None
+    ) -> None:
+        self.keep = keep  # False: number only (the receiver does not acknowledge)
+        self.next_seq = next_seq
+        self.kept: deque[tuple[int, T]] = deque() if kept is None else kept
 
     def number(self, item: T) -> int:
         """The number of the next message, `item` (kept to send again if need be)."""
@@ -92,14 +99,19 @@ class Verdict(Enum):
     AHEAD = "ahead"  # one before it is missing: drop it, it comes again after that one
 
 
-@dataclass(slots=True)
-class Inbox:
+class Inbox(Record):
     """The receiver's side of one stream: takes the next number only, and says when to
     acknowledge and when to ask for a resend."""
 
-    expected: int = 0  # the next number to take
-    free: int = 0  # messages taken that cost no credit, since the last acknowledgement
-    asked: tuple[int, float] | None = None  # a resend asked for, from `expected`, at that time
+    __slots__ = __match_args__ = ("expected", "free", "asked")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self, expected: int = 0, free: int = 0, asked: tuple[int, float] | None = None
+    ) -> None:
+        self.expected = expected  # the next number to take
+        self.free = free  # messages taken that cost no credit, since the last acknowledgement
+        self.asked = asked  # a resend asked for, from `expected`, at that time
 
     def take(self, seq: int) -> Verdict:
         if seq == self.expected:
@@ -128,17 +140,22 @@ class Inbox:
         return self.expected
 
 
-@dataclass(slots=True)
-class Handoff:
+class Handoff(Record):
     """The client's broker's side of one rank's stream: the answers it has handed to the local
     client's connection, and when to acknowledge them for the client (the same number the client
     will acknowledge once it reads them: it takes exactly what is handed to it, in order)."""
 
-    window: int  # the stream's credit window: acknowledged at least every quarter of it
-    expected: int = 0  # the next number to hand over in order
-    owed: int = 0  # credit cost handed over since the last acknowledgement
-    count: int = 0  # messages handed over since the last acknowledgement
-    said: int = -1  # `expected` when a duplicate was last acknowledged
+    __slots__ = __match_args__ = ("window", "expected", "owed", "count", "said")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self, window: int, expected: int = 0, owed: int = 0, count: int = 0, said: int = -1
+    ) -> None:
+        self.window = window  # the stream's credit window: acknowledged at least every quarter
+        self.expected = expected  # the next number to hand over in order
+        self.owed = owed  # credit cost handed over since the last acknowledgement
+        self.count = count  # messages handed over since the last acknowledgement
+        self.said = said  # `expected` when a duplicate was last acknowledged
 
     def handed(self, seq: int, cost: int, last: bool = False) -> int | None:
         """Answer `seq`, of credit cost `cost`, went into the client's connection (`last`: the
@@ -159,8 +176,7 @@ class Handoff:
         return None
 
 
-@dataclass(slots=True)
-class Prompts:
+class Prompts(Record):
     """The client's side of answers that never come: which of the ranks still running to ask
     to send again, and when (QUIET_S). Hearing from a rank resets its clock; a rank asked is
     asked again only after its interval doubled. The ranks are looked over once a second at
@@ -175,14 +191,23 @@ class Prompts:
     may still be on its way down (on a loaded machine, seconds at a thousand ranks), and a
     heal that took every answer shows in the status table, which asks at once (heal_over)."""
 
-    start: float  # when the job started: the clock of a rank not heard from yet
-    due: dict[int, float] = field(default_factory=dict)  # rank -> when to ask it, if still silent
-    interval: dict[int, float] = field(default_factory=dict)  # rank -> its interval, once asked
-    scan: float = 0.0  # when to look the ranks over next
-    flowing: float | None = None  # when any rank was last heard from
+    __slots__ = __match_args__ = ("start", "due", "interval", "scan", "flowing")
+    __hash__ = None  # type: ignore[assignment]
 
-    def __post_init__(self) -> None:
-        self.scan = self.start + QUIET_S
+    def __init__(
+        self,
+        start: float,
+        due: dict[int, float] | None = None,
+        interval: dict[int, float] | None = None,
+        scan: float = 0.0,
+        flowing: float | None = None,
+    ) -> None:
+        self.start = start  # when the job started: the clock of a rank not heard from yet
+        self.due: dict[int, float] = {} if due is None else due  # rank -> when to ask it
+        # rank -> its interval, once asked
+        self.interval: dict[int, float] = {} if interval is None else interval
+        self.scan = start + QUIET_S  # when to look the ranks over next (`scan` as given: unused)
+        self.flowing = flowing  # when any rank was last heard from
 
     def heard(self, rank: int, now: float) -> None:
         self.due[rank] = now + QUIET_S
