@@ -12,6 +12,8 @@ At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answe
   depth if asked;
 - the *held* ranks (`held`): every entry but the spares nothing happened to, in pages of at
   most PAGE_BYTES (one page, for all but the largest tables).
+- every rank's *state* (`states`): one idset per state, and the ranks reattaching, which is
+  all `tbon exec` reads of the table (its targets, and the ranks lost while it runs).
 
 The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
 another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
@@ -432,3 +434,33 @@ def held(
     if start == 0 and answer["next"] is None:
         answer["spares"] = _idset(_complement(said, table.size))
     return answer
+
+
+def states(table: RankTable) -> dict[str, Any]:
+    """Every rank's state, as one idset per state (`states`, each rank in exactly one, the
+    spares under `vacant`), and the connected ranks that are reattaching (`reattaching`, an
+    idset, "" if none): what `tbon exec` chooses its targets by and follows while its jobs
+    run, some 60 bytes for 1024 online ranks where their `held` entries take 190 kB. One pass
+    of the ranks held, no entry shown or encoded."""
+    by_state: dict[str, list[int]] = {}
+    placed: list[int] = []  # the ranks in a state other than vacant, in order
+    adrift: list[int] = []
+    vacant = RankState.VACANT
+    for entry in table.entries.held():  # in rank order
+        state = entry.state
+        if state is vacant:
+            continue
+        rank = entry.rank
+        by_state.setdefault(state.value, []).append(rank)
+        placed.append(rank)
+        if entry.adrift_until is not None and state in CONNECTED:
+            adrift.append(rank)
+    named = {state: _idset(_ranges(ranks)) for state, ranks in sorted(by_state.items())}
+    if spares := _complement(placed, table.size):
+        named[vacant.value] = _idset(spares)
+    return {
+        "size": table.size,
+        "topo": table.topology.spec,
+        "states": named,
+        "reattaching": _idset(_ranges(adrift)),
+    }
