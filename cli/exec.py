@@ -10,13 +10,14 @@ As with `flux exec`, jobs run in the caller's directory and with the caller's en
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
 import sys
 import time
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from string import Template
@@ -32,6 +33,7 @@ from tbon.overlay.parse.idset import format_idset, parse_idset
 if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
     import typer
 
+    from tbon.overlay.state.statesview import RankStates
     from tbon.overlay.wire.flow import Returns, StdinRoom
     from tbon.overlay.wire.resend import Inbox
 
@@ -150,8 +152,8 @@ def run_exec(asked: ExecArgs) -> int:
         env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
     _check_size(env)
     with open_client(uri) as client:
-        watch, status = _watch_status(client)
-        targets, problems, skipped = _targets(status, asked.ranks, asked.exclude)
+        watch, read, states = _watch_status(client)
+        targets, problems, skipped = _targets(states, asked.ranks, asked.exclude)
         for line in _skipped_lines(skipped):
             print(f"tbon exec: {line}", file=sys.stderr)
         outcome = Outcome(set(targets))
@@ -161,7 +163,7 @@ def run_exec(asked: ExecArgs) -> int:
                 print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
         if targets:
             job = Job(command, cwd, env, asked.noinput or _empty_stdin())
-            if _run(client, watch, sorted(targets), job, asked.label, as_json, outcome):
+            if _run(client, (watch, read), sorted(targets), job, asked.label, as_json, outcome):
                 return 128 + signal.SIGPIPE  # as a shell's pipeline: the jobs die
     if not as_json and not asked.quiet:
         for line in failure_lines(outcome.status, outcome.signals, outcome.notes, outcome.passed):
@@ -207,22 +209,45 @@ def _failure(outcome: Outcome, rank: int) -> str | None:
     return failure(status, outcome.signals.get(rank), outcome.notes.get(rank))
 
 
-def _watch_status(client: Any) -> tuple[int, dict[str, Any]]:
-    """Follow rank 0's status: its first table (the table now) chooses the targets, and the
-    later ones tell of ranks lost while the jobs run. One stream for both, so that rank 0 builds
-    and sends the table once, not also for a status.get (at 2048 ranks, 370 kB of JSON)."""
-    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
-    from tbon.overlay.state.heldtable import HeldPages
+Reader = Callable[[dict[str, Any]], "RankStates | None"]
+"""Reads an update of the status stream: each rank's state once it is whole, else None."""
 
-    # the ranks something happened to: the others are spares, never targets, never lost
-    tag = client.send("status.watch", {"view": "held"}, nodeid=0)
-    pages = HeldPages()  # one page but for thousands of ranks held
+
+def _watch_status(client: Any) -> tuple[int, Reader, RankStates]:
+    """Follow each rank's state at rank 0: the first view (the states now) chooses the targets,
+    and the later ones tell of ranks lost while the jobs run. One stream for both, so that rank
+    0 builds and sends it once, not also for a status.get. The `states` view is a few bytes at
+    any size; a broker of an older tbon, which refuses it (EINVAL), is asked for its `held`
+    view (at 1024 ranks, 190 kB of entries, of which only the states are read)."""
+    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
+    from tbon.overlay.state.statesview import RankStates
+
+    read: Reader = RankStates
+    tag = client.send("status.watch", {"view": "states"}, nodeid=0)
     while True:
         reply = client.answer(tag, 0, DEFAULT_TIMEOUT)
+        if reply.errnum == errno.EINVAL and read is RankStates:
+            read = _held_reader()
+            tag = client.send("status.watch", {"view": "held"}, nodeid=0)
+            continue
         if reply.errnum:
             raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
-        if (status := pages.take(reply.payload)) is not None:
-            return tag, status
+        if (states := read(reply.payload)) is not None:
+            return tag, read, states
+
+
+def _held_reader() -> Reader:
+    """Reads a `held` view's pages (one but for thousands of ranks held) as each rank's state."""
+    from tbon.overlay.state.heldtable import HeldPages
+    from tbon.overlay.state.statesview import RankStates
+
+    pages = HeldPages()
+
+    def read(page: dict[str, Any]) -> RankStates | None:
+        status = pages.take(page)
+        return None if status is None else RankStates.from_status(status)
+
+    return read
 
 
 def _empty_stdin() -> bool:
@@ -308,19 +333,19 @@ def _check_size(env: dict[str, str]) -> None:
 
 
 def _targets(
-    status: dict[str, Any], ranks: str, exclude: str | None
+    states: RankStates, ranks: str, exclude: str | None
 ) -> tuple[list[int], dict[int, str], dict[str, list[int]]]:
     """The ranks to run on, why some asked-for ranks cannot be, and, for `all`, the ranks left
     out by state (lost, offline, retiring)."""
-    size, entries = status["size"], status["ranks"]
+    size = states.size
     excluded = set(parse_idset(exclude)) if exclude else set()
     problems: dict[int, str] = {}
     if ranks == "all":
-        chosen = [e["rank"] for e in entries if e["state"] == "online"]
+        chosen = states.ranks("online")
         skipped: dict[str, list[int]] = {}
-        for entry in entries:
-            if entry["state"] in (*SKIPPED_STATES, "retiring") and entry["rank"] not in excluded:
-                skipped.setdefault(entry["state"], []).append(entry["rank"])
+        for state in (*SKIPPED_STATES, "retiring"):
+            if left := [r for r in states.ranks(state) if r not in excluded]:
+                skipped[state] = left
         return [r for r in chosen if r not in excluded], problems, skipped
     chosen = []
     for rank in parse_idset(ranks):
@@ -328,8 +353,8 @@ def _targets(
             continue
         if rank >= size:
             problems[rank] = f"no such rank in this instance of size {size}"
-        elif entries[rank]["state"] != "online":
-            problems[rank] = f"rank {rank} is {entries[rank]['state']}"
+        elif (state := states.state(rank)) != "online":
+            problems[rank] = f"rank {rank} is {state}"
         else:
             chosen.append(rank)
     return chosen, problems, {}
@@ -380,7 +405,7 @@ ROUTE_ROOM = 64 * 1024
 
 def _run(
     client: Any,
-    watch: int,
+    watching: tuple[int, Reader],
     targets: list[int],
     job: Job,
     label: bool,
@@ -388,13 +413,13 @@ def _run(
     outcome: Outcome,
 ) -> bool:
     """Start the command, then pass output, input, signals and credit until every rank is done;
-    `watch` is the tag of the status stream that tells of ranks lost meanwhile. True if the
+    `watching`: the tag of the status stream that tells of ranks lost meanwhile, and how to
+    read its updates. True if the
     output's reader went away (a broken pipe).
 
     Output is written as it comes and credited back once written (flow.py), so a reader that
     stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
     Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
-    from tbon.overlay.state.heldtable import HeldPages, said
     from tbon.overlay.wire.exits import answers_of
     from tbon.overlay.wire.flow import StdinRoom, output_window
 
@@ -427,7 +452,7 @@ def _run(
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
     adrift = False  # some rank was reattaching, in rank 0's last table
-    pages = HeldPages()  # the pages of rank 0's next table
+    watch, read = watching
     try:
         while outcome.pending:
             now = time.monotonic()
@@ -457,12 +482,11 @@ def _run(
                             prompts.heard(rank, heard)
                         streams.answer(one, reply.data)
                 elif reply.tag == watch and not reply.errnum:
-                    if (view := pages.take(reply.payload)) is None:
+                    if (states := read(reply.payload)) is None:
                         continue
-                    entries = {"ranks": said(view)}
-                    _note_lost(entries, outcome, as_json)
+                    _note_lost(states, outcome, as_json)
                     prompts.soon(time.monotonic())
-                    adrift, healed = heal_over(adrift, entries)
+                    adrift, healed = heal_over(adrift, states)
                     if healed and outcome.pending:
                         resend = {"id": job_id, "targets": sorted(outcome.pending)}
                         client.send("exec.resend", resend, nodeid=0)
@@ -710,22 +734,21 @@ class Streams:
         self.client.send("exec.stdin", payload, nodeid=0)
 
 
-def heal_over(adrift: bool, status: dict[str, Any]) -> tuple[bool, bool]:
-    """Whether some rank is reattaching in this table, and whether a heal has just ended (none
+def heal_over(adrift: bool, states: RankStates) -> tuple[bool, bool]:
+    """Whether some rank is reattaching in this view, and whether a heal has just ended (none
     is, and one was). Then what crossed a link that died may be lost, whichever way it went: the
     way back down to this client too, which no target can see. So every rank still running is
     asked to send again what this client has not acknowledged (exec.resend)."""
-    now = any(entry.get("reattaching") for entry in status["ranks"])
+    now = states.reattaching
     return now, adrift and not now
 
 
-def _note_lost(status: dict[str, Any], outcome: Outcome, as_json: bool) -> None:
-    for entry in status["ranks"]:
-        rank = entry["rank"]
+def _note_lost(states: RankStates, outcome: Outcome, as_json: bool) -> None:
+    for rank in sorted(outcome.pending):
         # A retiring broker still runs what it started: its jobs finish first.
-        if rank in outcome.pending and entry["state"] not in ("online", "retiring"):
+        if (state := states.state(rank)) not in ("online", "retiring"):
             outcome.pending.discard(rank)
-            outcome.errors[rank] = f"output may be incomplete: its broker was {entry['state']}"
+            outcome.errors[rank] = f"output may be incomplete: its broker was {state}"
             if not as_json:
                 print(f"tbon exec: rank {rank}: {outcome.errors[rank]}", file=sys.stderr)
 

@@ -148,6 +148,19 @@ def test_a_foster_admission_is_expected_until_its_grace_ends() -> None:
     assert 7 not in m.sessions and m.fosters == set()
 
 
+def test_the_sessions_change_only_by_ways_that_keep_the_foster_set() -> None:
+    m = machine()
+    m.handle(Admit(7, 1, KEY, foster_until=5.0), 0.0)
+    m.handle(Admit(3, 1, KEY), 0.0)
+    assert m.fosters == {7}
+    m.sessions[7] = m.sessions.pop(3)  # not what downward.py does: the set follows it anyway
+    assert m.fosters == set()
+    for change in (m.sessions.clear, m.sessions.popitem, lambda: m.sessions.update({})):
+        with pytest.raises(TypeError):
+            change()
+    assert list(m.sessions) == [7]
+
+
 def test_a_child_of_the_topology_admitted_with_a_grace_keeps_none() -> None:
     m = machine()
     m.handle(Admit(3, 1, KEY, foster_until=5.0), 0.0)
@@ -611,6 +624,13 @@ class DownwardMachine(RuleBasedStateMachine):
             assert not (session.ended and session.connected)
             assert session.connected == isinstance(session.phase, Connected)
             assert (session.routing_id is not None) == session.connected
+
+    @invariant()
+    def the_kept_foster_set_is_the_one_a_walk_finds(self) -> None:
+        """Sessions keeps its foster ranks as sessions come and go (the router reads it per
+        target): never stale against a walk of the sessions."""
+        walked = {rank for rank, session in self.m.sessions.items() if session.foster}
+        assert self.m.fosters == walked
 
     @invariant()
     def a_shutdown_waits_for_the_connected_and_the_expected_only(self) -> None:

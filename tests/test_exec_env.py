@@ -23,6 +23,7 @@ from tbon.overlay.broker.program import (
     program_environment,
     quick_launch,
 )
+from tbon.overlay.parse.idset import format_idset
 from tbon.overlay.services.actions import Respond, StartJob
 from tbon.overlay.services.exec import (
     ExecService,
@@ -31,6 +32,7 @@ from tbon.overlay.services.exec import (
     start_problem,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.state.statesview import RankStates
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message
 
@@ -365,8 +367,13 @@ def test_the_quick_lookup_asks_access_of_what_os_path_join_would_name(
 # --- what -r all says it skips ----------------------------------------------------------------
 
 
-def status(*states: str) -> dict[str, Any]:
-    return {"size": len(states), "ranks": [{"rank": r, "state": s} for r, s in enumerate(states)]}
+def status(*states: str) -> RankStates:
+    """Rank 0's `states` view of ranks in these states (statusviews.states writes it so)."""
+    named: dict[str, list[int]] = {}
+    for rank, state in enumerate(states):
+        named.setdefault(state, []).append(rank)
+    view = {"size": len(states), "states": {s: format_idset(r) for s, r in named.items()}}
+    return RankStates(view)
 
 
 def test_all_skips_down_ranks_and_says_which_in_one_line() -> None:

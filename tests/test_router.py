@@ -5,16 +5,28 @@ asked to send."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from tables import bring_up, started
 
 from tbon.overlay.broker.router import Router
+from tbon.overlay.links.downward import (
+    Accepted,
+    Admit,
+    Closed,
+    Downward,
+    Hello,
+    Settle,
+    Tick,
+    Timing,
+)
+from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.uplink import _skip_to
 from tbon.overlay.services.actions import Action, Respond
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.message import Kind, Message
+from tbon.overlay.wire.message import PROTOCOL_VERSION, Kind, Message
 
 
 class Recorder:
@@ -278,3 +290,49 @@ def test_exec_fan_out_at_a_new_root_finds_a_member_hung_under_another_member() -
     router._learn_across(["s", "c2", "c5"])
     assert router.hop_down(2) == 5 == int(router._link_toward(2)[1:])
     assert router.hop_down(3) == 3  # below it: the topology's child, as ever
+
+
+class Attached:
+    """The router's view of a parent's children, read from a real Downward machine."""
+
+    def __init__(self, machine: Downward) -> None:
+        self.machine = machine
+
+    @property
+    def fosters(self) -> AbstractSet[int]:
+        return self.machine.fosters
+
+    def attached(self, rank: int) -> bool:
+        return self.machine.attached(rank)
+
+
+def test_a_foster_child_that_comes_and_goes_is_seen_by_the_very_next_hop_down() -> None:
+    """The foster set the router asks per target is kept by the sessions (links/sessions.py),
+    not found by a walk: a foster admission that connects, and one that goes, change the next
+    hop_down at once."""
+    topology = Topology("kary:2", 31)  # 0 - 1 - 3 - 7 - 15
+    machine = Downward(0, topology, Timing(heartbeat=1.0, torpid=5.0, timeout=10.0))
+    router = Router(
+        0,
+        topology,
+        None,
+        (None, Attached(machine), Recorder()),  # type: ignore[arg-type]
+        {},
+        frozenset(),
+        lambda actions: None,
+        lambda hop, message: None,
+        call_timeout=5.0,
+    )
+    key = "k" * 40
+    machine.handle(Admit(7, 1, key, foster_until=5.0), 0.0)  # 1 and 3 went: 7 may come here
+    assert machine.fosters == {7} and router.hop_down(15) == 1  # not yet come
+    machine.handle(Tick(), 6.0)  # it did not come within its grace: forgotten
+    assert machine.fosters == set() and router.hop_down(15) == 1
+    machine.handle(Admit(7, 2, key, foster_until=10.0), 6.0)
+    machine.handle(Accepted(11), 6.0)
+    hello = {"rank": 7, "incarnation": 2, "version": PROTOCOL_VERSION, "hostname": "n", "pid": 9}
+    machine.handle(Hello(b"r7", 11, Identity(7, 2), Message(Kind.CONTROL, "hello", hello)), 6.0)
+    assert machine.attached(7) and router.hop_down(15) == 7 and router.hop_down(8) == 1
+    machine.handle(Closed(11), 7.0)
+    machine.handle(Settle(), 7.0)  # lost here: its session ended, not attached
+    assert router.hop_down(15) == 1

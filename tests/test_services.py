@@ -272,6 +272,23 @@ def test_a_held_watcher_of_thousands_of_held_ranks_reads_its_table_in_pages() ->
     assert again.payload["start"] == 0
 
 
+def test_a_states_watcher_is_sent_each_ranks_state_as_idsets_in_one_message() -> None:
+    """What tbon exec follows: every rank in one idset per state (spares vacant), a few bytes
+    at 262,144 ranks, and the next view once a rank's state changed and the last was read."""
+    table = started("kary:32", 262_144, launched=1024)
+    bring_up(table, list(range(1, 1024)))
+    status = StatusService(table, Lifecycle())
+    watch = request("status.watch", {"view": "states"})
+    first = only_response(status.watch(watch, NOW)).payload
+    assert first["states"] == {"online": "0-1023", "vacant": "1024-262143"}
+    assert first["reattaching"] == "" and first["root"] == 0 and len(json.dumps(first)) < 200
+    status.ack(request("status.ack", {"watch": watch.tag}), NOW)
+    assert table.apply(Lost(1000, 1, "test", 31), NOW).applied
+    ((_, pushed),) = status.pushes(NOW)
+    assert pushed.payload["states"]["lost"] == "1000"
+    assert pushed.payload["states"]["online"] == "0-999,1001-1023"
+
+
 def test_the_held_view_is_asked_for_a_page_at_a_time() -> None:
     table = started("kary:32", 20_000)
     status = StatusService(table, Lifecycle())

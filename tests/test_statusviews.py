@@ -19,6 +19,7 @@ from tbon.overlay.state import statusviews
 from tbon.overlay.state.heldtable import HeldPages, whole
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.snapshot import snapshot
+from tbon.overlay.state.statesview import RankStates
 from tbon.overlay.state.topology import Topology
 
 
@@ -99,6 +100,15 @@ def test_views_computed_at_rank_0_read_as_the_whole_table_does(
     assert [rebuilt["ranks"][r] for r in range(size)] == status["ranks"]
     paged = held_pages(table, now, budget)
     assert [paged["ranks"][r] for r in range(size)] == status["ranks"]
+    states = RankStates(statusviews.states(table))  # exec's view: each rank's state alone
+    assert [states.state(r) for r in range(size)] == [e["state"] for e in status["ranks"]]
+    assert states.reattaching == any(e.get("reattaching") for e in status["ranks"])
+    for state in {e["state"] for e in status["ranks"]}:
+        assert states.ranks(state) == [e["rank"] for e in status["ranks"] if e["state"] == state]
+    for old in (status, rebuilt):  # as exec reads a broker that knows no `states` view
+        read = RankStates.from_status(old)
+        assert [read.state(r) for r in range(size)] == [states.state(r) for r in range(size)]
+        assert read.reattaching == states.reattaching
     for root in range(size):
         summary = statusviews.summary(table, now, root)
         assert render.summary_of(summary).plain == render.summary(status, root).plain

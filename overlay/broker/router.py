@@ -196,7 +196,12 @@ class Router:
         """The broker attached here that a message for `target` goes to: the deepest on the
         way that is attached here, else the child the topology names. For a rank not below
         this broker (a root that took over, exec's fan-out), as `route` finds it: a foster
-        child across the dead root, or the way its requests came up (§13.4)."""
+        child across the dead root, or the way its requests came up (§13.4). Asked once per
+        target of an exec: with no foster child here (`fosters` is kept, not found), the
+        topology's hop at once."""
+        children = self.children
+        if children is None or not children.fosters:
+            return self.topology.next_hop(self.rank, target)  # only the topology's children
         hop = self.topology.next_hop(self.rank, target)
         if hop == self.topology.parent(self.rank):
             across = self._attached_across(target)

@@ -18,6 +18,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,7 +165,7 @@ class Children:
         return self.machine.sessions
 
     @property
-    def fosters(self) -> set[int]:
+    def fosters(self) -> AbstractSet[int]:
         return self.machine.fosters
 
     @property

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +85,14 @@ from tbon.overlay.links.hello import (
 )
 from tbon.overlay.links.keyring import Identity
 from tbon.overlay.links.liveness import Liveness, Verdict
-from tbon.overlay.links.sessions import ChildSession, Connected, Ended, Expected, Standings
+from tbon.overlay.links.sessions import (
+    ChildSession,
+    Connected,
+    Ended,
+    Expected,
+    Sessions,
+    Standings,
+)
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.rankevents import Departed, Event, Lost, Moved, Online, Torpid
 from tbon.overlay.state.topology import Topology
@@ -369,7 +377,7 @@ class Downward:
         self.rank = rank
         self.topology = topology
         self.timing = timing
-        self.sessions: dict[int, ChildSession] = {}
+        self.sessions = Sessions()  # knows its foster children's ranks (router.hop_down)
         self.retired: set[Identity] = set()  # told "retired" even once the rank is refilled
         self.shutting_down = False
         self.ledger: ConnectionLedger[ChildSession] = ConnectionLedger()
@@ -388,9 +396,9 @@ class Downward:
         return session is not None and session.connected
 
     @property
-    def fosters(self) -> set[int]:
-        """Ranks whose session here is a foster child's."""
-        return {rank for rank, session in self.sessions.items() if session.foster}
+    def fosters(self) -> AbstractSet[int]:
+        """Ranks whose session here is a foster child's (kept by Sessions: read, never change)."""
+        return self.sessions.fosters
 
     def routing_id(self, rank: int) -> bytes | None:
         session = self.sessions.get(rank)

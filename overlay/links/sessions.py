@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tbon import exitcodes
 from tbon.overlay.links.hello import Broker, Standing
@@ -131,3 +132,40 @@ class Standings(Mapping[int, Standing]):
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+class Sessions(dict[int, ChildSession]):
+    """A parent's sessions by rank, with the ranks of its foster children (`fosters`) kept as
+    sessions come and go, not found by a walk: the router asks whether any child here is a
+    foster child for every rank it sends to (exec's fan-out at rank 0: once per target).
+
+    Never stale, because a session comes only by `sessions[rank] = session` and goes only by
+    `del` or `pop`, each of which keeps `fosters` with it, and the dict's other ways to change
+    (update, setdefault, popitem, clear, |=) are refused; a session's `foster` is set when it is
+    made (downward.admit: the rank's topology parent is another broker) and never changed."""
+
+    __slots__ = ("fosters",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fosters: set[int] = set()
+
+    def __setitem__(self, rank: int, session: ChildSession) -> None:
+        super().__setitem__(rank, session)
+        if session.foster:
+            self.fosters.add(rank)
+        else:
+            self.fosters.discard(rank)
+
+    def __delitem__(self, rank: int) -> None:
+        super().__delitem__(rank)
+        self.fosters.discard(rank)
+
+    def pop(self, rank: int, *default: Any) -> Any:
+        self.fosters.discard(rank)
+        return super().pop(rank, *default)
+
+    def _refused(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Sessions change only by [rank] = session, del and pop")
+
+    update = setdefault = popitem = clear = __ior__ = _refused

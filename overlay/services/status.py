@@ -3,10 +3,11 @@ status.tree), served by rank 0 from its rank table.
 
 A table of more than WHOLE_TABLE_MAX ranks is never sent whole: status.get gives it in pages
 (`start`: the entries from that rank on, as JSON text in the data frame, and `next`), and a
-status.watch asks for a view (`view`: `summary` of a `rank`, or `held`, the entries of the ranks
-something happened to) or is refused EFBIG (docs/protocol.md §7). The held view goes in pages
-too, of at most PAGE_BYTES each: status.get asks for one (`start`), and a held watcher is sent
-the pages of each update one after another, each once it acknowledged the one before.
+status.watch asks for a view (`view`: `summary` of a `rank`; `held`, the entries of the ranks
+something happened to; `states`, each rank's state only) or is refused EFBIG (docs/protocol.md
+§7). The held view goes in pages too, of at most PAGE_BYTES each: status.get asks for one
+(`start`), and a held watcher is sent the pages of each update one after another, each once it
+acknowledged the one before.
 
 Every answer (the table, a page's header, each view) also says which rank is the root now and
 which ranks stand by for it (`root`, `standbys`: state/standbys.py), from `roles`, which whoever
@@ -41,9 +42,9 @@ from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.state.standbys import Roles
 from tbon.overlay.wire.message import Message
 
-VIEWS = ("table", "summary", "held")
-"""What a status.watch may follow: the whole table (the default), a subtree's summary, or the
-entries of the ranks something happened to."""
+VIEWS = ("table", "summary", "held", "states")
+"""What a status.watch may follow: the whole table (the default), a subtree's summary, the
+entries of the ranks something happened to, or every rank's state as an idset per state."""
 
 
 Stamp = tuple[int, str]
@@ -90,6 +91,8 @@ class StatusService:
             return self._said(now, statusviews.summary(self.table, now, watcher.rank))
         if watcher is not None and watcher.view == "held":
             return self._said(now, statusviews.held(self.table, now, watcher.cursor or 0))
+        if watcher is not None and watcher.view == "states":
+            return self._said(now, statusviews.states(self.table))
         return self._said(now, snapshot(self.table, now))
 
     def _said(self, now: float, answer: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,8 @@ At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answe
   depth if asked;
 - the *held* ranks (`held`): every entry but the spares nothing happened to, in pages of at
   most PAGE_BYTES (one page, for all but the largest tables).
+- every rank's *state* (`states`): one idset per state, and the ranks reattaching, which is
+  all `tbon exec` reads of the table (its targets, and the ranks lost while it runs).
 
 The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
 another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tbon.limits import PAGE_BYTES
@@ -226,7 +228,8 @@ def _ranges(ranks: list[int]) -> Ranges:
     return runs
 
 
-def _idset(ranges: Ranges) -> str:
+def _idset(ranges: Iterable[Sequence[int]]) -> str:
+    """Runs (first, last) as an idset: "0-4,6"."""
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
@@ -432,3 +435,50 @@ def held(
     if start == 0 and answer["next"] is None:
         answer["spares"] = _idset(_complement(said, table.size))
     return answer
+
+
+def states(table: RankTable) -> dict[str, Any]:
+    """Every rank's state, as one idset per state (`states`, each rank in exactly one, the
+    spares under `vacant`), and the connected ranks that are reattaching (`reattaching`, an
+    idset, "" if none): what `tbon exec` chooses its targets by and follows while its jobs
+    run, some 60 bytes for 1024 online ranks where their `held` entries take 190 kB. One pass
+    of the ranks held, each extending a run of its state; no entry shown or encoded."""
+    runs: dict[RankState, list[list[int]]] = {}  # a state -> its runs [first, last], in order
+    placed: list[list[int]] = []  # the runs of ranks in a state other than vacant
+    adrift: list[int] = []
+    vacant = RankState.VACANT
+    for entry in table.entries.held():  # in rank order
+        state = entry.state
+        if state is vacant:
+            continue
+        rank = entry.rank
+        mine = runs.get(state)
+        if mine is None:
+            runs[state] = [[rank, rank]]
+        elif mine[-1][1] == rank - 1:
+            mine[-1][1] = rank
+        else:
+            mine.append([rank, rank])
+        if placed and placed[-1][1] == rank - 1:
+            placed[-1][1] = rank
+        else:
+            placed.append([rank, rank])
+        if entry.adrift_until is not None and state in CONNECTED:
+            adrift.append(rank)
+    named = {state.value: _idset(found) for state, found in sorted(runs.items())}
+    spares: Ranges = []
+    first = 0
+    for low, high in placed:
+        if low > first:
+            spares.append((first, low - 1))
+        first = high + 1
+    if first < table.size:
+        spares.append((first, table.size - 1))
+    if spares:
+        named[vacant.value] = _idset(spares)
+    return {
+        "size": table.size,
+        "topo": table.topology.spec,
+        "states": named,
+        "reattaching": _idset(_ranges(adrift)),
+    }

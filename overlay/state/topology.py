@@ -220,10 +220,20 @@ class Topology:
         return False
 
     def next_hop(self, rank: int, target: int) -> int:
-        """The neighbour of `rank` that a message for `target` goes to: a child or the parent."""
+        """The neighbour of `rank` that a message for `target` goes to: a child or the parent.
+        Rank 0 asks it once per target of an exec: the usual shape is walked inline."""
         self._check(target)
         if target == rank:
             return rank
+        k = self._k
+        if k and 0 <= rank < self.size:
+            previous = target
+            while previous != 0:
+                above = (previous - 1) // k
+                if above == rank:
+                    return previous
+                previous = above
+            return (rank - 1) // k  # not above `target` (so not rank 0): up
         previous = target
         for ancestor in self.ancestors(target):
             if ancestor == rank:
