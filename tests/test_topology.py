@@ -125,8 +125,16 @@ def test_parse_spec_only_ever_raises_usage_error(text: str) -> None:
         normal = parse_spec(text)
     except UsageError:
         return
-    assert normal == "binomial" or normal.startswith("kary:")
+    assert normal == "binomial" or normal.startswith(("kary:", "parents:"))
     assert parse_spec(normal) == normal
+
+
+def test_an_empty_parent_list_is_the_one_rank_tree() -> None:
+    """`parents:` names no parent: the tree of rank 0 alone, refused for any larger size."""
+    assert parse_spec("parents:") == "parents:"
+    assert Topology("parents:", 1).size == 1
+    with pytest.raises(UsageError, match="0 parents for size 3"):
+        Topology("parents:", 3)
 
 
 # --- shapes -------------------------------------------------------------------------------------
