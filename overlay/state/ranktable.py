@@ -736,6 +736,14 @@ def _reboot_refusal(entry: RankEntry) -> str:
     return f"rank {entry.rank} is {entry.state}"
 
 
+RESERVABLE_PHASES = frozenset(phase for phase, kind in TRANSITIONS if kind is Reserve)
+"""The phases a Reserve row takes a rank from (vacant, lost, retired, config lost)."""
+
+
+def _by_rank(entry: RankEntry) -> int:
+    return entry.rank
+
+
 REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     Online: lambda e: f"rank {e.rank} is {e.state}, it cannot come online",
     Lost: lambda e: f"rank {e.rank} is already {e.state}",
@@ -804,6 +812,10 @@ class RankTable:
         # one pass (Rollup.set_online) when the roll-up is next read or moved otherwise
         self._onward: list[int] = []
         self._onward_at = now
+        # every rank below it is in a phase no Reserve row takes from (`_reserve` moves it past
+        # them, `_fire` back to any rank that enters such a phase): a join looks from there, not
+        # across the whole table again
+        self._free_from = 0
 
     @property
     def size(self) -> int:
@@ -918,6 +930,8 @@ class RankTable:
             changed += effect(self, entry, event, now)
         if rule.target is not None:
             entry.phase, entry.since = rule.target, now
+            if entry.rank < self._free_from and rule.target in RESERVABLE_PHASES:
+                self._free_from = entry.rank
             why = rule.why if isinstance(rule.why, str) else rule.why(event)
             entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
             state = PUBLIC[rule.target]
@@ -947,10 +961,9 @@ class RankTable:
             return answer
         if request.rank is None:
             # lowest first: interior ranks before the leaves below them; the first one found
-            free = (e for e in self.entries if isinstance(self._rule(e, request, now), Rule))
-            if (found := next(free, None)) is None:
+            if (found := self._lowest_free(request, now)) is None:
                 return _no("no available ranks")
-            entry = self.entries[found.rank]  # kept from now on
+            entry = self.entries[found]  # kept from now on
         elif not 0 <= request.rank < self.size:
             return _no(f"no rank {request.rank} in this instance of size {self.size}")
         else:
@@ -961,6 +974,23 @@ class RankTable:
         grant = Reservation(True, entry.rank, entry.incarnation)
         return Outcome(outcome.applied, outcome.changed, outcome.reason, grant)
 
+    def _lowest_free(self, request: Reserve, now: float) -> int | None:
+        """The lowest rank a Reserve of any rank may take, or None. Only a rank in a phase
+        with a Reserve row is judged by its guards (a refusal's words are not made for every
+        rank taken); the prefix of ranks in no such phase is skipped from then on."""
+        entries, size = self.entries, self.size
+        start = self._free_from
+        while start < size and entries.peek(start).phase not in RESERVABLE_PHASES:
+            start += 1
+        self._free_from = start
+        for rank in range(start, size):
+            entry = entries.peek(rank)
+            if entry.phase in RESERVABLE_PHASES and isinstance(
+                self._rule(entry, request, now), Rule
+            ):
+                return rank
+        return None
+
     def _key_guard(self, request: Reserve) -> Outcome | None:
         """One broker, one rank: what the joiner's key already holds decides first."""
         key = request.public_key
@@ -970,17 +1000,23 @@ class RankTable:
                 "come back (a new broker, with a new key, may join)",
                 never=True,
             )
-        held = self.entries.held()  # a spare nothing happened to holds no key
-        for entry in held:
-            if entry.key == key and entry.state in CONNECTED:
+        keyed = self.keyed(key)  # a spare nothing happened to holds no key
+        for entry in keyed:
+            if entry.state in CONNECTED:
                 return _no(f"this key already holds rank {entry.rank} ({entry.state})")
-        for entry in held:
+        for entry in keyed:
             if entry.joiner == key:
                 if request.rank not in (None, entry.rank):
                     return _no(f"this key already holds a reservation of rank {entry.rank}")
                 grant = Reservation(True, entry.rank, entry.incarnation, repeated=True)
                 return Outcome(True, reservation=grant)
         return None
+
+    def keyed(self, key: str) -> list[RankEntry]:
+        """The entries whose broker or reservation has (or last had) `key`, in rank order: one
+        pass over the kept entries, unsorted, comparing keys only (a join asks once or twice)."""
+        found = [entry for entry in self.entries.kept() if entry.key == key]
+        return sorted(found, key=_by_rank) if len(found) > 1 else found
 
     def verify(self, rank: int, incarnation: int, public_key: str) -> str | None:
         """Why `public_key` may not join as (rank, incarnation), or None if it was reserved so."""
