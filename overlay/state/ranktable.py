@@ -472,6 +472,7 @@ def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[
     if table.entries.peek(to).state not in CONNECTED or entry.attached_to == to:
         return ()
     left = entry.attached_to
+    table.untime(entry)
     entry.attached_to, entry.adrift_until = to, None
     entry.other_links = tuple(p for p in entry.other_links if p != to)
     if left is not None and left != to and left not in entry.past_links:
@@ -744,6 +745,11 @@ def _by_rank(entry: RankEntry) -> int:
     return entry.rank
 
 
+def _deadline(entry: RankEntry) -> float | None:
+    """A rank's lease end or reattach grace end (it has one or the other, never both)."""
+    return entry.lease.until if entry.lease is not None else entry.adrift_until
+
+
 REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     Online: lambda e: f"rank {e.rank} is {e.state}, it cannot come online",
     Lost: lambda e: f"rank {e.rank} is already {e.state}",
@@ -801,6 +807,10 @@ class RankTable:
         # deadlines given so far (`time`): one more is a timer the loop must see at once
         # (rankpath.py's Wake); a deadline that goes or comes later needs no wake-up
         self.deadlines = 0
+        # `next_expiry`'s answer, known since the last walk of `timed`: a deadline given since
+        # is folded in (`time`); one gone since leaves it early, a wake-up whose timers walk again
+        self._expiry: float | None = None
+        self._expiry_known = False
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
         self.entries: Entries = store(first, topology.size, now)
@@ -943,6 +953,8 @@ class RankTable:
                 self._onward_at = now
             else:
                 self.rollup.set(entry.rank, state, now)
+            if state not in CONNECTED or rule.target is not Phase.RESERVED:
+                self.untime(entry)  # its lease or reattach grace may go below
             if state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
@@ -1037,10 +1049,20 @@ class RankTable:
         loop is woken for it."""
         self.timed.add(rank)
         self.deadlines += 1
+        end = _deadline(self.entries.peek(rank)) if self._expiry_known else None
+        if end is not None and (self._expiry is None or end < self._expiry):
+            self._expiry = end
+
+    def untime(self, entry: RankEntry) -> None:
+        """`entry`'s deadline is about to go: if it was the soonest kept, the next asking
+        walks again (any other going leaves the soonest as it is)."""
+        if self._expiry_known and _deadline(entry) == self._expiry:
+            self._expiry_known = False
 
     def deadlined(self) -> list[RankEntry]:
         """The entries with a lease or an adrift deadline, in rank order: `timed`, less the
         ranks whose deadline has gone since (it keeps those it returns)."""
+        self._expiry_known = False  # the timers walk: the next asking walks too
         entries = [self.entries.peek(rank) for rank in sorted(self.timed)]
         held = [e for e in entries if e.lease is not None or e.adrift_until is not None]
         if len(held) < len(entries):
@@ -1056,13 +1078,17 @@ class RankTable:
         ]
 
     def next_expiry(self) -> float | None:
-        """The next lease or reattach grace to run out."""
-        soonest: float | None = None
-        for entry in self.deadlined():  # a rank is reserved or adrift, never both
-            end = entry.lease.until if entry.lease is not None else entry.adrift_until
-            if end is not None and (soonest is None or end < soonest):
-                soonest = end
-        return soonest
+        """The next lease or reattach grace to run out; never later than that, and kept between
+        walks of the ranks with one (the loop asks after every busy turn, a join makes one
+        more such rank, and the walk was one per turn across every join pending)."""
+        if not self._expiry_known:
+            soonest: float | None = None
+            for entry in self.deadlined():  # a rank is reserved or adrift, never both
+                end = _deadline(entry)
+                if end is not None and (soonest is None or end < soonest):
+                    soonest = end
+            self._expiry, self._expiry_known = soonest, True
+        return self._expiry
 
     def adrift(self, now: float) -> list[Lost]:
         """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
