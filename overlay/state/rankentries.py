@@ -136,7 +136,11 @@ class PlainEntries:
 
 
 def _untouched(entry: RankEntry, launched: int, since: float) -> bool:
-    return entry.rank >= launched and entry == spare(entry.rank, launched, since)
+    """Whether `entry` reads as its spare; a rank taken once is told by its incarnation,
+    without making the spare up (a status view asks for every kept rank)."""
+    if entry.incarnation != 0 or entry.phase is not Phase.VACANT or entry.rank < launched:
+        return False
+    return entry == spare(entry.rank, launched, since)
 
 
 Entries = CompactEntries | PlainEntries
