@@ -519,6 +519,13 @@ FDS = (11, 12, 13)
 PIDS = (1, 2)
 
 
+def fresh_deadline(m: Downward) -> float:
+    """next_deadline as a walk of every session now, nothing kept."""
+    deadlines = [s.deadline() for s in m.sessions.values()]
+    deadlines += [s.awaited_until for s in m.sessions.values()]
+    return min([m._next_heartbeat, *(d for d in deadlines if d is not None)])
+
+
 class DownwardMachine(RuleBasedStateMachine):
     """Rank 0's word, hellos, goodbyes, moves, closes and the clock in random order. The oracle:
     rank 0's latest incarnation of each rank, and the incarnations it revoked."""
@@ -539,6 +546,14 @@ class DownwardMachine(RuleBasedStateMachine):
             return []
         if not Downward.hastens(stimulus, out):  # the loop's timers are left as they are
             assert self.m.next_deadline() >= before, stimulus
+        # the deadline it keeps between walks is never later than a walk of its sessions now,
+        # and exactly that after a stimulus that may hasten it; nor does it hide a verdict due
+        walked = fresh_deadline(self.m)
+        kept = self.m.next_deadline()
+        assert kept <= walked and (kept == walked or not Downward.hastens(stimulus, out))
+        for at in (self.now, self.now + 15.0, self.now + 100.0):
+            due = any((d := s.deadline()) is not None and d <= at for s in self.m.sessions.values())
+            assert self.m.verdict_due(at) == due, (stimulus, at)
         for instruction in out:
             if isinstance(instruction, SendWelcome):
                 identity = instruction.identity

@@ -24,6 +24,7 @@ from tbon.overlay.state.ranktable import (
     GOODBYE,
     REASON_LENGTH,
     REFUSALS,
+    RESERVABLE_PHASES,
     TRANSITIONS,
     UNKNOWN_HOST,
     Departed,
@@ -974,12 +975,33 @@ class RankTableMachine(RuleBasedStateMachine):
                 assert entry.host.startswith("extra")
             assert entry.state is PUBLIC[entry.phase]
 
+    def deadlines_now(self) -> list[Any]:
+        return [e for e in self.table.entries if e.lease is not None or e.adrift_until is not None]
+
+    @precondition(lambda self: hasattr(self, "table"))
+    @rule()
+    def the_timers_see_every_deadline(self) -> None:
+        """`deadlined`, what the loop's timers walk (when a deadline is due), is every entry
+        with a lease or adrift."""
+        assert self.table.deadlined() == self.deadlines_now()
+
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()
-    def the_timers_see_every_deadline(self) -> None:
-        """`deadlined`, what the loop's timers walk, is every entry with a lease or adrift."""
-        every = [e for e in self.table.entries if e.lease is not None or e.adrift_until is not None]
-        assert self.table.deadlined() == every
+    def the_loop_is_told_the_soonest_deadline(self) -> None:
+        """`next_expiry`, asked after every turn and kept between the timers' walks, is the
+        soonest lease or reattach grace, exactly."""
+        timed = self.deadlines_now()
+        ends = [e.lease.until if e.lease is not None else e.adrift_until for e in timed]
+        soonest = min((end for end in ends if end is not None), default=None)
+        assert self.table.next_expiry() == soonest
+
+    @precondition(lambda self: hasattr(self, "table"))
+    @invariant()
+    def a_join_looks_for_a_rank_where_one_may_be(self) -> None:
+        """Every rank below where a Reserve of any rank starts looking is in a phase no Reserve
+        row takes from."""
+        for rank in range(self.table._free_from):
+            assert self.table.entry(rank).phase not in RESERVABLE_PHASES, rank
 
     @precondition(lambda self: hasattr(self, "table"))
     @invariant()

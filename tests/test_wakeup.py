@@ -53,8 +53,10 @@ def test_a_known_sooner_deadline_and_a_reset() -> None:
     assert wakeup.due == 30.0
     wakeup.sooner(5.0)
     assert wakeup.due == 5.0
-    wakeup.recompute()
-    assert wakeup.due == 0.0
+    wakeup.recompute()  # every source asked on the next turn, the timers not run for it
+    assert wakeup.stale and wakeup.due == 5.0
+    wakeup.asked(1.0, [30.0], None)
+    assert not wakeup.stale and wakeup.due == 30.0
 
 
 @given(now_, deadlines, deadline)

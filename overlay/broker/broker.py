@@ -391,12 +391,12 @@ class Broker:
                 wakeup.asked(now, self._deadlines(), up)
             ready = poller.poll(wakeup.timeout_ms(now))
             now = time.monotonic()
-            busy = not ready or wakeup.due == 0.0
+            busy = not ready or wakeup.stale
             for sock, _ in ready:
                 handler = handlers.get(sock)  # exec jobs' pipes come and go
                 if handler is not None and self.exit_code is None and handler(now) is not QUIET:
                     busy = True
-            busy = busy or self.exit_code is not None or wakeup.due == 0.0
+            busy = busy or self.exit_code is not None or wakeup.stale
 
     def _admit_children(self) -> None:
         """Read the children's hellos from now on: a broker welcomes no child before it is

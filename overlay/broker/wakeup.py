@@ -11,6 +11,11 @@ nothing again but the link up, whose own beat and silence that heartbeat moved (
 sooner). The rest is kept from the last full asking (`rest`): a heard heartbeat only puts
 deadlines off, so the kept value is at worst early, a wake-up that finds nothing due.
 
+Something that may have brought a deadline sooner (a lease given, a child come: `Wake`) makes the
+next turn ask every source again (`recompute`, `stale`), but does not run the timers: they run
+when the soonest deadline so found is due, at once if it already is. A thousand joins are then a
+thousand askings, not a thousand walks of every child's clock.
+
 Pure: deadlines in, the next wake-up out (monotonic seconds).
 """
 
@@ -23,12 +28,14 @@ NEVER = float("inf")
 
 class WakeUp:
     def __init__(self) -> None:
-        self.due = 0.0  # the next wake-up; 0 makes the loop ask every source on its next turn
+        self.due = 0.0  # the next wake-up; 0: the loop's first turn runs its timers
         self.rest = NEVER  # the soonest of every source but the link up, at the last asking
+        self.stale = True  # whether the next turn must ask every source (`recompute`)
 
     def asked(self, now: float, rest: Iterable[float | None], up: float | None) -> None:
         """After a turn that did anything: every source's deadline (`up`, the link up's)."""
         self.rest = min((d for d in rest if d is not None), default=NEVER)
+        self.stale = False
         self._set(now, up)
 
     def beat(self, now: float, up: float | None) -> None:
@@ -40,8 +47,9 @@ class WakeUp:
         self.due = min(self.due, deadline)
 
     def recompute(self) -> None:
-        """Ask every source on the next turn, whatever it does."""
-        self.due = 0.0
+        """Ask every source on the next turn, whatever it does; the timers run only if what
+        they then say is due."""
+        self.stale = True
 
     def timeout_ms(self, now: float) -> int | None:
         """The poll's timeout: None to sleep until input, else milliseconds, rounded up."""

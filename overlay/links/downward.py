@@ -385,6 +385,9 @@ class Downward:
         self._gone: list[ChildSession] = []  # off a closed connection; judged at Settle
         self._next_heartbeat = 0.0
         self._phase = phase
+        # `next_deadline`'s answer, kept while no stimulus could have brought it sooner (see
+        # `hastens`): a parent of many children walks them once per change, not once per turn
+        self._soonest: float | None = None
 
     # --- what the adapter asks ------------------------------------------------------------
 
@@ -453,7 +456,10 @@ class Downward:
         return Parent(self.rank, self.topology, children, self.retired, self.shutting_down)
 
     def verdict_due(self, now: float) -> bool:
-        """Whether some child's silence is about to be judged (torpid or lost) at `now`."""
+        """Whether some child's silence is about to be judged (torpid or lost) at `now`. None
+        is while the soonest deadline kept, never later than the true one, is still ahead."""
+        if self._soonest is not None and self._soonest > now:
+            return False
         return any(
             (deadline := session.deadline()) is not None and deadline <= now
             for session in self.sessions.values()
@@ -469,14 +475,33 @@ class Downward:
         return type(stimulus) is not Heard or bool(instructions)
 
     def next_deadline(self) -> float:
-        deadlines = [session.deadline() for session in self.sessions.values()]
-        deadlines += [session.awaited_until for session in self.sessions.values()]
-        return min([self._next_heartbeat, *(d for d in deadlines if d is not None)])
+        """The next heartbeat, silence judgement or foster grace due. Kept from the last walk
+        of the sessions until a stimulus that `hastens` comes: one that does not can only have
+        put a deadline off, so the kept one is at worst early (a wake-up that finds nothing due,
+        and whose Tick walks them again)."""
+        if self._soonest is None:
+            soonest = self._next_heartbeat
+            for session in self.sessions.values():
+                deadline = session.deadline()
+                if deadline is None:
+                    deadline = session.awaited_until
+                if deadline is not None and deadline < soonest:
+                    soonest = deadline
+            self._soonest = soonest
+        return self._soonest
 
     # --- stimuli ------------------------------------------------------------------------------
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
-        """Apply one stimulus at `now`; returns what to do."""
+        """Apply one stimulus at `now`; returns what to do. The deadline kept is dropped first
+        (so a stimulus that raises leaves none) and kept again after one that cannot hasten."""
+        kept, self._soonest = self._soonest, None
+        instructions = self._handle(stimulus, now)
+        if not self.hastens(stimulus, instructions):
+            self._soonest = kept
+        return instructions
+
+    def _handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
         session: ChildSession | None
         if isinstance(stimulus, ByRank):
             session = self.sessions.get(stimulus.rank)

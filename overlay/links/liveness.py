@@ -59,10 +59,13 @@ class Liveness:
 
     def deadline(self) -> float | None:
         """When `check` next may change the verdict (for the broker's poll timeout)."""
-        if self.verdict is Verdict.LOST:
+        verdict = self.verdict
+        if verdict is Verdict.LOST:
             return None
-        limits = [self.lost_after]
-        if self.verdict is Verdict.ALIVE:
-            limits.append(self.torpid_after)
-        active = [limit for limit in limits if limit]
-        return self.last_heard + min(active) if active else None
+        lost = self.lost_after
+        torpid = self.torpid_after if verdict is Verdict.ALIVE else 0.0
+        if lost and torpid:
+            return self.last_heard + min(lost, torpid)
+        if lost or torpid:
+            return self.last_heard + (lost or torpid)
+        return None

@@ -106,7 +106,7 @@ class FlubService:
             return fail(request, errno.ESHUTDOWN, "the instance is shutting down")
         route = connection_of(request)
         held = self._held(route)
-        repeat = any(entry.joiner == key for entry in self.table.entries.held())
+        repeat = any(entry.joiner == key for entry in self.table.keyed(key))
         if len(held) >= RESERVATIONS_PER_CONNECTION and not repeat:
             why = (
                 f"this connection already holds {len(held)} reservations (ranks "

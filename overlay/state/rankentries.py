@@ -23,7 +23,7 @@ that tests/test_rankentries.py holds the compact store to.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import overload
 
 from tbon.overlay.state.rankstates import Phase, RankEntry
@@ -79,6 +79,10 @@ class CompactEntries:
         """The kept entries, in rank order: every rank that is not an untouched spare is here."""
         return [self._kept[rank] for rank in sorted(self._kept)]
 
+    def kept(self) -> Iterable[RankEntry]:
+        """The kept entries in no order: `held()` without its sort, for a search of them."""
+        return self._kept.values()
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CompactEntries | PlainEntries | list):
             return NotImplemented
@@ -120,6 +124,9 @@ class PlainEntries:
     def held(self) -> list[RankEntry]:
         return list(self._list)
 
+    def kept(self) -> Iterable[RankEntry]:
+        return self._list
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CompactEntries | PlainEntries | list):
             return NotImplemented
@@ -129,7 +136,11 @@ class PlainEntries:
 
 
 def _untouched(entry: RankEntry, launched: int, since: float) -> bool:
-    return entry.rank >= launched and entry == spare(entry.rank, launched, since)
+    """Whether `entry` reads as its spare; a rank taken once is told by its incarnation,
+    without making the spare up (a status view asks for every kept rank)."""
+    if entry.incarnation != 0 or entry.phase is not Phase.VACANT or entry.rank < launched:
+        return False
+    return entry == spare(entry.rank, launched, since)
 
 
 Entries = CompactEntries | PlainEntries

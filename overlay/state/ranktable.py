@@ -472,6 +472,7 @@ def move(table: RankTable, entry: RankEntry, event: Moved, now: float) -> tuple[
     if table.entries.peek(to).state not in CONNECTED or entry.attached_to == to:
         return ()
     left = entry.attached_to
+    table.untime(entry)
     entry.attached_to, entry.adrift_until = to, None
     entry.other_links = tuple(p for p in entry.other_links if p != to)
     if left is not None and left != to and left not in entry.past_links:
@@ -736,6 +737,19 @@ def _reboot_refusal(entry: RankEntry) -> str:
     return f"rank {entry.rank} is {entry.state}"
 
 
+RESERVABLE_PHASES = frozenset(phase for phase, kind in TRANSITIONS if kind is Reserve)
+"""The phases a Reserve row takes a rank from (vacant, lost, retired, config lost)."""
+
+
+def _by_rank(entry: RankEntry) -> int:
+    return entry.rank
+
+
+def _deadline(entry: RankEntry) -> float | None:
+    """A rank's lease end or reattach grace end (it has one or the other, never both)."""
+    return entry.lease.until if entry.lease is not None else entry.adrift_until
+
+
 REFUSALS: dict[type[Event | Reserve], Callable[[RankEntry], str]] = {
     Online: lambda e: f"rank {e.rank} is {e.state}, it cannot come online",
     Lost: lambda e: f"rank {e.rank} is already {e.state}",
@@ -793,6 +807,10 @@ class RankTable:
         # deadlines given so far (`time`): one more is a timer the loop must see at once
         # (rankpath.py's Wake); a deadline that goes or comes later needs no wake-up
         self.deadlines = 0
+        # `next_expiry`'s answer, known since the last walk of `timed`: a deadline given since
+        # is folded in (`time`); one gone since leaves it early, a wake-up whose timers walk again
+        self._expiry: float | None = None
+        self._expiry_known = False
         launched = Phase.CONFIG_BOOTING if fixed else Phase.LAUNCHED
         first = [RankEntry(rank, launched, 1, host, None, now) for rank, host in enumerate(hosts)]
         self.entries: Entries = store(first, topology.size, now)
@@ -804,6 +822,10 @@ class RankTable:
         # one pass (Rollup.set_online) when the roll-up is next read or moved otherwise
         self._onward: list[int] = []
         self._onward_at = now
+        # every rank below it is in a phase no Reserve row takes from (`_reserve` moves it past
+        # them, `_fire` back to any rank that enters such a phase): a join looks from there, not
+        # across the whole table again
+        self._free_from = 0
 
     @property
     def size(self) -> int:
@@ -918,6 +940,8 @@ class RankTable:
             changed += effect(self, entry, event, now)
         if rule.target is not None:
             entry.phase, entry.since = rule.target, now
+            if entry.rank < self._free_from and rule.target in RESERVABLE_PHASES:
+                self._free_from = entry.rank
             why = rule.why if isinstance(rule.why, str) else rule.why(event)
             entry.reason = why if len(why) <= REASON_LENGTH else why[: REASON_LENGTH - 3] + "..."
             state = PUBLIC[rule.target]
@@ -929,6 +953,8 @@ class RankTable:
                 self._onward_at = now
             else:
                 self.rollup.set(entry.rank, state, now)
+            if state not in CONNECTED or rule.target is not Phase.RESERVED:
+                self.untime(entry)  # its lease or reattach grace may go below
             if state not in CONNECTED:
                 entry.pid, entry.torpid = None, False
                 entry.attached_to = entry.adrift_until = None
@@ -947,10 +973,9 @@ class RankTable:
             return answer
         if request.rank is None:
             # lowest first: interior ranks before the leaves below them; the first one found
-            free = (e for e in self.entries if isinstance(self._rule(e, request, now), Rule))
-            if (found := next(free, None)) is None:
+            if (found := self._lowest_free(request, now)) is None:
                 return _no("no available ranks")
-            entry = self.entries[found.rank]  # kept from now on
+            entry = self.entries[found]  # kept from now on
         elif not 0 <= request.rank < self.size:
             return _no(f"no rank {request.rank} in this instance of size {self.size}")
         else:
@@ -961,6 +986,23 @@ class RankTable:
         grant = Reservation(True, entry.rank, entry.incarnation)
         return Outcome(outcome.applied, outcome.changed, outcome.reason, grant)
 
+    def _lowest_free(self, request: Reserve, now: float) -> int | None:
+        """The lowest rank a Reserve of any rank may take, or None. Only a rank in a phase
+        with a Reserve row is judged by its guards (a refusal's words are not made for every
+        rank taken); the prefix of ranks in no such phase is skipped from then on."""
+        entries, size = self.entries, self.size
+        start = self._free_from
+        while start < size and entries.peek(start).phase not in RESERVABLE_PHASES:
+            start += 1
+        self._free_from = start
+        for rank in range(start, size):
+            entry = entries.peek(rank)
+            if entry.phase in RESERVABLE_PHASES and isinstance(
+                self._rule(entry, request, now), Rule
+            ):
+                return rank
+        return None
+
     def _key_guard(self, request: Reserve) -> Outcome | None:
         """One broker, one rank: what the joiner's key already holds decides first."""
         key = request.public_key
@@ -970,17 +1012,23 @@ class RankTable:
                 "come back (a new broker, with a new key, may join)",
                 never=True,
             )
-        held = self.entries.held()  # a spare nothing happened to holds no key
-        for entry in held:
-            if entry.key == key and entry.state in CONNECTED:
+        keyed = self.keyed(key)  # a spare nothing happened to holds no key
+        for entry in keyed:
+            if entry.state in CONNECTED:
                 return _no(f"this key already holds rank {entry.rank} ({entry.state})")
-        for entry in held:
+        for entry in keyed:
             if entry.joiner == key:
                 if request.rank not in (None, entry.rank):
                     return _no(f"this key already holds a reservation of rank {entry.rank}")
                 grant = Reservation(True, entry.rank, entry.incarnation, repeated=True)
                 return Outcome(True, reservation=grant)
         return None
+
+    def keyed(self, key: str) -> list[RankEntry]:
+        """The entries whose broker or reservation has (or last had) `key`, in rank order: one
+        pass over the kept entries, unsorted, comparing keys only (a join asks once or twice)."""
+        found = [entry for entry in self.entries.kept() if entry.key == key]
+        return sorted(found, key=_by_rank) if len(found) > 1 else found
 
     def verify(self, rank: int, incarnation: int, public_key: str) -> str | None:
         """Why `public_key` may not join as (rank, incarnation), or None if it was reserved so."""
@@ -1001,10 +1049,20 @@ class RankTable:
         loop is woken for it."""
         self.timed.add(rank)
         self.deadlines += 1
+        end = _deadline(self.entries.peek(rank)) if self._expiry_known else None
+        if end is not None and (self._expiry is None or end < self._expiry):
+            self._expiry = end
+
+    def untime(self, entry: RankEntry) -> None:
+        """`entry`'s deadline is about to go: if it was the soonest kept, the next asking
+        walks again (any other going leaves the soonest as it is)."""
+        if self._expiry_known and _deadline(entry) == self._expiry:
+            self._expiry_known = False
 
     def deadlined(self) -> list[RankEntry]:
         """The entries with a lease or an adrift deadline, in rank order: `timed`, less the
         ranks whose deadline has gone since (it keeps those it returns)."""
+        self._expiry_known = False  # the timers walk: the next asking walks too
         entries = [self.entries.peek(rank) for rank in sorted(self.timed)]
         held = [e for e in entries if e.lease is not None or e.adrift_until is not None]
         if len(held) < len(entries):
@@ -1020,13 +1078,17 @@ class RankTable:
         ]
 
     def next_expiry(self) -> float | None:
-        """The next lease or reattach grace to run out."""
-        soonest: float | None = None
-        for entry in self.deadlined():  # a rank is reserved or adrift, never both
-            end = entry.lease.until if entry.lease is not None else entry.adrift_until
-            if end is not None and (soonest is None or end < soonest):
-                soonest = end
-        return soonest
+        """The next lease or reattach grace to run out; never later than that, and kept between
+        walks of the ranks with one (the loop asks after every busy turn, a join makes one
+        more such rank, and the walk was one per turn across every join pending)."""
+        if not self._expiry_known:
+            soonest: float | None = None
+            for entry in self.deadlined():  # a rank is reserved or adrift, never both
+                end = _deadline(entry)
+                if end is not None and (soonest is None or end < soonest):
+                    soonest = end
+            self._expiry, self._expiry_known = soonest, True
+        return self._expiry
 
     def adrift(self, now: float) -> list[Lost]:
         """Ranks adrift past the reattach grace: rank 0 declares them lost itself."""
