@@ -433,6 +433,7 @@ def attach(table: RankTable, entry: RankEntry, event: Online, now: float) -> tup
     others = [p for p in entry.other_links if p != parent]
     if entry.attached_to is not None and entry.attached_to != parent:
         others.append(entry.attached_to)  # its end of that link is still to be reported
+    table.untime(entry)  # its reattach grace, if any, goes: it may have been the soonest kept
     entry.attached_to, entry.adrift_until, entry.other_links = parent, None, tuple(others)
     return (entry.rank,)
 
