@@ -3,6 +3,7 @@ replaced and woken; what a user sees asserted (who holds a rank, exit codes, shu
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -96,7 +97,7 @@ def test_a_second_heal_finds_no_admission_left_open_by_the_first(instance) -> No
                 "online",
                 before[rank],
                 1,
-            ), entry
+            ), _said(status, rank)
             # welcomed by both, it may show under one until its move to the other is reported
             assert entry.get("attached_to") in (0, 1), entry
         time.sleep(0.1)  # a poll's pace, not a wait for anything
@@ -124,3 +125,10 @@ def test_a_rank_killed_on_its_way_home_leaves_its_children_a_parent_they_can_fin
         entry = status["ranks"][rank]
         assert (entry["state"], entry["pid"]) == ("online", before[rank]), entry
     assert tbon("exec", inst.uri, "-r", "7,8", "true").returncode == 0
+
+
+def _said(status: dict, rank: int) -> str:
+    """The whole entry of `rank` and its neighbours' states and links, for a failure to explain
+    itself (the entry's reason says who declared it lost, and why)."""
+    others = {e["rank"]: (e["state"], e.get("attached_to")) for e in status["ranks"]}
+    return f"{json.dumps(status['ranks'][rank])}; all: {others}"
