@@ -160,13 +160,16 @@ def tbon_start(
 
 def wrap_each(parts: Sequence[tuple[str, str]], wrap: Callable[[str, Any], Any]) -> None:
     """Replace each (module, dotted attribute) of `parts` by `wrap(attribute, original)`: how a
-    benchmark that runs the launcher in its own process times parts of the brokers it forks."""
+    benchmark that runs the launcher in its own process times parts of the brokers it forks.
+    A part the checkout does not have (an older or newer one, compared by compare.py) is left
+    out: its row reads 0."""
     for module_name, path in parts:
         owner: Any = importlib.import_module(module_name)
         *outer, last = path.split(".")
         for part in outer:
-            owner = getattr(owner, part)
-        setattr(owner, last, wrap(path, getattr(owner, last)))
+            owner = getattr(owner, part, None)
+        if owner is not None and hasattr(owner, last):
+            setattr(owner, last, wrap(path, getattr(owner, last)))
 
 
 def start_here(

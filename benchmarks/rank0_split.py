@@ -44,7 +44,8 @@ PARTS = [
     ("tbon.overlay.broker.broker", "Broker._read_children"),
     ("tbon.overlay.broker.broker", "Broker._timers"),
     ("tbon.overlay.broker.broker", "Broker._tick"),
-    ("tbon.overlay.broker.broker", "Broker._next_deadline"),
+    ("tbon.overlay.broker.broker", "Broker._next_deadline"),  # until 1adc237
+    ("tbon.overlay.broker.broker", "Broker._deadlines"),  # since
     ("tbon.overlay.services.exec", "ExecService.flush"),
     ("tbon.overlay.services.status", "StatusService.pushes"),
     ("tbon.overlay.services.flub", "FlubService.unpark"),
