@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import os
 import platform
+import pstats
 import selectors
 import shutil
 import signal
@@ -156,6 +158,49 @@ def tbon_start(
         stop(process)
         with contextlib.suppress(OSError):
             os.unlink(stderr_path)
+
+
+def save_profile(profiler: Any, path: str) -> None:
+    """In a profiled broker: stop `profiler`, dump it to `path`, and write the process's CPU
+    (utime + stime, from times(2)) beside it (`path`.cpu), for show_profile."""
+    profiler.disable()
+    times = os.times()
+    profiler.dump_stats(path)
+    with open(path + ".cpu", "w") as cpu:
+        cpu.write(f"{times.user + times.system:.3f}\n")
+
+
+def show_profile(path: str, when: str, sort: str, top: int) -> None:
+    """Print what save_profile left at `path`: rank 0's CPU `when` and its top functions."""
+    with open(path + ".cpu") as cpu:
+        print(f"rank 0 CPU {when} (profiled): {cpu.read().strip()} s; profile {path}")
+    shown = io.StringIO()
+    pstats.Stats(path, stream=shown).sort_stats(sort).print_stats(top)
+    print(shown.getvalue())
+
+
+def show_sampled(out: str, ranks: set[int], split: bool, sort: str, top: int) -> None:
+    """Print what the sampled brokers left in `out`: each one's --split timings, or their
+    profiles (RANK.prof) as rank 0, rank 1 and the leaves' summed (ranks above 32)."""
+    if split:
+        for name in sorted(os.listdir(out), key=lambda n: int(n.split(".")[0])):
+            with open(os.path.join(out, name)) as report:
+                print(f"=== rank {name.split('.')[0]}\n{report.read()}")
+        return
+    for label, chosen in (
+        ("rank 0", [0]),
+        ("rank 1 (interior)", [1]),
+        ("leaves", sorted(r for r in ranks if r > 32)),
+    ):
+        paths = [os.path.join(out, f"{r}.prof") for r in chosen]
+        paths = [p for p in paths if os.path.exists(p)]
+        if not paths:
+            continue
+        shown = io.StringIO()
+        stats = pstats.Stats(*paths, stream=shown)
+        print(f"=== {label}: {len(paths)} profile(s), {stats.total_tt * 1000:.1f} ms CPU in all")
+        stats.sort_stats(sort).print_stats(top)
+        print(shown.getvalue())
 
 
 def wrap_each(parts: Sequence[tuple[str, str]], wrap: Callable[[str, Any], Any]) -> None:

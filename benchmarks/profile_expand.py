@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
-import pstats
 import sys
 import tempfile
 import time
 
-from common import TBON, progress, start_here
+from common import TBON, progress, save_profile, show_profile, start_here
 
 
 def main() -> int:
@@ -46,11 +44,7 @@ def main() -> int:
         try:
             return original_run(config, command)
         finally:
-            profiler.disable()
-            times = os.times()
-            profiler.dump_stats(stats_path)
-            with open(stats_path + ".cpu", "w") as cpu:
-                cpu.write(f"{times.user + times.system:.3f}\n")
+            save_profile(profiler, stats_path)
 
     local.run_broker = run_broker
     progress(f"profile: expand -n {args.size} into rank 0 alone, rank 0 under cProfile")
@@ -60,11 +54,7 @@ def main() -> int:
     if not os.path.exists(stats_path):
         print(f"rank 0 left no profile (launcher exit {code})", file=sys.stderr)
         return 1
-    with open(stats_path + ".cpu") as cpu:
-        print(f"rank 0 CPU, boot to end (profiled): {cpu.read().strip()} s; profile {stats_path}")
-    shown = io.StringIO()
-    pstats.Stats(stats_path, stream=shown).sort_stats(args.sort).print_stats(args.top)
-    print(shown.getvalue())
+    show_profile(stats_path, "from boot to end", args.sort, args.top)
     return code
 
 

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
-import pstats
 import sys
 import tempfile
 import time
 from typing import Any
 
-from common import progress, start_here, wrap_each
+from common import progress, show_sampled, start_here, wrap_each
 
 SPLIT = [
     ("tbon.overlay.broker.broker", "Broker._read_parent"),
@@ -130,25 +128,7 @@ def main() -> int:
     )
     if code != 0:
         print(f"the launcher exited {code}", file=sys.stderr)
-    if args.split:
-        for name in sorted(os.listdir(out), key=lambda n: int(n.split(".")[0])):
-            with open(os.path.join(out, name)) as report:
-                print(f"=== rank {name.split('.')[0]}\n{report.read()}")
-        return code
-    for label, chosen in (
-        ("rank 0", [0]),
-        ("rank 1 (interior)", [1]),
-        ("leaves", sorted(r for r in ranks if r > 32)),
-    ):
-        paths = [os.path.join(out, f"{r}.prof") for r in chosen]
-        paths = [p for p in paths if os.path.exists(p)]
-        if not paths:
-            continue
-        shown = io.StringIO()
-        stats = pstats.Stats(*paths, stream=shown)
-        print(f"=== {label}: {len(paths)} profile(s), {stats.total_tt * 1000:.1f} ms CPU in all")
-        stats.sort_stats(args.sort).print_stats(args.top)
-        print(shown.getvalue())
+    show_sampled(out, ranks, args.split, args.sort, args.top)
     return code
 
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
-import pstats
 import sys
 import tempfile
 import time
 
-from common import progress, start_here
+from common import progress, save_profile, show_profile, start_here
 
 
 def main() -> int:
@@ -47,11 +45,7 @@ def main() -> int:
         return original_run(config, command)
 
     def start(self):  # type: ignore[no-untyped-def]
-        profiler.disable()
-        times = os.times()
-        profiler.dump_stats(stats_path)
-        with open(stats_path + ".cpu", "w") as cpu:
-            cpu.write(f"{times.user + times.system:.3f}\n")
+        save_profile(profiler, stats_path)
         return original_start(self)
 
     local.run_broker = run_broker
@@ -61,11 +55,7 @@ def main() -> int:
     if not os.path.exists(stats_path):
         print(f"rank 0 never started its program (launcher exit {code})", file=sys.stderr)
         return 1
-    with open(stats_path + ".cpu") as cpu:
-        print(f"rank 0 CPU at all online (profiled): {cpu.read().strip()} s; profile {stats_path}")
-    shown = io.StringIO()
-    pstats.Stats(stats_path, stream=shown).sort_stats(args.sort).print_stats(args.top)
-    print(shown.getvalue())
+    show_profile(stats_path, "at all online", args.sort, args.top)
     return code
 
 
