@@ -65,14 +65,7 @@ def test_a_forker_that_fails_half_way_leaves_no_broker_running(tmp_path) -> None
     expand, the subreaper that adopted the first, kills and reaps it rather than leave a broker
     that nobody follows."""
     missing = tmp_path / "no-such-directory" / "broker.log"
-    ran = subprocess.run(
-        [sys.executable, "-c", HALF_WAY, str(tmp_path / "first.log"), str(missing)],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=60,
-    )
-    assert ran.returncode == 0, ran.stderr
+    ran = _script(HALF_WAY, str(tmp_path / "first.log"), str(missing))
     assert "refused: cannot start brokers: the forker exited 1" in ran.stdout, ran.stdout
     assert "left: []" in ran.stdout, ran.stdout
 
@@ -127,14 +120,7 @@ print("left:", sorted(forking._children() - before))
 def test_a_forker_that_does_not_answer_is_given_up_within_its_deadline(tmp_path) -> None:
     """A forker stopped (or stuck importing) does not hang expand: past its deadline it is
     killed, and expand says why in one line."""
-    ran = subprocess.run(
-        [sys.executable, "-c", STOPPED, str(tmp_path / "broker.log")],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=60,
-    )
-    assert ran.returncode == 0, ran.stderr
+    ran = _script(STOPPED, str(tmp_path / "broker.log"))
     assert "refused: cannot start brokers: the forker did not answer within 1s" in ran.stdout
     assert "left: []" in ran.stdout, ran.stdout
 
@@ -233,15 +219,22 @@ def test_one_forker_forks_batch_after_batch_and_a_dead_one_starts_no_more(tmp_pa
     expand's, and a forker gone between batches fails the next in one line, leaving the
     brokers already started alone and starting none."""
     logs = [str(tmp_path / f"broker-{n}.log") for n in range(3)]
+    ran = _script(BATCHES, *logs)
+    assert "ours: True" in ran.stdout, ran.stdout
+    assert "one session: True" in ran.stdout, ran.stdout
+    assert "refused: cannot start brokers: the forker exited -9" in ran.stdout, ran.stdout
+    assert "left: True" in ran.stdout, ran.stdout
+
+
+def _script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -c CODE ARGS...` in a user's environment, within a minute; it must exit 0 (what
+    it saw is on its stdout)."""
     ran = subprocess.run(
-        [sys.executable, "-c", BATCHES, *logs],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         env=child_env(),
         timeout=60,
     )
     assert ran.returncode == 0, ran.stderr
-    assert "ours: True" in ran.stdout, ran.stdout
-    assert "one session: True" in ran.stdout, ran.stdout
-    assert "refused: cannot start brokers: the forker exited -9" in ran.stdout, ran.stdout
-    assert "left: True" in ran.stdout, ran.stdout
+    return ran
