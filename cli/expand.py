@@ -506,7 +506,7 @@ def _follow(
                         by_pid[started.pid] = started
             view = watch.receive(0.1, deadline)
             if view is not None:
-                for entry in said(view) if view is not None else []:
+                for entry in said(view):
                     seen = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
                     if seen is None or entry["state"] != "online" or not seen.pending:
                         continue
@@ -518,9 +518,9 @@ def _follow(
                     joiner.exit_code = process.returncode
                     joiner.reason = _last_line(joiner.log)
             _reap_joined(joiners)
-            now = sum(not j.pending for j in joiners if j.process is not None)
-            pace.settled(now - settled)
-            settled = now
+            settled_now = sum(not j.pending for j in joiners if j.process is not None)
+            pace.settled(settled_now - settled)
+            settled = settled_now
             progress.update(task, completed=sum(not j.pending for j in joiners))
         watch.close()
 
