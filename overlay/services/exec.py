@@ -36,7 +36,7 @@ from tbon.overlay.services.actions import (
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import unless_broker_own, unless_job_client
+from tbon.overlay.services.trust import not_its_client, unless_broker_own, unless_job_client
 from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
@@ -347,6 +347,19 @@ class ExecService:
             payload.get("acks") is True,
         )
         self._client_jobs.setdefault(hop, {})[request.tag] = job
+
+    def unless_own_job(self, hop: str, request: Message) -> list[Action] | None:
+        """exec.stdin or exec.signal from local client `hop`, before it goes anywhere: None if
+        that client started a job of that id which has not ended everywhere (to be sent on: its
+        ranks judge it as they judge any, `unless_job_client`); else it is ignored here, said in
+        the log as the job's ranks would say it. No other client's job can be the one it names:
+        a job is its client's (docs/protocol.md §7), and this broker is where every job of its
+        clients is known. So a stranger's request never travels the tree, and one for a job its
+        client has seen end everywhere would act on nothing."""
+        job_id = request.payload.get("id")
+        if any(job.id == job_id for job in self._client_jobs.get(hop, {}).values()):
+            return None
+        return [not_its_client(request, hop)]
 
     def answered(self, hop: str, reply: Message) -> list[Action]:
         """A response went to local client `hop`: a rank's last word on a job (its exit, or
