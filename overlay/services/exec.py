@@ -50,6 +50,10 @@ from tbon.record import Record
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
 
+ENDED_KEPT = 8
+"""The ids of a local client's last jobs that its broker remembers once they are over
+everywhere: a late exec.signal for one is no stranger's (ExecService.unless_own_job)."""
+
 DUPLICATE = "exec.start: bad argv or a duplicate id"
 
 ALL = 2**62
@@ -184,6 +188,8 @@ class ExecService:
         self.lifecycle = lifecycle
         # a local client's hop -> the tag of each exec.start it sent -> that job
         self._client_jobs: dict[str, dict[int, ClientJob]] = {}
+        # a local client's hop -> the ids of its last jobs over everywhere (unless_own_job)
+        self._ended: dict[str, list[Any]] = {}
         # the ranks whose last answer was handed to its client, until told (takenhold.py)
         self._taken = TakenHold()
         # the broker attached here that a target is reached through (the router's, once built)
@@ -354,11 +360,15 @@ class ExecService:
         ranks judge it as they judge any, `unless_job_client`); else it is ignored here, said in
         the log as the job's ranks would say it. No other client's job can be the one it names:
         a job is its client's (docs/protocol.md §7), and this broker is where every job of its
-        clients is known. So a stranger's request never travels the tree, and one for a job its
-        client has seen end everywhere would act on nothing."""
+        clients is known. So a stranger's request never travels the tree. One for a job its
+        client's answers showed over everywhere would act on nothing: dropped without a word if
+        it is among that client's last ENDED_KEPT (a Ctrl-C that crossed the job's last answers;
+        the job's ranks would not have said anything either)."""
         job_id = request.payload.get("id")
         if any(job.id == job_id for job in self._client_jobs.get(hop, {}).values()):
             return None
+        if job_id in self._ended.get(hop, ()):
+            return []
         return [not_its_client(request, hop)]
 
     def answered(self, hop: str, reply: Message) -> list[Action]:
@@ -386,6 +396,9 @@ class ExecService:
         if not job.running:
             self._taken.over(str(job.id))  # its ranks are told together: flush
             del jobs[reply.tag]
+            ended = self._ended.setdefault(hop, [])
+            ended.append(job.id)
+            del ended[:-ENDED_KEPT]
             if not jobs:
                 del self._client_jobs[hop]
         return actions
@@ -496,6 +509,7 @@ class ExecService:
         wherever they still run, and have them keep nothing for it (`gone`): so that a rank's
         last word that finds the client gone needs no client.disconnect (`last_word`)."""
         actions: list[Action] = []
+        self._ended.pop(hop, None)
         for job in self._client_jobs.pop(hop, {}).values():
             if self._taken.over(str(job.id)):  # what was handed over before it left: told
                 actions.append(Wake())  # at the next turn's flush, even if this one's is past
