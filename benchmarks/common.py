@@ -207,14 +207,26 @@ def wrap_each(parts: Sequence[tuple[str, str]], wrap: Callable[[str, Any], Any])
     """Replace each (module, dotted attribute) of `parts` by `wrap(attribute, original)`: how a
     benchmark that runs the launcher in its own process times parts of the brokers it forks.
     A part the checkout does not have (an older or newer one, compared by compare.py) is left
-    out: its row reads 0."""
+    out: its row reads 0. A module's function is also replaced wherever a loaded module of tbon
+    imported it by name (`from ... import decode_frames`): those calls go through that module's
+    own binding, which replacing the original's alone would not reach."""
     for module_name, path in parts:
         owner: Any = importlib.import_module(module_name)
         *outer, last = path.split(".")
         for part in outer:
             owner = getattr(owner, part, None)
-        if owner is not None and hasattr(owner, last):
-            setattr(owner, last, wrap(path, getattr(owner, last)))
+        if owner is None or not hasattr(owner, last):
+            continue
+        original = getattr(owner, last)
+        wrapped = wrap(path, original)
+        setattr(owner, last, wrapped)
+        if outer:
+            continue  # a class's attribute: every caller finds it through the class
+        for name, module in list(sys.modules.items()):
+            if name.startswith("tbon.") and module is not None and module is not owner:
+                for attribute, value in list(vars(module).items()):
+                    if value is original:
+                        setattr(module, attribute, wrapped)
 
 
 def start_here(

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,7 +65,7 @@ class Joiner:
 
     @property
     def joined(self) -> bool:
-        """Online, and not ended since (one that ended during the follow failed: _reap_joined)."""
+        """Online, and not ended since (one that ended during the follow failed: _reap_ended)."""
         return self.rank is not None and self.exit_code is None
 
     @property
@@ -517,7 +517,7 @@ def _follow(
                 if joiner.pending and process is not None and process.poll() is not None:
                     joiner.exit_code = process.returncode
                     joiner.reason = _last_line(joiner.log)
-            _reap_joined(joiners)
+            _reap_ended(joiners, forker)
             settled_now = sum(not j.pending for j in joiners if j.process is not None)
             pace.settled(settled_now - settled)
             settled = settled_now
@@ -535,31 +535,41 @@ bounded, and an expand into an instance of a few brokers (or a chain of three jo
 vacant subtree) sees each join within milliseconds, not a tenth of a second later."""
 
 
-def _reap_joined(joiners: list[Joiner]) -> None:
-    """Reap the joiners that ended after they came online, as they end: expand is their parent
-    or their child subreaper (launch/forker.py), and one not waited for stays a zombie until
-    expand exits. Each is reported as a failure, as one that ended before it came online is.
-    Looked for only once some child of this process has ended (a waitid that reaps nothing),
-    not at every turn for every joiner online."""
-    if not _a_child_ended():
-        return
-    for joiner in joiners:
-        process = joiner.process
-        if joiner.rank is None or joiner.exit_code is not None or process is None:
+def _reap_ended(joiners: list[Joiner], forker: Forker | None) -> None:
+    """Reap every child of this process that has ended, as it ends: expand is its joiners'
+    parent or their child subreaper (launch/forker.py), and so it also adopts what they leave
+    behind when they die (a job, the guard that kills it: overlay/broker/guard.py). One not
+    waited for stays a zombie until expand exits, and keeps this check true at every turn.
+    A joiner that ended after it came online is reported as a failure, as one that ended before
+    it came online is (the turn's poll of the pending ones); the forker is reaped by its own
+    Popen, which keeps its exit code; any other child is an orphan nobody else waits for.
+    Looked for only once some child has ended (a waitid that reaps nothing), not at every turn
+    for every joiner online."""
+    by_pid = {j.process.pid: j for j in joiners if j.process is not None}
+    while (pid := _ended_child()) is not None:
+        joiner = by_pid.get(pid)
+        process: Any = None if joiner is None else joiner.process
+        if process is None and forker is not None and pid == forker.process.pid:
+            process = forker.process
+        if process is None or process.returncode is not None:  # (reaped: its PID is reused)
+            with suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
             continue
-        if process.poll() is None:
-            continue
-        joiner.exit_code = process.returncode
-        said = _last_line(joiner.log)
-        joiner.reason = f"ended after it came online as rank {joiner.rank}: {said}"
+        process.poll()
+        if joiner is not None and joiner.rank is not None and joiner.exit_code is None:
+            joiner.exit_code = process.returncode
+            said = _last_line(joiner.log)
+            joiner.reason = f"ended after it came online as rank {joiner.rank}: {said}"
 
 
-def _a_child_ended() -> bool:
-    """Whether a child of this process has ended and is not reaped yet (it stays unreaped)."""
+def _ended_child() -> int | None:
+    """The PID of a child of this process that has ended and is not reaped yet (it stays
+    unreaped), or None."""
     try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:  # no child at all
-        return False
+        return None
+    return None if found is None else found.si_pid
 
 
 RECONNECT_PAUSE = 0.2

@@ -199,6 +199,26 @@ def test_a_first_hello_on_a_connection_already_closed_is_lost_at_once() -> None:
     assert m.sessions[3].returnable
 
 
+def test_a_foster_childs_first_hello_on_a_connection_already_closed_is_not_news() -> None:
+    """A seeking broker asks several ancestors at once and leaves those it gives up on (no
+    answer in time, or another welcomed it first): a hello from such a link, read only once it
+    has closed, says nothing of where that broker is. Welcomed and lost at once, its rank was
+    declared lost at rank 0 while its broker ran on under the ancestor it kept, whose Online
+    comes later (held up to REPORT_INTERVAL per level on its way: state/reports.py). The
+    admission stays within its grace: the broker may knock again."""
+    m = machine()
+    r7 = Identity(7, 1)
+    m.handle(Admit(7, 1, KEY, foster_until=5.0), 0.0)
+    m.handle(Accepted(11), 0.0)
+    m.handle(Closed(11), 0.0)
+    out = m.handle(Hello(b"r", 11, r7, hello(r7)), 0.0)
+    assert sent(out) == [] and reports(out) == []
+    assert isinstance(m.sessions[7].phase, Expected)
+    again = knock(m, r7, b"again", 12, 1.0)
+    assert sent(again)[0] == SendWelcome(b"again", r7)
+    assert reports(again) == [Online(7, 1, "node", 4242, 1, KEY)]
+
+
 def test_a_hello_again_on_a_new_connection_moves_the_session_there() -> None:
     m = connected()
     out = knock(m, R3, b"new", 12, 1.0)

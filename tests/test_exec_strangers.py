@@ -2,7 +2,8 @@
 sends (docs/protocol.md §7.1), which makes a target forget what it keeps of a job for a heal, is
 ignored when a client writes it; and an `exec.signal`, `exec.stdin` or `exec.credit` naming a job
 another client started is ignored by the job's rank (§7: a job is its client's), with a warning
-in its log, whoever learned the job's id.
+in its log, whoever learned the job's id. A stranger's `exec.signal` or `exec.stdin` stops sooner,
+at the broker it is a client of, which knows its clients' jobs: it never travels the tree.
 
 Each wait is for an answer on one connection, whose order makes a later request's answer a
 barrier for everything sent before it along the same way.
@@ -92,7 +93,16 @@ def test_a_stranger_s_exec_signal_does_not_kill_another_client_s_job(instance) -
         while "exit" not in (said := read(owner)[1]):
             pass
         assert said["signal"] == 15, f"the job ended by another signal: {said}"
-        wait_for(lambda: "ignored exec.signal for job victim" in inst.stderr(), "the warning")
+        said_by_its_broker(inst, "exec.signal")
+
+
+def said_by_its_broker(inst, topic: str) -> None:
+    """The stranger's request was ignored by rank 0, the broker it is a client of, which knows
+    its jobs: it never travelled to the job's rank 1 (which had read everything the stranger
+    sent before answering its ping, and would have said so by then)."""
+    warned = f"tbon-broker[0]: warning: ignored {topic} for job victim from l"
+    wait_for(lambda: warned in inst.stderr(), "rank 0's warning")
+    assert f"tbon-broker[1]: warning: ignored {topic}" not in inst.stderr(), "it reached rank 1"
 
 
 def test_a_stranger_s_exec_credit_does_not_drop_another_client_s_kept_answers(instance) -> None:
@@ -131,4 +141,4 @@ def test_a_stranger_s_exec_stdin_does_not_reach_another_client_s_job(instance) -
             if said.get("stream") == "stdout":
                 lines.append(frames[2])
         assert lines == [b"got mine\n"], f"the job read another's input: {lines}"
-        wait_for(lambda: "ignored exec.stdin for job victim" in inst.stderr(), "the warning")
+        said_by_its_broker(inst, "exec.stdin")

@@ -125,13 +125,15 @@ def test_a_forker_that_does_not_answer_is_given_up_within_its_deadline(tmp_path)
     assert "left: []" in ran.stdout, ran.stdout
 
 
-def test_a_joiner_that_ends_while_expand_still_follows_is_reaped_and_reported(instance) -> None:
+def test_a_joiner_that_ends_while_expand_still_follows_is_reaped_with_its_job(instance) -> None:
     """Expand follows its joiners until each is online or gone. One that came online and ends
     while another is still pending is reaped as it ends (expand, its child subreaper, would
     otherwise keep its zombie until it exits) and reported as failed, with the rank it held.
-    The pending one asks for rank 3, whose parent, rank 1, is stopped: it cannot come online
-    until rank 1 runs again. Expand's stderr is a terminal, so that its progress bar says when
-    it has seen the first one online (1/2): only then is that one killed."""
+    So is what it leaves behind, which expand adopts: its job, which its orphan guard kills
+    (overlay/broker/guard.py), and the guard. The pending one asks for rank 3, whose parent,
+    rank 1, is stopped: it cannot come online until rank 1 runs again. Expand's stderr is a
+    terminal, so that its progress bar says when it has seen the first one online (1/2): only
+    then is that one killed."""
     inst = instance(1, "size=4", "tbon.fanout=2")
     inst.join("broker.rank=1")
     parent = inst.wait_status(lambda s: s["ranks"][1]["state"] == "online", "rank 1 online")
@@ -152,8 +154,19 @@ def test_a_joiner_that_ends_while_expand_still_follows_is_reaped_and_reported(in
         while "1/2" not in ANSI.sub("", shown):
             shown += _read(terminal, "expand's progress at 1/2", shown)
         ended = inst.status()["ranks"][2]["pid"]
+        job = subprocess.Popen(
+            [TBON, "exec", inst.uri, "-r", "2", "-n", "sh", "-c", "echo $$; exec sleep 600"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=child_env(),
+        )
+        assert job.stdout is not None
+        orphan = int(job.stdout.readline())
         os.kill(ended, signal.SIGKILL)  # a joiner of our expand, by PID
+        job.wait(timeout=DEADLINE)  # our exec, told its rank is gone
         wait_for(lambda: not os.path.exists(f"/proc/{ended}"), "the ended joiner reaped")
+        wait_for(lambda: not os.path.exists(f"/proc/{orphan}"), "its job reaped by expand")
         assert expand.poll() is None, "expand stopped following before rank 3 was online"
     finally:
         os.kill(stopped, signal.SIGCONT)

@@ -39,6 +39,7 @@ from tbon.overlay.services.actions import (
     SignalJob,
     StartJob,
     WriteStdin,
+    warning,
 )
 from tbon.overlay.services.exec import ExecService
 from tbon.overlay.services.flub import RESERVATIONS_PER_CONNECTION, FlubService, flub_attributes
@@ -1221,3 +1222,28 @@ def test_a_vanished_client_loses_its_jobs_everywhere_and_its_status_streams_at_r
     forged = request("client.disconnect", route=["l0a", "l0b", "c1"])
     [said] = root.handlers()["client.disconnect"](forged, NOW)
     assert isinstance(said, Log) and "written by a client (l0b/c1)" in said.text
+
+
+def test_a_clients_broker_passes_on_only_its_clients_own_signal_and_input() -> None:
+    """exec.signal and exec.stdin stop at the client's broker unless that client started a job
+    of that id (its ranks then judge it): a stranger's is said in the log there. One for the
+    client's own job that its answers showed over everywhere (a Ctrl-C that crossed the last
+    exit) is dropped without a word, as its ranks would have."""
+    service, start = exec_at(0), start_request([0, 3])
+    service.started_by("l0a", start)
+    kill = {"id": "j1", "signal": 2, "targets": [0, 3]}
+    for topic in ("exec.signal", "exec.stdin"):
+        assert service.unless_own_job("l0a", request(topic, kill)) is None
+        [said] = service.unless_own_job("l0b", request(topic, kill)) or []
+        assert said == warning(f"ignored {topic} for job j1 from l0b: not its client")
+    other = request("exec.signal", {**kill, "id": "j2"})
+    assert service.unless_own_job("l0a", other) == [
+        warning("ignored exec.signal for job j2 from l0a: not its client")
+    ]
+    service.answered("l0a", last_word(start, 3))
+    assert service.unless_own_job("l0a", request("exec.signal", kill)) is None  # rank 0 runs
+    service.answered("l0a", last_word(start, 0))
+    assert service.unless_own_job("l0a", request("exec.signal", kill)) == []
+    assert service.unless_own_job("l0b", request("exec.signal", kill)) != []
+    service.client_gone("l0a")
+    assert service.unless_own_job("l0a", request("exec.signal", kill)) != []

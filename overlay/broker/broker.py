@@ -717,9 +717,14 @@ class Broker:
             self.perform(self.services.exec.client_gone(hop))
             self.router.forget_client(hop)
 
-    def _local_request(self, hop: str, message: Message) -> None:
+    def _local_request(self, hop: str, message: Message) -> list[Action] | None:
+        """A local client's request, before it goes on: an exec.start is remembered as its
+        client's; another client's exec.signal or exec.stdin stops here (None: it goes on)."""
         if message.topic == "exec.start":
             self.services.exec.started_by(hop, message)
+        elif message.topic in ("exec.stdin", "exec.signal"):
+            return self.services.exec.unless_own_job(hop, message)
+        return None
 
     def _locate_late(self, now: float) -> None:
         """Rank 0 keeps PMI open until every launched rank is online (then there is nothing to

@@ -559,11 +559,6 @@ class JobRunner:
         """The broker is ending: its guard ends too (killing any job still listed)."""
         self.guard.close()
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [
-            {"id": j.id, "pid": j.process.pid, "argv": j.process.args} for j in self.jobs.values()
-        ]
-
 
 def _ended(pid: int) -> bool:
     """Whether the child `pid` has ended, without reaping it (its PID stays taken)."""

@@ -86,14 +86,16 @@ class Router:
         handlers: dict[str, Handler],
         root_topics: frozenset[str],
         perform: Callable[[list[Action]], None],
-        on_local_request: Callable[[str, Message], None],
+        on_local_request: Callable[[str, Message], list[Action] | None],
         call_timeout: float,
         terms: Terms | None = None,
     ) -> None:
         """`handlers` maps each topic this broker serves to its service; `root_topics` are the
         topics a request without a rank (ANY_RANK) sends to rank 0; `perform` carries out what a
         handler or a continuation returns; `on_local_request` sees each request of a local
-        client first, with the client's hop; a call unanswered for `call_timeout` fails.
+        client first, with the client's hop, and may keep it from going on (what to do instead:
+        a stranger's exec.signal, services/exec.py `unless_own_job`); a call unanswered for
+        `call_timeout` fails.
         `terms`: the broker's term fence (docs/protocol.md §13.3), which stamps the root's orders
         as they leave and judges those served here."""
         self.rank = rank
@@ -124,7 +126,10 @@ class Router:
             if came_from == "s" and message.topic in ORDERS:
                 message.term = self.terms.term  # the one place an order gets its term
             if came_from.startswith("l"):
-                self.on_local_request(came_from, message)
+                instead = self.on_local_request(came_from, message)
+                if instead is not None:
+                    self.perform(instead)
+                    return
             message.route.append(came_from)
             if came_from.startswith("c"):
                 self._learn_across(message.route)

@@ -32,8 +32,10 @@ Rules.
 - A welcome ties the session to the hello's connection: a child whose TCP connection went
   half-dead may connect again and is welcomed there; the old connection's close is then stale.
   A hello of a broker welcomed before, from a connection already closed, says nothing of where
-  that broker is now: ignored. A first hello from a closed connection is welcomed and lost at
-  once.
+  that broker is now: ignored. So is a foster child's first hello from a closed connection (a
+  seeking broker leaves the ancestors it gave up on, and may run on under another, whose Online
+  would come after this link's Lost: rank 0 would declare it lost); its admission stays. Any
+  other first hello from a closed connection is welcomed and lost at once.
 - A connection that closes ends the sessions on it (lost, "connection dropped"), but only at
   `Settle`, after the messages it delivered before closing (a goodbye) were read; a session tied
   to another connection since is not ended.
@@ -703,6 +705,18 @@ def welcome(m: Downward, s: ChildSession, st: Welcomed, now: float) -> list[Inst
     return out
 
 
+def welcome_first(m: Downward, s: ChildSession, st: Welcomed, now: float) -> list[Instruction]:
+    """An expected broker's first hello: welcomed, unless it is a foster child's on a connection
+    already closed. A seeking broker asks several ancestors at once and leaves those it gives up
+    on: such a hello says nothing of where it is, and welcomed and lost at once it had rank 0
+    declare lost a broker that ran on under the ancestor it kept, whose Online came later. Its
+    admission stays, within its grace: it may knock again."""
+    if s.foster and not m.ledger.is_open(st.connection):
+        rank = s.identity.rank
+        return [Note(INFO, f"ignored a hello of foster rank {rank} from a closed connection")]
+    return welcome(m, s, st, now)
+
+
 def welcome_again(m: Downward, s: ChildSession, st: Welcomed, now: float) -> list[Instruction]:
     """A broker welcomed before (back from a partition, or on a new connection): welcomed
     again, unless it has already left the connection its hello came on."""
@@ -853,7 +867,7 @@ TRANSITIONS: dict[tuple[type | str, type], Handler] = {
     # hellos, judged; and rank 0's answer to a shared-key broker back on its host
     ("-", Hello): hello,
     ("-", Rejoined): rejoined,
-    (Expected, Welcomed): welcome,
+    (Expected, Welcomed): welcome_first,
     (Connected, Welcomed): welcome_again,
     (Ended, Welcomed): welcome_again,  # a lost one's own broker, back (the judge saw to that)
     (Connected, Replaced): replaced,

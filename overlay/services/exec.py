@@ -36,7 +36,7 @@ from tbon.overlay.services.actions import (
     WriteStdin,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
-from tbon.overlay.services.trust import unless_broker_own, unless_job_client
+from tbon.overlay.services.trust import not_its_client, unless_broker_own, unless_job_client
 from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
@@ -49,6 +49,10 @@ from tbon.record import Record
 
 EXEC_TOPICS = ("exec.start", "exec.stdin", "exec.signal", "exec.resend", "exec.taken")
 """Fanned out to a list of target ranks. exec.credit goes to one rank: its `nodeid`."""
+
+ENDED_KEPT = 8
+"""The ids of a local client's last jobs that its broker remembers once they are over
+everywhere: a late exec.signal for one is no stranger's (ExecService.unless_own_job)."""
 
 DUPLICATE = "exec.start: bad argv or a duplicate id"
 
@@ -184,6 +188,8 @@ class ExecService:
         self.lifecycle = lifecycle
         # a local client's hop -> the tag of each exec.start it sent -> that job
         self._client_jobs: dict[str, dict[int, ClientJob]] = {}
+        # a local client's hop -> the ids of its last jobs over everywhere (unless_own_job)
+        self._ended: dict[str, list[Any]] = {}
         # the ranks whose last answer was handed to its client, until told (takenhold.py)
         self._taken = TakenHold()
         # the broker attached here that a target is reached through (the router's, once built)
@@ -348,6 +354,23 @@ class ExecService:
         )
         self._client_jobs.setdefault(hop, {})[request.tag] = job
 
+    def unless_own_job(self, hop: str, request: Message) -> list[Action] | None:
+        """exec.stdin or exec.signal from local client `hop`, before it goes anywhere: None if
+        that client started a job of that id which has not ended everywhere (to be sent on: its
+        ranks judge it as they judge any, `unless_job_client`); else it is ignored here, said in
+        the log as the job's ranks would say it. No other client's job can be the one it names:
+        a job is its client's (docs/protocol.md §7), and this broker is where every job of its
+        clients is known. So a stranger's request never travels the tree. One for a job its
+        client's answers showed over everywhere would act on nothing: dropped without a word if
+        it is among that client's last ENDED_KEPT (a Ctrl-C that crossed the job's last answers;
+        the job's ranks would not have said anything either)."""
+        job_id = request.payload.get("id")
+        if any(job.id == job_id for job in self._client_jobs.get(hop, {}).values()):
+            return None
+        if job_id in self._ended.get(hop, ()):
+            return []
+        return [not_its_client(request, hop)]
+
     def answered(self, hop: str, reply: Message) -> list[Action]:
         """A response went to local client `hop`: a rank's last word on a job (its exit, or
         why it could not run) means nothing is left to kill there, and a job that every rank
@@ -373,6 +396,9 @@ class ExecService:
         if not job.running:
             self._taken.over(str(job.id))  # its ranks are told together: flush
             del jobs[reply.tag]
+            ended = self._ended.setdefault(hop, [])
+            ended.append(job.id)
+            del ended[:-ENDED_KEPT]
             if not jobs:
                 del self._client_jobs[hop]
         return actions
@@ -483,6 +509,7 @@ class ExecService:
         wherever they still run, and have them keep nothing for it (`gone`): so that a rank's
         last word that finds the client gone needs no client.disconnect (`last_word`)."""
         actions: list[Action] = []
+        self._ended.pop(hop, None)
         for job in self._client_jobs.pop(hop, {}).values():
             if self._taken.over(str(job.id)):  # what was handed over before it left: told
                 actions.append(Wake())  # at the next turn's flush, even if this one's is past

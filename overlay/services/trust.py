@@ -113,6 +113,11 @@ def unless_job_client(request: Message, rank: int, start: Message | None) -> lis
     the brokers' logs, so knowing it proves nothing (docs/protocol.md §7)."""
     if start is None or same_client(request, start, rank):
         return None
-    sender = "/".join(connection_of(request)) or "?"
+    return [not_its_client(request, "/".join(connection_of(request)) or "?")]
+
+
+def not_its_client(request: Message, sender: str) -> Action:
+    """The warning that `request`, naming a job that `sender` (a connection, as its hops read)
+    did not start, is ignored: said by the job's rank, or sooner by the sender's own broker."""
     job = str(request.payload.get("id"))[:40]
-    return [warning(f"ignored {request.topic} for job {job} from {sender}: not its client")]
+    return warning(f"ignored {request.topic} for job {job} from {sender}: not its client")

@@ -199,14 +199,13 @@ class Prompts(Record):
         start: float,
         due: dict[int, float] | None = None,
         interval: dict[int, float] | None = None,
-        scan: float = 0.0,
         flowing: float | None = None,
     ) -> None:
         self.start = start  # when the job started: the clock of a rank not heard from yet
         self.due: dict[int, float] = {} if due is None else due  # rank -> when to ask it
         # rank -> its interval, once asked
         self.interval: dict[int, float] = {} if interval is None else interval
-        self.scan = start + QUIET_S  # when to look the ranks over next (`scan` as given: unused)
+        self.scan = start + QUIET_S  # when to look the ranks over next (its own: not given)
         self.flowing = flowing  # when any rank was last heard from
 
     def heard(self, rank: int, now: float) -> None:
