@@ -104,10 +104,14 @@ class Pinger:
     in its time. Rank 0's own delay, without any command's start-up (which N starting brokers
     slow by seconds on 2 cores)."""
 
-    def __init__(self, socket_pattern: str) -> None:
+    def __init__(self, socket_pattern: str, session: bool = False) -> None:
         argv = [sys.executable, "-c", PINGER, socket_pattern, RTT_INTERVAL]
         self.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=session,
         )
         self.samples: list[tuple[float, float]] = []  # (when read, round trip in seconds)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -148,13 +152,18 @@ def schedstat(pid: int) -> tuple[float, float]:
     return run / 1e9, delay / 1e9
 
 
-def timed_run(argv: Sequence[str]) -> tuple[float, float, float]:
+def timed_run(argv: Sequence[str], session: bool = False) -> tuple[float, float, float]:
     """Wall time of one run of `argv` (stdin and stdout /dev/null, exit 0 expected), and its
     main thread's time on a CPU and waiting for one, read from the exited process before it is
-    reaped (waitid WNOWAIT), so that what the command waited for rank 0 is the rest."""
+    reaped (waitid WNOWAIT), so that what the command waited for rank 0 is the rest.
+    `session`: in a session of its own, as a command typed at a terminal of its own."""
     started = time.perf_counter()
     process = subprocess.Popen(
-        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=session,
     )
     try:
         assert process.stderr is not None
@@ -215,7 +224,7 @@ def one_sample(name: str, uri: str, phase: Phase) -> None:
     argv += ["--summary"] if name == "summary" else []
     started = time.perf_counter()
     try:
-        wall, run, delay = timed_run(argv)
+        wall, run, delay = timed_run(argv, phase.sessions)
         phase.samples[name].append(wall)
         phase.samples[f"{name} cpu"].append(run)
         phase.samples[f"{name} queued"].append(delay)
@@ -236,6 +245,7 @@ class Phase:
     )
     failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES + PARTS, 0))
     rank0: tuple[float, float, float] | None = None  # seconds: wall, on a CPU, queued
+    sessions: bool = False  # each command in a session of its own (a terminal of its own)
 
     def rounds(self, uri: str, count: int) -> None:
         """`count` runs of each measure, the measures at once (idle)."""
@@ -322,14 +332,22 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
 
 
 def measure_expand(
-    size: int, idle_rounds: int, settle: float, force: bool, sessions: bool = False
+    size: int,
+    idle_rounds: int,
+    settle: float,
+    force: bool,
+    sessions: bool = False,
+    one_terminal: bool = False,
 ) -> tuple[Phase, Phase, float]:
     """Samples while `tbon expand -n N` brings N brokers into an instance of rank 0 alone (every
     join goes through rank 0: its allocation and its key exchange), then idle. `sessions`: the
     instance and expand each in a session of its own, as if started from other terminals than
     the commands measured (where Linux shares CPU time between sessions, autogroup, that is
-    what a user of three terminals sees)."""
-    loaded, idle = Phase(), Phase()
+    what a user of several terminals sees), and so is each command measured (ping, summary,
+    and the pinger: one terminal each, where a user runs one command at a time), unless
+    `one_terminal` (session 19's --sessions: the commands measured all in this script's)."""
+    apart = sessions and not one_terminal
+    loaded, idle = Phase(sessions=apart), Phase(sessions=apart)
     options = ["--test-exit-timeout=1m"]
     with (
         tbon_start(
@@ -337,7 +355,7 @@ def measure_expand(
         ) as instance,
         tempfile.TemporaryFile() as said,
     ):
-        pinger = Pinger(instance.uri[len("local://") :])
+        pinger = Pinger(instance.uri[len("local://") :], apart)
         pinger.first(URI_DEADLINE_S)
         rank0 = rank0_pid(instance.process.pid)
         clock = Rank0Clock(rank0)
@@ -424,7 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sessions",
         action="store_true",
-        help="expand: the instance and expand each in a session of its own (other terminals)",
+        help="expand: the instance, expand and each command measured in a session of its own "
+        "(a terminal each)",
+    )
+    parser.add_argument(
+        "--one-terminal",
+        action="store_true",
+        help="with --sessions: the commands measured share this script's session (session 19)",
     )
     args = parse_args(parser, argv, SECTIONS, counts=("--idle",))
     report = begin("responsive", args.markdown)
@@ -452,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.note(f"{note} From when rank 0 listens (after the PMI exchange) to all online.")
     if "expand" in args.sections:
         loaded, idle, took = measure_expand(
-            args.size, args.idle, args.settle, args.force, args.sessions
+            args.size, args.idle, args.settle, args.force, args.sessions, args.one_terminal
         )
         report.heading(
             f"Rank 0 while {args.size} brokers join (`tbon expand -n {args.size}`, "
