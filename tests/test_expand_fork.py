@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 from brokers import title
 from conftest import DEADLINE, TBON, child_env, process_gone, tbon, wait_for
 
@@ -34,9 +33,6 @@ def test_a_forked_joiner_shows_its_whole_title_and_logs_to_its_file(instance) ->
         [log] = (os.path.join(rank0_dir, "expand", name) for name in _logs(rank0_dir))
         with open(log) as text:
             assert "FLUB: reserved rank 2" in text.read()
-        if os.path.exists("/proc/self/autogroup"):  # its session weighs as any other again
-            with open(f"/proc/{broker['pid']}/autogroup") as autogroup:
-                assert autogroup.read().rstrip().endswith(" nice 0"), "session still niced"
     finally:
         inst.stop()
         wait_for(lambda: process_gone(broker["pid"]), "the joined broker to leave")
@@ -62,39 +58,6 @@ except TbonError as error:
     print("refused:", error)
 print("left:", sorted(_children() - before))
 """
-
-
-LIGHTER = """
-import time
-from tbon.overlay.launch.autogroup import BOOT_NICE
-from tbon.overlay.launch.forker import Forker
-
-def nice(pid):
-    with open(f"/proc/{pid}/autogroup") as autogroup:
-        return autogroup.read().split()[-1]
-
-forker = Forker.start()
-assert forker is not None, "no subreaper here"
-deadline = time.monotonic() + 60
-while nice(forker.process.pid) != str(BOOT_NICE) and time.monotonic() < deadline:
-    time.sleep(0.01)  # the forker sets it once it has its session: nothing to wait on
-print("booting:", nice(forker.process.pid) == str(BOOT_NICE))
-forker.fork([])  # one round trip: the forker is past its start, and alive
-pid = forker.process.pid
-from tbon.overlay.launch.autogroup import restore
-restore(pid)
-print("after:", nice(pid))
-forker.cancel()
-"""
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroup here")
-def test_the_forkers_session_is_lighter_while_its_brokers_boot_and_restored_after() -> None:
-    """The joiners' session weighs less than another terminal's while they boot (so that a
-    command run there, and rank 0, are not starved), and as much again once expand is done."""
-    ran = _script(LIGHTER)
-    assert "booting: True" in ran.stdout, ran.stdout
-    assert "after: 0" in ran.stdout, ran.stdout
 
 
 def test_a_forker_that_fails_half_way_leaves_no_broker_running(tmp_path) -> None:

@@ -26,8 +26,7 @@ terminal (a Ctrl-C there is not theirs), and, where Linux shares CPU time betwee
 (autogroup), a thousand booting brokers weigh as one session against a command run from another
 terminal, not as a thousand, as the brokers of one `tbon start` share its launcher's. Not a lower
 priority (nice): an unprivileged broker could not raise it back once online, and it lives on,
-with the jobs it starts, which would inherit it. The session's own weight, though, is lighter
-while they boot, and back to normal once expand has followed them (launch/autogroup.py).
+with the jobs it starts, which would inherit it.
 """
 
 from __future__ import annotations
@@ -262,12 +261,8 @@ class Forker:
 
     def cancel(self) -> None:
         """Stop the forker, used or not: between batches it has nothing in hand, and what it
-        forked is this process's (or, mid-batch, this process's to stop: `_stop_strays`).
-        Its brokers' session, lighter while they booted, weighs as any other again."""
+        forked is this process's (or, mid-batch, this process's to stop: `_stop_strays`)."""
         if self.process.poll() is None:
-            from tbon.overlay.launch.autogroup import restore
-
-            restore(self.process.pid)
             self.process.kill()
             self.process.wait()
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
@@ -287,9 +282,6 @@ def main() -> NoReturn:
     try:
         os.setsid()  # the brokers' one session (above)
         alone = False
-        from tbon.overlay.launch.autogroup import BOOT_NICE, set_session_nice
-
-        set_session_nice(os.getpid(), BOOT_NICE)  # lighter while they boot (launch/autogroup.py)
     except OSError:  # a group's leader already (not as expand starts it): one session each
         alone = True
     for name in JOINERS_NEED:
