@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import subprocess
 import sys
 import time
@@ -65,9 +66,23 @@ def cpu_ns(pid: int) -> tuple[int, int]:
     return total, main
 
 
-def one(size: int) -> tuple[float, float, float]:
-    """(rank 0's CPU, its main thread's, expand's wall time), in s, for one expand of `size`
-    joiners."""
+def joiners_cpu(uri: str) -> float:
+    """The CPU so far (every thread's, schedstat) of the brokers other than rank 0, in s: what
+    the joiners spent to boot and join, read once all are online."""
+    import json
+
+    shown = subprocess.run(
+        [str(TBON), "status", uri, "--json"], capture_output=True, text=True, check=True
+    )
+    ranks = json.loads(shown.stdout)["ranks"]
+    entries = ranks.values() if isinstance(ranks, dict) else ranks
+    pids = [e.get("pid") for e in entries if isinstance(e, dict) and e.get("rank") != 0]
+    return sum(cpu_ns(pid)[0] for pid in pids if isinstance(pid, int)) / 1e9
+
+
+def one(size: int) -> tuple[float, float, float, float, float]:
+    """(rank 0's CPU, its main thread's, expand's wall time, the CPU of expand and its forker,
+    the joiners' CPU), in s, for one expand of `size` joiners."""
     with tbon_start(1, [f"size={size + 1}"], options=["--test-exit-timeout=1m"]) as instance:
         rank0 = rank0_of(instance.process.pid, size + 1)
         argv = [str(TBON), "expand", instance.uri, "-n", str(size), "--timeout", "5m"]
@@ -75,16 +90,22 @@ def one(size: int) -> tuple[float, float, float]:
         started = time.monotonic()
         expand = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         try:
-            code = expand.wait()
+            _, status, usage = os.wait4(expand.pid, 0)
+            expand.returncode = code = os.waitstatus_to_exitcode(status)
         finally:
             stop(expand)
         took = time.monotonic() - started
         after = cpu_ns(rank0)
+        itself = usage.ru_utime + usage.ru_stime  # with the forker, a child it reaped
         used, loop = (after[0] - before[0]) / 1e9, (after[1] - before[1]) / 1e9
         if code != 0:
             raise RuntimeError(f"tbon expand -n {size} exited {code}")
-        progress(f"expand -n {size}: {took:.2f} s, rank 0 {used:.3f} CPU-s")
-        return used, loop, took
+        joiners = joiners_cpu(instance.uri)
+        progress(
+            f"expand -n {size}: {took:.2f} s, rank 0 {used:.3f} CPU-s, expand and forker "
+            f"{itself:.2f}, joiners {joiners:.2f}"
+        )
+        return used, loop, took, itself, joiners
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,10 +120,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu = median([run[0] for run in runs])
         loop = median([run[1] for run in runs])
         wall = median([run[2] for run in runs])
+        itself = median([run[3] for run in runs])
+        joiners = median([run[4] for run in runs])
         per_join = f"{cpu / size * 1e6:.0f}"
-        rows.append([str(size), f"{cpu:.3f}", per_join, f"{loop:.3f}", f"{wall:.2f}"])
+        rows.append(
+            [
+                str(size),
+                f"{cpu:.3f}",
+                per_join,
+                f"{loop:.3f}",
+                f"{wall:.2f}",
+                f"{itself:.2f}",
+                f"{joiners / size * 1e3:.1f}",
+            ]
+        )
     report.heading("Rank 0 during `tbon expand -n N` (rank 0 alone before)")
-    header = ["joiners", "rank 0 CPU s", "µs per join", "its loop's CPU s", "expand wall s"]
+    header = [
+        "joiners",
+        "rank 0 CPU s",
+        "µs per join",
+        "its loop's CPU s",
+        "expand wall s",
+        "expand+forker CPU s",
+        "ms CPU per joiner",
+    ]
     report.table(header, rows)
     return 0
 

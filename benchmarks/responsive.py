@@ -64,12 +64,14 @@ from common import (
     read_line,
     stop,
     tbon_start,
-    time_command,
     verdict,
 )
 
 SECTIONS = ("wireup", "expand")
 MEASURES = ("ping", "summary", "rtt")
+PARTS = ("ping cpu", "ping queued", "summary cpu", "summary queued")
+"""Of each command's wall time, its main thread's time on a CPU and waiting for one (schedstat):
+what is left is its wait for rank 0 (and its other threads)."""
 COMMANDS = ("ping", "summary")  # each a command of its own, timed whole
 TARGET_RATIO = 2.0
 RTT_INTERVAL = "10ms"  # spread over a fifth of a second, not one burst
@@ -102,10 +104,14 @@ class Pinger:
     in its time. Rank 0's own delay, without any command's start-up (which N starting brokers
     slow by seconds on 2 cores)."""
 
-    def __init__(self, socket_pattern: str) -> None:
+    def __init__(self, socket_pattern: str, session: bool = False) -> None:
         argv = [sys.executable, "-c", PINGER, socket_pattern, RTT_INTERVAL]
         self.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=session,
         )
         self.samples: list[tuple[float, float]] = []  # (when read, round trip in seconds)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -132,6 +138,84 @@ class Pinger:
         self.thread.join(STOP_GRACE_S)
 
 
+def schedstat(pid: int) -> tuple[float, float]:
+    """Seconds on a CPU and seconds runnable but waiting for one (the run queue), summed over
+    the threads of `pid` (/proc/PID/task/*/schedstat); (0, 0) once it is gone."""
+    run = delay = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as stats:
+                fields = stats.read().split()
+        except OSError:
+            continue
+        run, delay = run + int(fields[0]), delay + int(fields[1])
+    return run / 1e9, delay / 1e9
+
+
+def timed_run(argv: Sequence[str], session: bool = False) -> tuple[float, float, float]:
+    """Wall time of one run of `argv` (stdin and stdout /dev/null, exit 0 expected), and its
+    main thread's time on a CPU and waiting for one, read from the exited process before it is
+    reaped (waitid WNOWAIT), so that what the command waited for rank 0 is the rest.
+    `session`: in a session of its own, as a command typed at a terminal of its own."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=session,
+    )
+    try:
+        assert process.stderr is not None
+        said = process.stderr.read()  # to its end: the command has exited, or closed it
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+        wall = time.perf_counter() - started
+        try:
+            with open(f"/proc/{process.pid}/schedstat") as stats:
+                fields = stats.read().split()
+            run, delay = int(fields[0]) / 1e9, int(fields[1]) / 1e9
+        except OSError:
+            run = delay = float("nan")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    if process.returncode != 0:
+        raise RuntimeError(f"`{' '.join(argv)}` exited {process.returncode}: {said[-2000:]!r}")
+    return wall, run, delay
+
+
+def rank0_pid(root: int) -> int | None:
+    """The PID of rank 0 among `root`'s descendants (its title: `tbon broker rank 0/N`)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if cmdline.read().startswith(b"tbon broker rank 0/"):
+                    return pid
+            for path in glob.glob(f"/proc/{pid}/task/*/children"):
+                with open(path) as children:
+                    todo += [int(child) for child in children.read().split()]
+        except OSError:
+            continue
+    return None
+
+
+class Rank0Clock:
+    """Rank 0's time on a CPU and waiting for one (run queue) over a phase, from schedstat."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.start = (time.monotonic(), *schedstat(pid)) if pid else None
+
+    def end(self) -> tuple[float, float, float] | None:
+        if self.pid is None or self.start is None:
+            return None
+        now, run, delay = time.monotonic(), *schedstat(self.pid)
+        return now - self.start[0], run - self.start[1], delay - self.start[2]
+
+
 def one_sample(name: str, uri: str, phase: Phase) -> None:
     """One run of measure `name` (ping or summary) against `uri`. One that fails (rank 0
     silent past the CLI's own timeout, or not serving its socket yet) counts as a failure, and
@@ -140,7 +224,10 @@ def one_sample(name: str, uri: str, phase: Phase) -> None:
     argv += ["--summary"] if name == "summary" else []
     started = time.perf_counter()
     try:
-        phase.samples[name].append(time_command(argv))
+        wall, run, delay = timed_run(argv, phase.sessions)
+        phase.samples[name].append(wall)
+        phase.samples[f"{name} cpu"].append(run)
+        phase.samples[f"{name} queued"].append(delay)
     except RuntimeError as error:
         phase.samples[name].append(time.perf_counter() - started)
         phase.failed[name] += 1
@@ -153,8 +240,12 @@ class Phase:
     Each measure runs in a thread of its own, one command after another, so that a command
     slowed by the load does not hold the others' samples back."""
 
-    samples: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MEASURES})
-    failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES, 0))
+    samples: dict[str, list[float]] = field(
+        default_factory=lambda: {m: [] for m in MEASURES + PARTS}
+    )
+    failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES + PARTS, 0))
+    rank0: tuple[float, float, float] | None = None  # seconds: wall, on a CPU, queued
+    sessions: bool = False  # each command in a session of its own (a terminal of its own)
 
     def rounds(self, uri: str, count: int) -> None:
         """`count` runs of each measure, the measures at once (idle)."""
@@ -241,14 +332,22 @@ def measure(size: int, idle_rounds: int, settle: float, force: bool) -> tuple[Ph
 
 
 def measure_expand(
-    size: int, idle_rounds: int, settle: float, force: bool, sessions: bool = False
+    size: int,
+    idle_rounds: int,
+    settle: float,
+    force: bool,
+    sessions: bool = False,
+    one_terminal: bool = False,
 ) -> tuple[Phase, Phase, float]:
     """Samples while `tbon expand -n N` brings N brokers into an instance of rank 0 alone (every
     join goes through rank 0: its allocation and its key exchange), then idle. `sessions`: the
     instance and expand each in a session of its own, as if started from other terminals than
     the commands measured (where Linux shares CPU time between sessions, autogroup, that is
-    what a user of three terminals sees)."""
-    loaded, idle = Phase(), Phase()
+    what a user of several terminals sees), and so is each command measured (ping, summary,
+    and the pinger: one terminal each, where a user runs one command at a time), unless
+    `one_terminal` (session 19's --sessions: the commands measured all in this script's)."""
+    apart = sessions and not one_terminal
+    loaded, idle = Phase(sessions=apart), Phase(sessions=apart)
     options = ["--test-exit-timeout=1m"]
     with (
         tbon_start(
@@ -256,8 +355,10 @@ def measure_expand(
         ) as instance,
         tempfile.TemporaryFile() as said,
     ):
-        pinger = Pinger(instance.uri[len("local://") :])
+        pinger = Pinger(instance.uri[len("local://") :], apart)
         pinger.first(URI_DEADLINE_S)
+        rank0 = rank0_pid(instance.process.pid)
+        clock = Rank0Clock(rank0)
         argv = [str(TBON), "expand", instance.uri, "-n", str(size), "--timeout", "5m"]
         started = time.monotonic()
         expand = subprocess.Popen(
@@ -272,6 +373,7 @@ def measure_expand(
         try:
             expand.wait()
             took = time.monotonic() - started
+            loaded.rank0 = clock.end()
         finally:
             over.set()
             stop(expand)
@@ -288,7 +390,9 @@ def measure_expand(
         progress(f"expand ended after {took:.1f} s; settling {settle:g} s")
         time.sleep(settle)  # not a wait for a condition: the quiet spell before idle rounds
         quiet = time.monotonic()
+        clock = Rank0Clock(rank0)
         idle.rounds(instance.uri, idle_rounds)
+        idle.rank0 = clock.end()
         loaded.samples["rtt"] = pinger.between(started, started + took)
         idle.samples["rtt"] = pinger.between(quiet, time.monotonic())
         pinger.stop()
@@ -297,7 +401,9 @@ def measure_expand(
 
 def rows_of(loaded: Phase, idle: Phase) -> list[list[str]]:
     rows = []
-    for name in MEASURES:
+    for name in MEASURES + PARTS:
+        if name in PARTS and not (loaded.samples[name] and idle.samples[name]):
+            continue
         during_samples, idle_samples = loaded.samples[name], idle.samples[name]
         failed = f"{loaded.failed[name]}/{idle.failed[name]}"
         if not during_samples or not idle_samples:
@@ -313,9 +419,15 @@ def rows_of(loaded: Phase, idle: Phase) -> list[list[str]]:
                 f"{during * 1000:.1f}",
                 f"{quiet * 1000:.1f}",
                 f"{ratio:.2f}",
-                f"≤ {TARGET_RATIO:g} {verdict(ratio <= TARGET_RATIO)}",
+                "of the above"
+                if name in PARTS
+                else f"≤ {TARGET_RATIO:g} {verdict(ratio <= TARGET_RATIO)}",
             ]
         )
+    if loaded.rank0 and idle.rank0:
+        for index, what in ((1, "rank 0 on a CPU"), (2, "rank 0 queued")):
+            during, quiet = (p.rank0[index] / p.rank0[0] for p in (loaded, idle))  # type: ignore[index]
+            rows.append([what, "-", "-", f"{during:.1%}", f"{quiet:.1%}", "-", "share of wall"])
     return rows
 
 
@@ -330,7 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sessions",
         action="store_true",
-        help="expand: the instance and expand each in a session of its own (other terminals)",
+        help="expand: the instance, expand and each command measured in a session of its own "
+        "(a terminal each)",
+    )
+    parser.add_argument(
+        "--one-terminal",
+        action="store_true",
+        help="with --sessions: the commands measured share this script's session (session 19)",
     )
     args = parse_args(parser, argv, SECTIONS, counts=("--idle",))
     report = begin("responsive", args.markdown)
@@ -358,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.note(f"{note} From when rank 0 listens (after the PMI exchange) to all online.")
     if "expand" in args.sections:
         loaded, idle, took = measure_expand(
-            args.size, args.idle, args.settle, args.force, args.sessions
+            args.size, args.idle, args.settle, args.force, args.sessions, args.one_terminal
         )
         report.heading(
             f"Rank 0 while {args.size} brokers join (`tbon expand -n {args.size}`, "
