@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -179,6 +180,10 @@ def main() -> int:
             fields = text.rsplit(")", 1)[1].split()
             ticks = int(fields[11]) + int(fields[12])
             lines.append(f"thread {name:25} {ticks * 1000 // os.sysconf('SC_CLK_TCK'):6d} ms")
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        lines.append(f"page faults (minor)           {usage.ru_minflt:8d}")
+        user, system = usage.ru_utime * 1e3, usage.ru_stime * 1e3
+        lines.append(f"user / system CPU, all threads {user:.1f} / {system:.1f} ms")
         lines.append(f"main thread CPU {time.thread_time() * 1e3:.1f} ms (pid {os.getpid()})")
         with open(os.path.join(out, "split"), "w") as report:
             report.write("\n".join(lines) + "\n")

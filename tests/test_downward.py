@@ -319,6 +319,8 @@ def test_only_a_word_that_changed_no_verdict_leaves_the_loop_s_timers_as_they_ar
     again = m.sessions[3].deadline()
     assert torpid is not None and again is not None and again < torpid
     assert Downward.hastens(Goodbye(rid), []) and Downward.hastens(Tick(), [])
+    # a settle that ended no session changed no deadline; one that did may have
+    assert not Downward.hastens(Settle(), []) and Downward.hastens(Settle(), out)
 
 
 def test_a_goodbye_ends_the_incarnation_and_the_close_that_follows_is_no_news() -> None:

@@ -279,6 +279,8 @@ Stimulus = (
 )
 ByRank = Admit | Withdraw | Revoke | Retire
 ByRoute = Heard | Goodbye | MovedAway
+_NEVER_HASTEN = (Heard, Settle)
+"""Stimuli that bring no deadline sooner unless they give instructions (Downward.hastens)."""
 
 
 # --- instructions -------------------------------------------------------------------------------
@@ -473,8 +475,11 @@ class Downward:
         `next_deadline` sooner, so that the loop must recompute its timers at once. Only a
         Heard that changed no verdict cannot: hearing a child puts its silence's deadline off
         (a torpid child heard again is reported, and its torpid deadline comes back: sooner).
-        Most of what a parent reads, so most reads leave the loop's timers as they are."""
-        return type(stimulus) is not Heard or bool(instructions)
+        Most of what a parent reads, so most reads leave the loop's timers as they are. Nor can
+        a Settle that ended no session (no close was pending, or each was stale): it touches
+        nothing but the closes it was to judge, and a parent settles after every read that
+        drains its socket, which at a wire-up is most turns of the loop."""
+        return bool(instructions) or type(stimulus) not in _NEVER_HASTEN
 
     def next_deadline(self) -> float:
         """The next heartbeat, silence judgement or foster grace due. Kept from the last walk

@@ -134,9 +134,10 @@ class RankPath:
             if end > at:
                 run = events[at:end]
                 done = self.table.apply_all(run, now)
+                told = self.admissions.told_at_home
                 for event, outcome in zip(run, done, strict=False):
-                    if outcome.applied:
-                        self._told(event)  # type: ignore[arg-type]  # quiet: Onlines
+                    if outcome.applied:  # quiet: an Online welcomed at home (`_told`)
+                        told(event.rank, event.incarnation)
                     else:
                         actions += self._follow_ups(event, outcome, now, [])
                 outcomes += done

@@ -55,17 +55,24 @@ class Admissions:
         """`parent` was told to admit (rank, incarnation), or welcomed it. An ancestor only.
         The topology parent is one always (`parents`): only an older incarnation is forgotten,
         which keeps the Online of every rank wiring up under its own parent cheap."""
-        known = self._told.get(rank)
         if 0 < rank < self.topology.size and parent == self.topology.parent(rank):
-            if known is not None and known[0] < incarnation:
-                del self._told[rank]
+            self.told_at_home(rank, incarnation)
             return
+        known = self._told.get(rank)
         if not may_admit(self.topology, parent, rank):
             return
         if known is None or known[0] < incarnation:
             self._told[rank] = (incarnation, {parent})
         elif known[0] == incarnation:
             known[1].add(parent)
+
+    def told_at_home(self, rank: int, incarnation: int) -> None:
+        """`told` by the topology parent of `rank` (0 < rank < size), known by the caller: only
+        an older incarnation's record goes. Rank 0's pass over a wire-up's Onlines, each welcomed
+        at home, says so for every rank without asking the topology again (rankpath.py)."""
+        known = self._told.get(rank)
+        if known is not None and known[0] < incarnation:
+            del self._told[rank]
 
     def parents(self, rank: int, incarnation: int) -> set[int]:
         """Every parent that may still admit (rank, incarnation): its topology parent always."""

@@ -334,20 +334,30 @@ class Rollup:
         parents = self.parents
         before: dict[int, tuple[bool, bool]] = {}  # what each subtree held before the batch
         levels: dict[int, set[int]] = {}  # the ranks to restate, by depth
+        left: dict[RankState, int] = {}  # how many left each state: counted once, below
+        depths: dict[int | None, int] = {}  # of the parents met (a report's ranks share some)
         for rank in ranks:
             was = states[rank]
             if was is _ONLINE:
                 continue
-            if rank not in before:
-                before[rank] = self._holds(rank)
-            self.offline -= was is _OFFLINE
-            self.counts[was] -= 1
-            self.counts[_ONLINE] += 1
+            if rank not in before:  # what _holds says, `was` not online
+                before[rank] = (was is _LOST or lost_kids[rank] > 0, True)
+            left[was] = left.get(was, 0) + 1
             states[rank] = _ONLINE
-            depth, up = 0, parents[rank]
-            while up is not None:
-                depth, up = depth + 1, parents[up]
+            parent = parents[rank]
+            depth = depths.get(parent)
+            if depth is None:
+                depth, up = 0, parent
+                while up is not None:
+                    depth, up = depth + 1, parents[up]
+                depths[parent] = depth
             levels.setdefault(depth, set()).add(rank)
+        if left:  # a Counter's items cost more than a dict's: one update per state moved
+            counts = self.counts
+            for was, count in left.items():
+                counts[was] -= count
+            counts[_ONLINE] += sum(left.values())
+            self.offline -= left.get(_OFFLINE, 0)
         depth = max(levels, default=-1)
         while depth >= 0:
             for rank in levels.get(depth, ()):
