@@ -1,17 +1,17 @@
 """The broker's local connector: a Unix stream socket in its run directory, for clients on its host.
 
-Whoever can open the socket (the owner: the run directory is 0700, the socket 0600) may talk to
-the instance. Each connection carries framed messages both ways (wire/frames.py) and is one client,
+Whoever can open the socket (the owner: the run directory is 0700, the socket 0600) may talk to the
+instance. Each connection carries framed messages both ways (wire/frames.py) and is one client,
 named by a hop `l<hex>` from a counter that never goes back, so a late answer can never reach a
 newer client that got the same descriptor. The counter starts at a number drawn at random when the
 server starts (`first_number`), not at 1: a route names a client by its broker's rank and this hop
 (wire/route.py `origin`), and the jobs a client owns are judged by that (services/trust.py), so a
-later broker of the same rank (a joiner refilling it, a restarted broker) must never number a
-client as one of an earlier broker's, whose jobs may still run elsewhere. A connection that ends (end of file, or reset: a client
-killed outright never says goodbye) is a client gone: what it started (exec jobs, status streams)
-is ended. A stream that cannot be framed (a count or a length out of bounds) is closed at once,
-with one log line and a last notice saying why; one message that frames but does not decode is
-dropped and the connection goes on, as on every link.
+later broker of the same rank (a joiner refilling it, a restarted broker) must never number a client
+as one of an earlier broker's, whose jobs may still run elsewhere. A connection that ends (end of
+file, or reset: a client killed outright never says goodbye) is a client gone: what it started (exec
+jobs, status streams) is ended. A stream that cannot be framed (a count or a length out of bounds)
+is closed at once, with one log line and a last notice saying why; one message that frames but does
+not decode is dropped and the connection goes on, as on every link.
 
 The broker never blocks on a client: every socket is non-blocking, and what a client has not
 taken yet waits in its outbox, watched for POLLOUT only while there is some. What a client leaves
