@@ -177,3 +177,21 @@ def test_a_client_of_a_refilled_rank_is_a_stranger_to_the_lost_broker_s_jobs(ins
 
 TRAVEL = ("exec.resend", "exec.credit")
 """What a client sends to its job's ranks that its own broker does not judge (§7)."""
+
+
+def test_a_stranger_that_reuses_a_job_s_id_and_leaves_does_not_get_it_killed(instance) -> None:
+    """A stranger starts a job of the owner's id on the owner's job's rank and hangs up at once:
+    its broker kills the jobs it started, before the duplicate's refusal is back, with a kill
+    that names the stranger, so the owner's job runs on (it would die of SIGKILL were the
+    broker's kill taken as the owner's broker's word for any of its clients)."""
+    inst = instance(2)
+    with RawClient(inst.uri) as owner:
+        start_victim(owner, ["sh", "-c", "echo ready; exec sleep 600"])
+        with RawClient(inst.uri) as stranger:
+            start = {"id": "victim", "argv": ["true"], "cwd": None, "targets": [1]}
+            send(stranger, "exec.start", 1, start)
+        wait_for(lambda: "exec.signal for job victim from s" in inst.stderr(), "the kill refused")
+        send(owner, "exec.signal", 4, {"id": "victim", "targets": [1], "signal": 15})
+        while "exit" not in (said := read(owner)[1]):
+            pass
+        assert said["signal"] == 15, f"the job ended by another signal: {said}"
