@@ -3,7 +3,9 @@ sends (docs/protocol.md §7.1), which makes a target forget what it keeps of a j
 ignored when a client writes it; and an `exec.signal`, `exec.stdin` or `exec.credit` naming a job
 another client started is ignored by the job's rank (§7: a job is its client's), with a warning
 in its log, whoever learned the job's id. A stranger's `exec.signal` or `exec.stdin` stops sooner,
-at the broker it is a client of, which knows its clients' jobs: it never travels the tree.
+at the broker it is a client of, which knows its clients' jobs: it never travels the tree. A
+client of a broker that refilled a lost rank is a stranger to the jobs of the lost broker's
+clients, though both brokers held that rank (links/local.py `first_number`).
 
 Each wait is for an answer on one connection, whose order makes a later request's answer a
 barrier for everything sent before it along the same way.
@@ -12,9 +14,11 @@ barrier for everything sent before it along the same way.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
-from conftest import DEADLINE, wait_for
+from conftest import DEADLINE, tbon, wait_for
 from rawlocal import RawClient
 
 
@@ -142,3 +146,52 @@ def test_a_stranger_s_exec_stdin_does_not_reach_another_client_s_job(instance) -
                 lines.append(frames[2])
         assert lines == [b"got mine\n"], f"the job read another's input: {lines}"
         said_by_its_broker(inst, "exec.stdin")
+
+
+def uri_of(inst, rank: int) -> str:
+    with inst.client() as client:
+        return client.rpc("broker.info", nodeid=rank)["uri"]
+
+
+def test_a_client_of_a_refilled_rank_is_a_stranger_to_the_lost_broker_s_jobs(instance) -> None:
+    """Rank 2's first client starts a job on rank 1, and rank 2 is killed: the job runs on, its
+    first line kept at rank 1 for a heal. `tbon expand --fill` puts a new broker at rank 2, and
+    that broker's first client names the job: asked to send its kept answers again, or to
+    forget them, rank 1 does neither (it would have, were both brokers to number their clients
+    from 1: the same rank and the same hop), and says so in its log."""
+    inst = instance(3, "tbon.fanout=2", "tbon.timeout=0")
+    with RawClient(uri_of(inst, 2)) as owner:
+        start_victim(owner, ["sh", "-c", "echo secret; exec sleep 600"])
+        os.kill(inst.pid(2), signal.SIGKILL)
+    inst.wait_status(lambda s: s["ranks"][2]["state"] == "lost", "rank 2 lost")
+    result = tbon("expand", inst.uri, "--fill")
+    assert result.returncode == 0, result.stderr
+    inst.wait_status(lambda s: s["ranks"][2]["state"] == "online", "rank 2 refilled")
+    with RawClient(uri_of(inst, 2)) as stranger:
+        send(stranger, "exec.resend", 2, {"id": "victim", "targets": [1]})
+        send(stranger, "exec.credit", 3, {"id": "victim", "bytes": 4096, "seq": 1}, nodeid=1)
+        assert after_rank1(stranger, 4) == [], "rank 1 sent another client's output"
+    warned = [f"tbon-broker[1]: warning: ignored {t} for job victim from l" for t in TRAVEL]
+    wait_for(lambda: all(w in inst.stderr() for w in warned), "rank 1's warnings")
+
+
+TRAVEL = ("exec.resend", "exec.credit")
+"""What a client sends to its job's ranks that its own broker does not judge (§7)."""
+
+
+def test_a_stranger_that_reuses_a_job_s_id_and_leaves_does_not_get_it_killed(instance) -> None:
+    """A stranger starts a job of the owner's id on the owner's job's rank and hangs up at once:
+    its broker kills the jobs it started, before the duplicate's refusal is back, with a kill
+    that names the stranger, so the owner's job runs on (it would die of SIGKILL were the
+    broker's kill taken as the owner's broker's word for any of its clients)."""
+    inst = instance(2)
+    with RawClient(inst.uri) as owner:
+        start_victim(owner, ["sh", "-c", "echo ready; exec sleep 600"])
+        with RawClient(inst.uri) as stranger:
+            start = {"id": "victim", "argv": ["true"], "cwd": None, "targets": [1]}
+            send(stranger, "exec.start", 1, start)
+        wait_for(lambda: "exec.signal for job victim from s" in inst.stderr(), "the kill refused")
+        send(owner, "exec.signal", 4, {"id": "victim", "targets": [1], "signal": 15})
+        while "exit" not in (said := read(owner)[1]):
+            pass
+        assert said["signal"] == 15, f"the job ended by another signal: {said}"

@@ -222,6 +222,7 @@ def test_the_client_s_broker_acknowledges_each_rank_of_a_merged_answer() -> None
     # ended, so a client that leaves now has only rank 0's killed, and rank 3 told it was taken
     [kill] = [s for s in service.client_gone("l1") if isinstance(s, Send)]
     assert kill.message.payload["targets"] == [0]
+    assert kill.message.route == ["l1"]  # it names the client it speaks for (route.speaks_for)
     [taken] = [a for a in service.flush(0.0) if isinstance(a, Send)]
     assert taken.message.topic == "exec.taken" and sorted(taken.message.payload["targets"]) == [3]
 

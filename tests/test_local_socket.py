@@ -31,7 +31,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rawlocal import RawClient, partial_writes
 
-from tbon.overlay.links.local import MAX_INPUT, LocalServer, RateLimit, client_cap
+from tbon.overlay.links.local import (
+    FIRST_NUMBER_BYTES,
+    MAX_INPUT,
+    LocalServer,
+    RateLimit,
+    client_cap,
+    first_number,
+)
 from tbon.overlay.wire.frames import (
     COPY_BELOW,
     MAX_FRAME,
@@ -194,18 +201,51 @@ def test_clients_are_named_by_hops_never_reused_and_gone_only_if_they_spoke(serv
     assert len(fds) == 2 and loop.watched == dict.fromkeys(fds, False)  # input only
     first.sendall(request("broker.ping", 1))
     [(hop, message)] = serve(local, fds[0])
-    assert hop == "l1" and message.topic == "broker.ping" and message.tag == 1
+    assert hop.startswith("l") and message.topic == "broker.ping" and message.tag == 1
+    number = int(hop[1:], 16)
+    assert hop == f"l{number:x}"  # lower-case hex, no leading zeros
     first.close()
     second.close()
     assert serve(local, fds[0]) == [] and serve(local, fds[1]) == []
-    assert local.gone() == ["l1"]  # the silent one started nothing: nothing to clean up
-    assert local.send("l1", message.respond()) is False
+    assert local.gone() == [hop]  # the silent one started nothing: nothing to clean up
+    assert local.send(hop, message.respond()) is False
     third = connect(local)
     local.accept()
     third.sendall(request("broker.ping", 2))
-    [(hop, _)] = serve(local, next(iter(loop.watched)))
-    assert hop == "l3"  # a new connection, maybe on an old descriptor: never an old name
+    [(later, _)] = serve(local, next(iter(loop.watched)))
+    assert later == f"l{number + 2:x}"  # a new connection, maybe on an old descriptor: a new name
     third.close()
+
+
+def hops_named(first: int | None, clients: int) -> list[str]:
+    """The hops a new server names its first `clients` connections by, one after another."""
+    hops = []
+    with tempfile.TemporaryDirectory(prefix="tls") as rundir:
+        local = LocalServer(rundir, backlog=1 << 20, cap=3, first=first)
+        loop = Loop()
+        local.watch_with(loop)
+        try:
+            for _ in range(clients):
+                client, fd, hop, _ = pinged(local, loop, 0)
+                client.close()
+                assert serve(local, fd) == [] and local.gone() == [hop]
+                hops.append(hop)
+        finally:
+            local.close()
+    return hops
+
+
+def test_a_server_numbers_its_clients_from_where_it_is_told_or_at_random() -> None:
+    """`first` names the first connection, in hex, and the count goes on past 64 bits; by
+    default each server draws its own 64-bit start, so two servers (two brokers that held one
+    rank, one after the other) do not both start at 1, nor anywhere near each other."""
+    assert hops_named(0xFFFF_FFFF_FFFF_FFFF, 2) == ["lffffffffffffffff", "l10000000000000000"]
+    assert hops_named(1, 2) == ["l1", "l2"]
+    starts = {first_number() for _ in range(64)}
+    assert len(starts) == 64 and all(0 <= n < 1 << (8 * FIRST_NUMBER_BYTES) for n in starts)
+    assert any(n >= 1 << 60 for n in starts)  # drawn across the width, not a small counter
+    [one], [other] = hops_named(None, 1), hops_named(None, 1)
+    assert abs(int(one[1:], 16) - int(other[1:], 16)) > 1 << 20  # 2**-43 to fail by chance
 
 
 def pinged(local: LocalServer, loop: Loop, pad: int) -> tuple[socket.socket, int, str, Message]:

@@ -51,7 +51,14 @@ from tbon.overlay.services.trust import from_parent_of
 from tbon.overlay.state.ranktable import Departed, Lost, Online, RankState, RankTable
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message, decode, encode
-from tbon.overlay.wire.route import client_notice, connection_of, from_rank0, origin, same_client
+from tbon.overlay.wire.route import (
+    client_notice,
+    connection_of,
+    from_rank0,
+    origin,
+    same_client,
+    speaks_for,
+)
 
 NOW = 200.0
 CARD = {"endpoint": "tcp://10.0.0.1:5000", "public_key": "P" * 40, "hostname": "parent"}
@@ -1142,6 +1149,20 @@ def test_only_a_job_s_client_and_its_broker_act_on_it() -> None:
     assert not same_client(request("exec.signal", route=["l0a", "c4", "c1", "p0"]), start, 2)
     assert not same_client(request("exec.signal", route=["s", "c4", "c1", "p0"]), start, 2)
     assert not same_client(request("exec.signal", route=["l0a", "c3", "l0b"]), start, 2)
+    # the broker's kill for a client that left names it before its "s": only that client's job
+    assert same_client(request("exec.signal", route=["l0a", "s", "c3", "c1", "p0"]), start, 2)
+    assert not same_client(request("exec.signal", route=["l0b", "s", "c3", "c1", "p0"]), start, 2)
+    assert not same_client(request("exec.signal", route=["l0b", "s"]), start, 3)
+    # a client's "s" before its broker's hop names nobody: its broker's hop is the sender
+    assert not same_client(request("exec.signal", route=["l0a", "s", "l0b", "c3"]), start, 1)
+
+
+def test_a_broker_s_request_names_the_client_it_speaks_for_and_no_client_can() -> None:
+    assert speaks_for(request("exec.signal", route=["l9f", "s", "c3", "p0"])) == "l9f"
+    assert speaks_for(request("exec.signal", route=["s", "c3", "p0"])) is None
+    assert speaks_for(request("exec.signal", route=["x", "l9f", "s", "c3"])) == "l9f"
+    assert speaks_for(request("exec.signal", route=["l9f", "s", "l0b", "c3"])) is None
+    assert speaks_for(request("exec.signal", route=["l9f"])) is None
 
 
 def test_exec_requests_from_a_client_that_did_not_start_the_job_are_ignored() -> None:

@@ -1,13 +1,17 @@
 """The broker's local connector: a Unix stream socket in its run directory, for clients on its host.
 
-Whoever can open the socket (the owner: the run directory is 0700, the socket 0600) may talk to
-the instance. Each connection carries framed messages both ways (wire/frames.py) and is one client,
+Whoever can open the socket (the owner: the run directory is 0700, the socket 0600) may talk to the
+instance. Each connection carries framed messages both ways (wire/frames.py) and is one client,
 named by a hop `l<hex>` from a counter that never goes back, so a late answer can never reach a
-newer client that got the same descriptor. A connection that ends (end of file, or reset: a client
-killed outright never says goodbye) is a client gone: what it started (exec jobs, status streams)
-is ended. A stream that cannot be framed (a count or a length out of bounds) is closed at once,
-with one log line and a last notice saying why; one message that frames but does not decode is
-dropped and the connection goes on, as on every link.
+newer client that got the same descriptor. The counter starts at a number drawn at random when the
+server starts (`first_number`), not at 1: a route names a client by its broker's rank and this hop
+(wire/route.py `origin`), and the jobs a client owns are judged by that (services/trust.py), so a
+later broker of the same rank (a joiner refilling it, a restarted broker) must never number a client
+as one of an earlier broker's, whose jobs may still run elsewhere. A connection that ends (end of
+file, or reset: a client killed outright never says goodbye) is a client gone: what it started (exec
+jobs, status streams) is ended. A stream that cannot be framed (a count or a length out of bounds)
+is closed at once, with one log line and a last notice saying why; one message that frames but does
+not decode is dropped and the connection goes on, as on every link.
 
 The broker never blocks on a client: every socket is non-blocking, and what a client has not
 taken yet waits in its outbox, watched for POLLOUT only while there is some. What a client leaves
@@ -74,6 +78,23 @@ not at all any more (None: it is about to be closed)."""
 
 def local_uri(rundir: str) -> str:
     return f"local://{os.path.join(rundir, SOCKET_NAME)}"
+
+
+FIRST_NUMBER_BYTES = 8
+"""How wide the random first connection number is: 64 bits. Two brokers that held one rank share
+a number only if their ranges of numbers overlap: for ranges of n1 and n2 connections, with a
+chance below (n1 + n2) / 2**64. Even a rank refilled a thousand times, each broker taking a
+million connections, gives half a million pairs at 2e6 / 1.8e19 each: about 5e-8 in all. A hop
+is then at most 17 characters (`l` and 16 hex digits), on a client's requests only."""
+
+
+def first_number() -> int:
+    """The first connection number of a new local server: random, drawn from the kernel, so that
+    no other broker that held this rank, before or after, numbers its clients alike (above).
+    Its incarnation would not do, though every broker knows it before it serves a client: a
+    broker restarted with its key (`broker.cert`) is taken back as the same incarnation
+    (docs/protocol.md §5), while the jobs of its former process may still run."""
+    return int.from_bytes(os.urandom(FIRST_NUMBER_BYTES), "big")
 
 
 def client_cap(nofile: int | None = None) -> int:
@@ -154,9 +175,11 @@ class LocalServer:
         cap: int | None = None,
         reserve: int | None = None,
         total: int | None = None,
+        first: int | None = None,
     ) -> None:
         """`backlog` bounds what one client leaves unread, `total` what all of them do (by
-        default five quarters of `backlog`: config/attributes.py)."""
+        default five quarters of `backlog`: config/attributes.py); `first` is the first
+        connection's number (by default drawn at random: `first_number`)."""
         self.path = os.path.join(rundir, SOCKET_NAME)
         if len(self.path.encode()) > 100:
             from tbon.errors import UsageError
@@ -169,7 +192,7 @@ class LocalServer:
         self.cap = client_cap() if cap is None else cap
         self._clients: dict[int, _Client] = {}  # by descriptor
         self._hops: dict[str, _Client] = {}
-        self._numbers = itertools.count(1)
+        self._numbers = itertools.count(first_number() if first is None else first)
         self._gone: list[str] = []
         self._watch: Watch = lambda fd, writing: None
         self._scratch = bytearray(CHUNK)

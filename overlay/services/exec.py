@@ -519,7 +519,10 @@ class ExecService:
                 "targets": sorted(job.running),
                 "gone": True,
             }
-            actions.append(Send(Message(Kind.REQUEST, "exec.signal", kill, nodeid=0)))
+            # its route names the client (wire/route.py `speaks_for`): a job of another client
+            # whose id it reused is not killed for it
+            killing = Message(Kind.REQUEST, "exec.signal", kill, nodeid=0, route=[hop])
+            actions.append(Send(killing))
         return actions
 
     def disconnect(self, request: Message, now: float) -> list[Action]:

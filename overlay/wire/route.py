@@ -112,11 +112,26 @@ def origin(request: Message, here: int) -> Origin | None:
 def same_client(request: Message, start: Message, here: int) -> bool:
     """Whether `request` comes from the client that sent `start` (an exec.start, as both reached
     rank `here`), or from that client's broker itself, which speaks for its client (the
-    acknowledgements it hands over, the kill when its client goes: docs/protocol.md §7.1)."""
+    acknowledgements it hands over, the kill when its client goes: docs/protocol.md §7.1). A
+    broker's request that names the client it speaks for (`speaks_for`: the kill) must name
+    this one: another of its clients may have reused the job's id and left at once, and a later
+    broker of the same rank knows nothing of an earlier one's clients."""
     sender, owner = origin(request, here), origin(start, here)
     if sender is None or owner is None or sender[0] != owner[0]:
         return False
-    return sender[1] == owner[1] or sender[1] == "s"
+    if sender[1] == owner[1]:
+        return True
+    return sender[1] == "s" and speaks_for(request) in (None, owner[1])
+
+
+def speaks_for(request: Message) -> str | None:
+    """The client hop a broker wrote before its own "s" on a request it sends for that client
+    (services/exec.py `client_gone`), or None. No client can write it: a client's route always
+    holds its broker's "l<id>" after what it wrote, never "s" (connection_of)."""
+    route, connection = request.route, connection_of(request)
+    if not connection or connection[0] != "s" or len(route) == len(connection):
+        return None
+    return route[-len(connection) - 1]
 
 
 def parent_hop(hop: str) -> int | None:
