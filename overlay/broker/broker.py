@@ -228,6 +228,7 @@ class Broker:
         )
         self.router.on_terms = self._term_news
         self.services.exec.toward = self.router.hop_down
+        self.services.exec.towards = self.router.hops_down
         self.services.exec.leads = lambda: self.terms.root == self.rank  # rank 0, or a new root
         self.services.exec.started = self.jobs.started  # whose job it is
         self.router.gather = self.services.exec.gather

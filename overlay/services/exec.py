@@ -41,7 +41,7 @@ from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.exits import BadExits, answers_of, decode, encode, exit_of
+from tbon.overlay.wire.exits import BadExits, decode, encode, exit_of
 from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
 from tbon.overlay.wire.message import SEPARATORS, Kind, Message
 from tbon.overlay.wire.resend import Handoff
@@ -113,9 +113,14 @@ def _fitting_size(env: dict[Any, Any]) -> int | None:
 def target_ranks(payload: dict[str, Any]) -> list[int] | None:
     """The ranks an exec request names, or None if `targets` is not a list of integers."""
     targets = payload.get("targets")
-    if not isinstance(targets, list) or not all(is_int(t) for t in targets):
+    # one pass in C, not a call of is_int per rank (thousands a job at rank 0): `type(t) is
+    # int` is is_int's test, since a bool's type is bool, not int
+    if not isinstance(targets, list) or not set(map(type, targets)) <= _INT_ONLY:
         return None
     return targets
+
+
+_INT_ONLY = {int}
 
 
 def targets_problem(topic: str, targets: list[int] | None, size: int) -> str | None:
@@ -188,6 +193,8 @@ class ExecService:
         self._taken = TakenHold()
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
+        # the same for many targets at once, grouped by that broker (the router's, once built)
+        self.towards: Callable[[list[int]], dict[int, list[int]]] = self._each_toward
         # whether this broker is the root (the broker's term fence says; set by broker.py): a
         # root that took over (docs/protocol.md §13.4) serves ranks the topology puts in the
         # dead root's other subtrees, fostered here, or answers for them
@@ -209,14 +216,16 @@ class ExecService:
         assert targets is not None
         below: dict[int, list[int]] = {}
         astray: set[int] = set()  # ranks of the instance, but neither this one nor below it
-        root = self.leads()
-        for target in targets:
-            if target == self.rank:
-                continue
-            if root or is_below(self.topology, target, self.rank):
-                below.setdefault(self.toward(target), []).append(target)
-            else:
-                astray.add(target)
+        if self.leads():  # every target is its to reach: split in one pass (towards)
+            below = self.towards([t for t in targets if t != self.rank])
+        else:
+            for target in targets:
+                if target == self.rank:
+                    continue
+                if is_below(self.topology, target, self.rank):
+                    below.setdefault(self.toward(target), []).append(target)
+                else:
+                    astray.add(target)
         # one encoding of what every copy shares (exec.start's: the client's environment)
         rest = _all_but_targets(request.payload) if len(below) > 1 else None
         actions: list[Action] = [
@@ -239,6 +248,13 @@ class ExecService:
         elif request.topic == "exec.signal" and request.payload.get("gone") is True:
             self.merge.gone(str(request.payload.get("id")))
         return actions
+
+    def _each_toward(self, targets: list[int]) -> dict[int, list[int]]:
+        """`targets` grouped by `toward`, one call per target."""
+        below: dict[int, list[int]] = {}
+        for target in targets:
+            below.setdefault(self.toward(target), []).append(target)
+        return below
 
     def _copy_down(
         self, request: Message, child: int, ranks: list[int], rest: bytes | None = None
@@ -364,7 +380,10 @@ class ExecService:
             job.running.clear()  # the request itself failed
         else:
             cost = len(reply.data) + MESSAGE_COST
-            for said in answers_of(reply.payload, self.topology.size):
+            said = reply.payload
+            if "exits" in said:  # many ranks' exits: read without a dict per rank
+                actions += self._exits_handed(job, said["exits"], cost)
+            else:
                 rank, last = said.get("rank"), "exit" in said
                 actions += self._acknowledge(job, said, cost, last)
                 if (last or "error" in said) and is_int(rank):
@@ -375,6 +394,33 @@ class ExecService:
             del jobs[reply.tag]
             if not jobs:
                 del self._client_jobs[hop]
+        return actions
+
+    def _exits_handed(self, job: ClientJob, groups: object, cost: int) -> list[Action]:
+        """A merged answer (wire/exits.py) handed to the client: each rank's exit as `answered`
+        takes a rank's own, in one loop over the ranks (1024 of them at once for `tbon exec -r
+        all true`). The ranks whose exit was their first answer are held to be told together
+        (takenhold.py); any other is acknowledged as `_acknowledge` does."""
+        try:
+            exits = decode(groups, self.topology.size)
+        except BadExits:
+            return []  # dropped, as the client drops it
+        running, handoffs, acks = job.running, job.handoffs, job.acks
+        first_is_last: list[int] = []
+        actions: list[Action] = []
+        for one in exits:
+            rank = one.rank
+            if rank not in running:
+                continue
+            if acks:
+                if one.seq == 0 and rank not in handoffs:
+                    first_is_last.append(rank)
+                else:
+                    actions += self._acknowledge(job, one.payload(), cost, True)
+            running.discard(rank)
+            handoffs.pop(rank, None)
+        if first_is_last:
+            self._taken.taken_all(str(job.id), first_is_last)
         return actions
 
     def _acknowledge(
