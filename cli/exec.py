@@ -33,6 +33,7 @@ from tbon.overlay.parse.idset import format_idset, parse_idset
 if TYPE_CHECKING:  # imported when used: the CLI's start-up pays only for what a command runs
     import typer
 
+    from tbon.overlay.state.exectargets import Picked
     from tbon.overlay.state.statesview import RankStates
     from tbon.overlay.wire.flow import Returns, StdinRoom
     from tbon.overlay.wire.resend import Inbox
@@ -43,9 +44,6 @@ after passing the signal on, before it ends with 128+N. A job a stopped broker h
 when that broker wakes: it gets the signal, and sees the client gone. (SIGINT, Ctrl-C, is a
 ladder instead: cli/interrupts.py.)"""
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-SKIPPED_STATES = ("lost", "offline")
-"""What `-r all` leaves out and says so: ranks whose broker is down. (Vacant and reserved ranks
-have none yet, and retiring ones are said apart: they still finish what they run.)"""
 
 
 @dataclass
@@ -151,9 +149,10 @@ def run_exec(asked: ExecArgs) -> int:
     if directory is not None and "PWD" in env:
         env["PWD"] = cwd  # what a shell's cd would leave, not the caller's directory
     _check_size(env)
+    job = Job(command, cwd, env, asked.noinput or _empty_stdin())
     with open_client(uri) as client:
-        watch, read, states = _watch_status(client)
-        targets, problems, skipped = _targets(states, asked.ranks, asked.exclude)
+        started = _start(client, job, asked.ranks, asked.exclude)
+        targets, problems, skipped = started.picked
         for line in _skipped_lines(skipped):
             print(f"tbon exec: {line}", file=sys.stderr)
         outcome = Outcome(set(targets))
@@ -161,10 +160,8 @@ def run_exec(asked: ExecArgs) -> int:
             outcome.errors[rank] = why
             if not as_json:
                 print(f"tbon exec: rank {rank}: {why}", file=sys.stderr)
-        if targets:
-            job = Job(command, cwd, env, asked.noinput or _empty_stdin())
-            if _run(client, (watch, read), sorted(targets), job, asked.label, as_json, outcome):
-                return 128 + signal.SIGPIPE  # as a shell's pipeline: the jobs die
+        if targets and _run(client, started, job, asked.label, as_json, outcome):
+            return 128 + signal.SIGPIPE  # as a shell's pipeline: the jobs die
     if not as_json and not asked.quiet:
         for line in failure_lines(outcome.status, outcome.signals, outcome.notes, outcome.passed):
             print(f"tbon exec: {line}", file=sys.stderr)
@@ -213,22 +210,94 @@ Reader = Callable[[dict[str, Any]], "RankStates | None"]
 """Reads an update of the status stream: each rank's state once it is whole, else None."""
 
 
-def _watch_status(client: Any) -> tuple[int, Reader, RankStates]:
-    """Follow each rank's state at rank 0: the first view (the states now) chooses the targets,
-    and the later ones tell of ranks lost while the jobs run. One stream for both, so that rank
-    0 builds and sends it once, not also for a status.get. The `states` view is a few bytes at
-    any size; a broker of an older tbon, which refuses it (EINVAL), is asked for its `held`
-    view (at 1024 ranks, 190 kB of entries, of which only the states are read)."""
+@dataclass
+class Started:
+    """An exec.start sent (or none: no rank to run on) and what the client follows it by."""
+
+    watch: int  # the tag of the status stream that tells of ranks lost while the jobs run
+    read: Reader  # how to read its updates
+    picked: Picked  # the ranks to run on, why others asked for cannot be, the ranks skipped
+    tag: int | None = None  # the exec.start's, if one was sent
+    job_id: str = ""
+    window: int = 0  # each rank's output credit
+
+
+def _start(client: Any, job: Job, ranks: str, exclude: str | None) -> Started:
+    """Follow the ranks' states at rank 0 and start the job at once, its targets named as asked
+    (`all` or an idset, but `exclude`): rank 0 chooses them from its table and answers first
+    with the ranks chosen and the states it chose them by (docs/protocol.md §7), so no round
+    trip comes before the start. A broker of an older tbon refuses named targets (EINVAL): the
+    client then chooses them from the stream's first view and sends them listed."""
+    from tbon.overlay.connectors.client import RequestError
+    from tbon.overlay.state.exectargets import pick_targets
+    from tbon.overlay.state.statesview import RankStates
+    from tbon.overlay.wire.flow import output_window
+
+    named = "all" if ranks == "all" else format_idset(parse_idset(ranks))  # a bad one: here
+    left_out = format_idset(parse_idset(exclude)) if exclude else None
+    watch = client.send("status.watch", {"view": "states"}, nodeid=0)
+    job_id = os.urandom(16).hex()  # as uuid4().hex, without loading uuid (and platform)
+    start = _start_payload(job_id, job, named)
+    if left_out:
+        start["exclude"] = left_out
+    _start_message(start)
+    tag = client.send("exec.start", start, nodeid=0)
+    reply, early = _first_reply(client, tag, watch)
+    if reply.errnum == errno.EINVAL:  # an older broker: it takes listed targets only
+        watch, read, states = _watch_status(client, watch, early)
+        picked = pick_targets(states, ranks, exclude)
+        targets = sorted(picked[0])
+        window = output_window(len(targets))
+        if not targets:
+            return Started(watch, read, picked)
+        start = _start_payload(job_id, job, targets, window)
+        _start_message(start)
+        tag = client.send("exec.start", start, nodeid=0)
+        return Started(watch, read, picked, tag, job_id, window)
+    if reply.errnum:
+        raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+    said = reply.payload
+    states = RankStates({"size": said["size"], "states": said["states"]})
+    _, problems, skipped = pick_targets(states, ranks, exclude)  # said as the client says them
+    chosen = parse_idset(said["targets"]) if said["targets"] else []
+    picked = (chosen, problems, skipped)
+    return Started(watch, RankStates, picked, tag if chosen else None, job_id, said["window"])
+
+
+def _first_reply(client: Any, tag: int, watch: int) -> tuple[Any, list[Any]]:
+    """The first answer to request `tag`, and the status stream's updates that came before it
+    (kept for the way of an older broker: _watch_status reads them first)."""
+    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, NoAnswer
+
+    early: list[Any] = []
+    deadline = time.monotonic() + DEFAULT_TIMEOUT
+    while (reply := client.receive(max(0.0, deadline - time.monotonic()))) is not None:
+        if reply.tag == tag:
+            return reply, early
+        if reply.tag == watch:
+            early.append(reply)
+    raise NoAnswer(
+        f"no answer from rank 0 within {DEFAULT_TIMEOUT:g}s (is it stopped or overloaded?)"
+    )
+
+
+def _watch_status(client: Any, tag: int, early: list[Any]) -> tuple[int, Reader, RankStates]:
+    """Follow each rank's state at rank 0 (the `states` stream `tag`, whose `early` updates
+    came already): the first view (the states now) chooses the targets, and the later ones
+    tell of ranks lost while the jobs run. One stream for both, so that rank 0 builds and sends
+    it once, not also for a status.get. The `states` view is a few bytes at any size; a broker
+    of an older tbon, which refuses it (EINVAL), is asked for its `held` view (at 1024 ranks,
+    190 kB of entries, of which only the states are read)."""
     from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
     from tbon.overlay.state.statesview import RankStates
 
     read: Reader = RankStates
-    tag = client.send("status.watch", {"view": "states"}, nodeid=0)
     while True:
-        reply = client.answer(tag, 0, DEFAULT_TIMEOUT)
+        reply = early.pop(0) if early else client.answer(tag, 0, DEFAULT_TIMEOUT)
         if reply.errnum == errno.EINVAL and read is RankStates:
             read = _held_reader()
             tag = client.send("status.watch", {"view": "held"}, nodeid=0)
+            early = []
             continue
         if reply.errnum:
             raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
@@ -332,37 +401,11 @@ def _check_size(env: dict[str, str]) -> None:
         )
 
 
-def _targets(
-    states: RankStates, ranks: str, exclude: str | None
-) -> tuple[list[int], dict[int, str], dict[str, list[int]]]:
-    """The ranks to run on, why some asked-for ranks cannot be, and, for `all`, the ranks left
-    out by state (lost, offline, retiring)."""
-    size = states.size
-    excluded = set(parse_idset(exclude)) if exclude else set()
-    problems: dict[int, str] = {}
-    if ranks == "all":
-        chosen = states.ranks("online")
-        skipped: dict[str, list[int]] = {}
-        for state in (*SKIPPED_STATES, "retiring"):
-            if left := [r for r in states.ranks(state) if r not in excluded]:
-                skipped[state] = left
-        return [r for r in chosen if r not in excluded], problems, skipped
-    chosen = []
-    for rank in parse_idset(ranks):
-        if rank in excluded:
-            continue
-        if rank >= size:
-            problems[rank] = f"no such rank in this instance of size {size}"
-        elif (state := states.state(rank)) != "online":
-            problems[rank] = f"rank {rank} is {state}"
-        else:
-            chosen.append(rank)
-    return chosen, problems, {}
-
-
 def _skipped_lines(skipped: dict[str, list[int]]) -> list[str]:
     """What `-r all` says about the ranks it leaves out: one line for those whose broker is
     down, one for those retiring."""
+    from tbon.overlay.state.exectargets import SKIPPED_STATES
+
     lines = []
     down = [
         f"{state} ranks {format_idset(skipped[state])}"
@@ -403,42 +446,41 @@ ROUTE_ROOM = 64 * 1024
 """Room left in a message for what the tree adds to an exec.start on its way down (its route)."""
 
 
-def _run(
-    client: Any,
-    watching: tuple[int, Reader],
-    targets: list[int],
-    job: Job,
-    label: bool,
-    as_json: bool,
-    outcome: Outcome,
-) -> bool:
-    """Start the command, then pass output, input, signals and credit until every rank is done;
-    `watching`: the tag of the status stream that tells of ranks lost meanwhile, and how to
-    read its updates. True if the
-    output's reader went away (a broken pipe).
-
-    Output is written as it comes and credited back once written (flow.py), so a reader that
-    stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
-    Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
-    from tbon.overlay.wire.exits import answers_of
-    from tbon.overlay.wire.flow import StdinRoom, output_window
-
-    job_id = os.urandom(16).hex()  # as uuid4().hex, without loading uuid (and platform)
-    window = output_window(len(targets))
-    start = {
+def _start_payload(
+    job_id: str, job: Job, targets: list[int] | str, window: int | None = None
+) -> dict[str, Any]:
+    """The exec.start of `job` on `targets` (listed, or named for rank 0 to choose: `all`, an
+    idset); without `window`, rank 0 gives each rank its share for the ranks it chooses."""
+    start: dict[str, Any] = {
         "id": job_id,
         "argv": job.command,
         "cwd": job.cwd,
         "env": job.env,
         "targets": targets,
-        "window": window,
         "acks": True,  # each rank keeps what this client has not acknowledged (resend.py)
         "merge": True,  # exits may come many ranks to a message (wire/exits.py)
     }
+    if window is not None:
+        start["window"] = window
     if job.noinput:
         start["eof"] = True
-    _start_message(start)
-    tag = client.send("exec.start", start, nodeid=0)
+    return start
+
+
+def _run(
+    client: Any, started: Started, job: Job, label: bool, as_json: bool, outcome: Outcome
+) -> bool:
+    """Pass output, input, signals and credit of the job `started` until every rank is done;
+    its status stream tells of ranks lost meanwhile. True if the output's reader went away (a
+    broken pipe).
+
+    Output is written as it comes and credited back once written (flow.py), so a reader that
+    stops stops the jobs, as with ssh. Input is read only while every rank taking it has room.
+    Input that is over before it starts (-n, /dev/null) goes with the command: `eof`."""
+    from tbon.overlay.wire.exits import answers_of
+    from tbon.overlay.wire.flow import StdinRoom
+
+    targets, job_id, window, tag = started.picked[0], started.job_id, started.window, started.tag
     room = StdinRoom.for_ranks(targets)
     streams = Streams(client, job_id, window, label, as_json, outcome, room, eof_sent=job.noinput)
 
@@ -452,7 +494,7 @@ def _run(
         streams.send_eof()  # at once: no job waits on input that will never come
     shutdown_said = False
     adrift = False  # some rank was reattaching, in rank 0's last table
-    watch, read = watching
+    watch, read = started.watch, started.read
     try:
         while outcome.pending:
             now = time.monotonic()

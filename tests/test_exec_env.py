@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tbon.cli.exec import _skipped_lines, _targets, job_environment
+from tbon.cli.exec import _skipped_lines, job_environment
 from tbon.errors import UsageError
 from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.broker.program import (
@@ -32,6 +32,7 @@ from tbon.overlay.services.exec import (
     start_problem,
 )
 from tbon.overlay.services.lifecycle import Lifecycle
+from tbon.overlay.state.exectargets import pick_targets as _targets
 from tbon.overlay.state.statesview import RankStates
 from tbon.overlay.state.topology import Topology
 from tbon.overlay.wire.message import Kind, Message

@@ -1209,7 +1209,7 @@ def test_a_refused_exec_start_leaves_nothing_to_kill() -> None:
     service.started_by("l0a", start)
     service.answered("l0a", start.fail(errno.EHOSTUNREACH, "rank 0 is reattaching"))
     assert service.client_gone("l0a") == []
-    service.started_by("l0a", request("exec.start", {"id": "j2", "targets": "all"}))
+    service.started_by("l0a", request("exec.start", {"id": "j2", "targets": [True]}))
     assert service.client_gone("l0a") == []  # refused at once (EINVAL): nothing ran
 
 

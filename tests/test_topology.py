@@ -355,3 +355,18 @@ def test_a_brokers_own_queries_build_no_whole_tree_table(spec: str) -> None:
     assert "_children" not in vars(topology)
     assert len(topology.postorder()) == 4096
     assert "_children" in vars(topology)
+
+
+@given(SPECS, st.integers(1, 300), st.data())
+def test_split_below_groups_every_target_by_its_next_hop(
+    spec: str, size: int, data: st.DataObject
+) -> None:
+    """Rank 0 splits an exec request's targets in one pass: the same groups, each in the same
+    order, as asking next_hop of every target (any rank splitting, any targets, itself too)."""
+    topo = Topology(spec, size)
+    rank = data.draw(st.integers(0, size - 1))
+    targets = data.draw(st.lists(st.integers(0, size - 1), max_size=40))
+    expected: dict[int, list[int]] = {}
+    for target in targets:
+        expected.setdefault(topo.next_hop(rank, target), []).append(target)
+    assert topo.split_below(rank, targets) == expected

@@ -228,8 +228,10 @@ class Broker:
         )
         self.router.on_terms = self._term_news
         self.services.exec.toward = self.router.hop_down
+        self.services.exec.towards = self.router.hops_down
         self.services.exec.leads = lambda: self.terms.root == self.rank  # rank 0, or a new root
         self.services.exec.started = self.jobs.started  # whose job it is
+        self.services.exec.rank_states = self._rank_states
         self.router.gather = self.services.exec.gather
         self.router.on_local_response = lambda hop, reply: self.perform(
             self.services.exec.answered(hop, reply)
@@ -288,6 +290,15 @@ class Broker:
         if member is not None and member.leader is not None and member.leader != 0:
             return member.leader
         return self.terms.root if self.terms.term > 1 else None
+
+    def _rank_states(self) -> dict[str, Any] | None:
+        """The `states` view of this broker's rank table (the root's, which chooses the targets
+        an exec.start names), or None without one."""
+        if self.table is None:
+            return None
+        from tbon.overlay.state.statusviews import states
+
+        return states(self.table)
 
     def _whole(self) -> bool:
         """What heal.wait waits for: rank 0, no rank adrift; any other, attached to a parent."""

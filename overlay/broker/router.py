@@ -213,6 +213,18 @@ class Router:
             return hop if across is None else across
         return self._attached_toward(target, hop)
 
+    def hops_down(self, targets: list[int]) -> dict[int, list[int]]:
+        """`targets` (none of them this broker) grouped by `hop_down`: rank 0 splits each exec
+        request's thousand targets so, in one loop of the topology's when no foster child is
+        attached here (where hop_down is the topology's hop), else one hop_down per target."""
+        children = self.children
+        if children is None or not children.fosters:
+            return self.topology.split_below(self.rank, targets)
+        below: dict[int, list[int]] = {}
+        for target in targets:
+            below.setdefault(self.hop_down(target), []).append(target)
+        return below
+
     def _learn_across(self, route: list[str]) -> None:
         """A broker's own request that came up by a child not below this broker (a member
         fostered across the dead root, §13.4): that child is the way back down to its sender,

@@ -19,6 +19,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from tbon.errors import UsageError
 from tbon.limits import ENV_LIMIT, environment_size
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.services.actions import (
@@ -41,8 +42,14 @@ from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
 from tbon.overlay.state.topology import Topology
-from tbon.overlay.wire.exits import BadExits, answers_of, decode, encode, exit_of
-from tbon.overlay.wire.flow import DEFAULT_WINDOW, MAX_WINDOW, MESSAGE_COST, MIN_WINDOW
+from tbon.overlay.wire.exits import BadExits, decode, encode, exit_of
+from tbon.overlay.wire.flow import (
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
+    MESSAGE_COST,
+    MIN_WINDOW,
+    output_window,
+)
 from tbon.overlay.wire.message import SEPARATORS, Kind, Message
 from tbon.overlay.wire.resend import Handoff
 from tbon.record import Record
@@ -117,9 +124,14 @@ def _fitting_size(env: dict[Any, Any]) -> int | None:
 def target_ranks(payload: dict[str, Any]) -> list[int] | None:
     """The ranks an exec request names, or None if `targets` is not a list of integers."""
     targets = payload.get("targets")
-    if not isinstance(targets, list) or not all(is_int(t) for t in targets):
+    # one pass in C, not a call of is_int per rank (thousands a job at rank 0): `type(t) is
+    # int` is is_int's test, since a bool's type is bool, not int
+    if not isinstance(targets, list) or not set(map(type, targets)) <= _INT_ONLY:
         return None
     return targets
+
+
+_INT_ONLY = {int}
 
 
 def targets_problem(topic: str, targets: list[int] | None, size: int) -> str | None:
@@ -166,7 +178,7 @@ class ClientJob(Record):
     the client vanish) and, for a client that acknowledges, what was handed to it from each.
     Not a dataclass, for start-up time (tbon/record.py); mutable, so not hashable."""
 
-    __slots__ = __match_args__ = ("id", "running", "window", "acks", "handoffs")
+    __slots__ = __match_args__ = ("id", "running", "window", "acks", "handoffs", "named")
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(
@@ -176,9 +188,13 @@ class ClientJob(Record):
         window: int,
         acks: bool,
         handoffs: dict[int, Handoff] | None = None,
+        named: bool = False,
     ) -> None:
         self.id, self.running, self.window, self.acks = id, running, window, acks
         self.handoffs: dict[int, Handoff] = {} if handoffs is None else handoffs
+        # its targets were named (`all`, an idset) and the root has not yet said which ranks
+        # they are: until then, `running` is empty but the job is not over
+        self.named = named
 
 
 class ExecService:
@@ -194,12 +210,17 @@ class ExecService:
         self._taken = TakenHold()
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
+        # the same for many targets at once, grouped by that broker (the router's, once built)
+        self.towards: Callable[[list[int]], dict[int, list[int]]] = self._each_toward
         # whether this broker is the root (the broker's term fence says; set by broker.py): a
         # root that took over (docs/protocol.md §13.4) serves ranks the topology puts in the
         # dead root's other subtrees, fostered here, or answers for them
         self.leads: Callable[[], bool] = lambda: rank == 0
         # the exits of the jobs fanned out from here, held to go up together (exitmerge.py)
         self.merge = ExitMerge()
+        # the root's `states` view of its rank table (statusviews.states), by which it chooses
+        # the targets an exec.start names (`all`, an idset); None where there is no table
+        self.rank_states: Callable[[], dict[str, Any] | None] = lambda: None
         # the exec.start of a job here (running, or finished with answers kept), as it reached
         # this broker, by the job's id: whose job it is (the job runner's, once built)
         self.started: Callable[[str], Message | None] = lambda job_id: None
@@ -209,20 +230,24 @@ class ExecService:
         the work itself here if this rank is one of them."""
         if request.topic == "exec.taken" and (ignored := unless_broker_own(request)) is not None:
             return ignored  # only the client's broker says what its client has taken
+        if request.topic == "exec.start" and isinstance(request.payload.get("targets"), str):
+            return self._choose(request, now)
         targets = target_ranks(request.payload)
         if why := targets_problem(request.topic, targets, self.topology.size):
             return [Respond(request.fail(errno.EINVAL, why))]
         assert targets is not None
         below: dict[int, list[int]] = {}
         astray: set[int] = set()  # ranks of the instance, but neither this one nor below it
-        root = self.leads()
-        for target in targets:
-            if target == self.rank:
-                continue
-            if root or is_below(self.topology, target, self.rank):
-                below.setdefault(self.toward(target), []).append(target)
-            else:
-                astray.add(target)
+        if self.leads():  # every target is its to reach: split in one pass (towards)
+            below = self.towards([t for t in targets if t != self.rank])
+        else:
+            for target in targets:
+                if target == self.rank:
+                    continue
+                if is_below(self.topology, target, self.rank):
+                    below.setdefault(self.toward(target), []).append(target)
+                else:
+                    astray.add(target)
         # one encoding of what every copy shares (exec.start's: the client's environment)
         rest = _all_but_targets(request.payload) if len(below) > 1 else None
         actions: list[Action] = [
@@ -245,6 +270,57 @@ class ExecService:
         elif request.topic == "exec.signal" and request.payload.get("gone") is True:
             self.merge.gone(str(request.payload.get("id")))
         return actions
+
+    def _choose(self, request: Message, now: float) -> list[Action]:
+        """An exec.start that names its targets (`all`, or an idset, but `exclude`): the root
+        chooses them from its table (exectargets.py), answers first with the ranks chosen and
+        the view it chose them by, then carries the request out as one that lists them. So the
+        client need not wait for a view of its own before it starts (docs/protocol.md §7)."""
+        # imported here: only a root chooses (a leaf's import is part of every start-up)
+        from tbon.overlay.parse.idset import format_idset
+        from tbon.overlay.state.exectargets import chosen_targets
+        from tbon.overlay.state.statesview import RankStates
+
+        payload = request.payload
+        view = self.rank_states() if self.leads() else None
+        if view is None:
+            why = "exec.start: only the root chooses targets by name ('all', an idset)"
+            return [Respond(request.fail(errno.EINVAL, why))]
+        exclude = payload.get("exclude")
+        if exclude is not None and not isinstance(exclude, str):
+            return [Respond(request.fail(errno.EINVAL, "exec.start: exclude must be an idset"))]
+        try:
+            chosen = chosen_targets(RankStates(view), payload["targets"], exclude)
+        except UsageError as error:
+            return [Respond(request.fail(errno.EINVAL, f"exec.start: {error}"))]
+        window = payload.get("window", output_window(len(chosen)))
+        said = {
+            "targets": format_idset(chosen),
+            "window": window,
+            "size": view["size"],
+            "states": view["states"],
+        }
+        if not chosen:  # nothing to run: the answer is the last
+            return [Respond(request.respond(said))]
+        listed = {k: v for k, v in payload.items() if k != "exclude"}
+        listed["targets"], listed["window"] = chosen, window
+        resolved = Message(
+            Kind.REQUEST,
+            request.topic,
+            listed,
+            nodeid=request.nodeid,
+            tag=request.tag,
+            route=list(request.route),
+            data=request.data,
+        )
+        return [_answer(request, said), *self.handle(resolved, now)]
+
+    def _each_toward(self, targets: list[int]) -> dict[int, list[int]]:
+        """`targets` grouped by `toward`, one call per target."""
+        below: dict[int, list[int]] = {}
+        for target in targets:
+            below.setdefault(self.toward(target), []).append(target)
+        return below
 
     def _copy_down(
         self, request: Message, child: int, ranks: list[int], rest: bytes | None = None
@@ -342,7 +418,8 @@ class ExecService:
         """A local client (route hop `hop`) asked for a job: remember it, to kill it should the
         client vanish, and to acknowledge for it what is handed to it."""
         payload = request.payload
-        targets = target_ranks(payload)
+        named = isinstance(payload.get("targets"), str)  # the root says which (_choose)
+        targets = [] if named else target_ranks(payload)
         if targets is None:
             return  # refused at once (handle): nothing runs
         window = payload.get("window", DEFAULT_WINDOW)
@@ -351,6 +428,7 @@ class ExecService:
             set(targets),
             window if is_int(window) else DEFAULT_WINDOW,
             payload.get("acks") is True,
+            named=named,
         )
         self._client_jobs.setdefault(hop, {})[request.tag] = job
 
@@ -384,16 +462,22 @@ class ExecService:
         job = jobs[reply.tag]
         actions: list[Action] = []
         if reply.errnum or not reply.streaming:
-            job.running.clear()  # the request itself failed
+            job.running.clear()  # the request itself failed (or the root chose no rank)
+            job.named = False
+        elif job.named:  # the root's first answer: the ranks it chose (_choose)
+            _chosen(job, reply.payload)
         else:
             cost = len(reply.data) + MESSAGE_COST
-            for said in answers_of(reply.payload, self.topology.size):
+            said = reply.payload
+            if "exits" in said:  # many ranks' exits: read without a dict per rank
+                actions += self._exits_handed(job, said["exits"], cost)
+            else:
                 rank, last = said.get("rank"), "exit" in said
                 actions += self._acknowledge(job, said, cost, last)
                 if (last or "error" in said) and is_int(rank):
                     job.running.discard(rank)
                     job.handoffs.pop(rank, None)
-        if not job.running:
+        if not job.running and not job.named:
             self._taken.over(str(job.id))  # its ranks are told together: flush
             del jobs[reply.tag]
             ended = self._ended.setdefault(hop, [])
@@ -401,6 +485,33 @@ class ExecService:
             del ended[:-ENDED_KEPT]
             if not jobs:
                 del self._client_jobs[hop]
+        return actions
+
+    def _exits_handed(self, job: ClientJob, groups: object, cost: int) -> list[Action]:
+        """A merged answer (wire/exits.py) handed to the client: each rank's exit as `answered`
+        takes a rank's own, in one loop over the ranks (1024 of them at once for `tbon exec -r
+        all true`). The ranks whose exit was their first answer are held to be told together
+        (takenhold.py); any other is acknowledged as `_acknowledge` does."""
+        try:
+            exits = decode(groups, self.topology.size)
+        except BadExits:
+            return []  # dropped, as the client drops it
+        running, handoffs, acks = job.running, job.handoffs, job.acks
+        first_is_last: list[int] = []
+        actions: list[Action] = []
+        for one in exits:
+            rank = one.rank
+            if rank not in running:
+                continue
+            if acks:
+                if one.seq == 0 and rank not in handoffs:
+                    first_is_last.append(rank)
+                else:
+                    actions += self._acknowledge(job, one.payload(), cost, True)
+            running.discard(rank)
+            handoffs.pop(rank, None)
+        if first_is_last:
+            self._taken.taken_all(str(job.id), first_is_last)
         return actions
 
     def _acknowledge(
@@ -513,10 +624,12 @@ class ExecService:
         for job in self._client_jobs.pop(hop, {}).values():
             if self._taken.over(str(job.id)):  # what was handed over before it left: told
                 actions.append(Wake())  # at the next turn's flush, even if this one's is past
+            # targets not yet said (`named`): any rank may have started it
+            running = range(self.topology.size) if job.named else sorted(job.running)
             kill = {
                 "id": job.id,
                 "signal": int(signal.SIGKILL),
-                "targets": sorted(job.running),
+                "targets": list(running),
                 "gone": True,
             }
             # its route names the client (wire/route.py `speaks_for`): a job of another client
@@ -529,6 +642,22 @@ class ExecService:
         """client.disconnect: the client whose answers travel along this route has gone. Its
         jobs here are killed."""
         return [KillJobsFrom(tuple(request.route))]
+
+
+def _chosen(job: ClientJob, said: dict[str, Any]) -> None:
+    """The root's first answer to a job whose targets were named: the ranks it runs on, and the
+    window each has. An answer that is not one (a broker's that does not choose) leaves the job
+    as one with no rank left to hear from."""
+    from tbon.overlay.parse.idset import parse_idset
+
+    job.named = False
+    ranks, window = said.get("targets"), said.get("window")
+    try:
+        job.running = set(parse_idset(ranks)) if isinstance(ranks, str) and ranks else set()
+    except UsageError:
+        job.running = set()
+    if is_int(window):
+        job.window = window
 
 
 def last_word(reply: Message) -> bool:

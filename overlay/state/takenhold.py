@@ -48,6 +48,10 @@ class TakenHold:
         """`rank`'s last answer of `job` was handed to the client, in order."""
         self._held.setdefault(job, _Held()).ranks.append(rank)
 
+    def taken_all(self, job: str, ranks: list[int]) -> None:
+        """The last answers of these ranks of `job` were handed over, in order (`taken`)."""
+        self._held.setdefault(job, _Held()).ranks.extend(ranks)
+
     def over(self, job: str) -> bool:
         """Nothing more of `job` will be handed over: its targets are all done, or its client
         has gone. Its ranks are told at the next `due`; whether any are held."""
