@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from tbon.overlay.parse.numbers import is_int
-
 PROTOCOL_VERSION = 3
 """Raised when brokers of two versions can no longer work together: 3 since reports went up
 in batches (a `report` carries a list of events, docs/protocol.md section 5.4)."""
@@ -41,6 +39,10 @@ class Kind(StrEnum):
     RESPONSE = "response"
     EVENT = "event"
     CONTROL = "control"
+
+
+_KINDS: dict[str, Kind] = {kind.value: kind for kind in Kind}
+"""Each kind by its wire name: a lookup, where Kind(name) is an enum call per message."""
 
 
 class Message:
@@ -263,18 +265,20 @@ def decode(frames: Sequence[Buffer]) -> Message:
         raise MessageError(f"not JSON: {type(error).__name__}") from None
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise MessageError("header and payload must be JSON objects")
+    # `type(x) is int` is is_int for what JSON gives (an int, never a subclass but bool), in
+    # no call: every message every broker reads comes here (a leaf, twice per exec job)
     version = header.get("v")
-    if not is_int(version) or version < 1:
+    if type(version) is not int or version < 1:
         raise MessageError(f"bad protocol version {version!r}")
-    try:
-        kind = Kind(header.get("k", ""))  # absent: unknown, as any other value
-    except ValueError:
-        raise MessageError(f"unknown message kind {header.get('k')!r}") from None
+    kind = _KINDS.get(k) if type(k := header.get("k")) is str else None
+    if kind is None:  # absent: unknown, as any other value
+        raise MessageError(f"unknown message kind {k!r}")
     topic, nodeid, tag = header.get("t"), header.get("n", ANY_RANK), header.get("g", 0)
     route, errnum, errstr = header.get("r", []), header.get("e", 0), header.get("es", "")
     if not isinstance(topic, str) or not topic:
         raise MessageError("missing topic")
-    if not is_int(nodeid) or not is_int(tag) or not is_int(errnum) or nodeid < ANY_RANK:
+    integers = type(nodeid) is int and type(tag) is int and type(errnum) is int
+    if not integers or nodeid < ANY_RANK:
         raise MessageError("nodeid, tag and errnum must be integers")
     if not isinstance(route, list) or not all(isinstance(hop, str) for hop in route):
         raise MessageError("route must be a list of strings")
