@@ -11,10 +11,10 @@ broker.
 from __future__ import annotations
 
 import json
-import json.decoder
 import json.encoder
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -156,7 +156,7 @@ def encode(message: Message) -> list[Buffer]:
     return [head, body, message.data] if message.data else [head, body]
 
 
-_C_ENCODER = json.encoder.c_make_encoder
+_C_ENCODER = json.encoder.c_make_encoder  # type: ignore[attr-defined]  # _json's, or None
 _DEFAULT = json.JSONEncoder().default  # what json.dumps does with what JSON cannot say
 
 
@@ -239,8 +239,9 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_flo
 """Made once: json.loads with these hooks would build a decoder for every frame."""
 
 
-_SCAN = _DECODER.scan_once
-_SPACE = json.decoder.WHITESPACE.match
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # its scanner, _json's C one
+# what json's decoder takes around a value; it always matches, if only the empty string
+_SPACE: Callable[[str, int], re.Match[str]] = re.compile(r"[ \t\n\r]*").match  # type: ignore
 
 
 def _json(frame: bytes) -> Any:
