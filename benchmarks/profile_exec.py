@@ -24,8 +24,15 @@ from typing import Any
 from common import TBON, progress, show_sampled, start_here, wrap_each
 
 SPLIT = [
-    ("tbon.overlay.wire.message", "decode_frames"),
-    ("tbon.overlay.wire.message", "encode"),
+    # the links call the wire's functions by the names they imported: wrapped there (the
+    # message module's own names are not what they call), each link's under one row
+    ("tbon.overlay.links.parent", "decode_frames"),
+    ("tbon.overlay.links.children", "decode_frames"),
+    ("tbon.overlay.links.parent", "encode"),
+    ("tbon.overlay.links.children", "encode"),
+    ("zmq", "Poller.poll"),
+    ("tbon.overlay.broker.router", "Router.route"),
+    ("tbon.overlay.broker.router", "Router.respond"),
     ("tbon.overlay.services.exec", "ExecService.handle"),
     ("tbon.overlay.services.exec", "start_problem"),
     ("tbon.overlay.services.exec", "ExecService.gather"),
@@ -43,7 +50,9 @@ SPLIT = [
     ("tbon.overlay.broker.broker", "Broker._tick"),
     ("tbon.overlay.broker.broker", "Broker._timers"),
 ]
-"""(module, attribute path): the functions --split times, nested calls in each one's own."""
+"""(module, attribute path): the functions --split times, nested calls in each one's own. The
+same name in two modules is one row (decode_frames: both links'); Poller.poll's calls are the
+loop's turns."""
 
 
 def _split(rank: int, out: str) -> None:
@@ -80,8 +89,9 @@ def _split(rank: int, out: str) -> None:
             if seen[0] == 2:
                 began[:] = [time.thread_time(), times.user + times.system]
             elif seen[0] == 3:
+                names = dict.fromkeys(n for _, n in SPLIT)
                 lines = [
-                    f"{n:34} {calls.get(n, 0):5d} {spent.get(n, 0) * 1e3:8.2f} ms" for _, n in SPLIT
+                    f"{n:34} {calls.get(n, 0):5d} {spent.get(n, 0) * 1e3:8.2f} ms" for n in names
                 ]
                 main = (time.thread_time() - began[0]) * 1e3
                 process = (times.user + times.system - began[1]) * 1e3

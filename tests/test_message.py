@@ -18,6 +18,7 @@ from tbon.overlay.wire.message import (
     Kind,
     Message,
     MessageError,
+    _json,
     decode,
     decode_payload,
     encode,
@@ -573,3 +574,32 @@ def test_only_the_canonical_header_is_known(message: Message) -> None:
 def test_the_report_header_is_the_one_encode_writes() -> None:
     assert encode(Message(Kind.CONTROL, "report", {"events": []}))[0] == REPORT_HEAD
     assert decode([REPORT_HEAD, b""]) == Message(Kind.CONTROL, "report")
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+def test_a_payload_encodes_as_json_dumps_writes_it(payload: dict[str, Any]) -> None:
+    """encode() writes with the C encoder made once per message (message._dumps): byte for
+    byte what json.dumps with the compact separators writes."""
+    body = encode(Message(Kind.REQUEST, "t", payload))[1]
+    assert body == (json.dumps(payload, separators=(",", ":")).encode() if payload else b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=' \t\n\r{}[]":,0123456789.eE+-truefalsn\\ux', max_size=24))
+def test_json_text_reads_as_json_loads_reads_it(text: str) -> None:
+    """The decoder's steps spelt out (message._json): the same value as json.loads, or a
+    ValueError where it raises one (or where it reads a number too large: the wire refuses
+    what would be an infinity, tested above)."""
+    try:
+        expected: Any = json.loads(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _json(text.encode())
+        return
+    if "inf" in repr(expected):
+        with pytest.raises(ValueError):
+            _json(text.encode())
+        return
+    assert _json(text.encode()) == expected

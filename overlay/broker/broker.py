@@ -531,7 +531,8 @@ class Broker:
         finish."""
         if self.exit_code is not None:
             return
-        self.perform(self.services.exec.flush(now))  # exits held, last answers taken: together
+        if flushed := self.services.exec.flush(now):  # exits held, last answers taken: together
+            self.perform(flushed)
         if self._drop_parent:
             self._end_search()
         if self.parent is not None and self.parent.overflow is not None:
@@ -554,9 +555,10 @@ class Broker:
                 self._locate_late(now)
         if self.draining is not None and self.exit_code is None:
             self.perform(self.draining.step(now, len(self.jobs.jobs)))
-        if self.exit_code is None:  # what was logged meanwhile, to its followers
-            self.perform(self.services.dmesg.pushes(now))
-        self._clients_gone(self.local.dropped_since())  # dropped while being sent to
+        if self.exit_code is None and (pushes := self.services.dmesg.pushes(now)):
+            self.perform(pushes)  # what was logged meanwhile, to its followers
+        if dropped := self.local.dropped_since():  # dropped while being sent to
+            self._clients_gone(dropped)
         self.local.release()  # what dropped and closed clients held, back to the system
         self._maybe_finish(now)
 

@@ -342,7 +342,9 @@ class JobRunner:
             self.unwatch(fd)
 
     def _readable(self, job: Job, fd: int) -> None:
-        name = job.streams[fd]
+        name = job.streams.get(fd)
+        if name is None:  # its end was read already, with the other pipe's, in this turn
+            return
         if not job.may_read:
             self._pause(job)
             return
@@ -363,6 +365,12 @@ class JobRunner:
             self._perform(job, job.life.stream_closed())
             if not job.streams:  # its end is likely here too: no turn more for its pidfd
                 self._reap_if_ended(job)
+            else:
+                # the other pipe's end is likely here too (a command that ends closes both):
+                # read at once, not by one more call from the loop (a read more, that finds
+                # nothing, for a command that closed one of them early)
+                for other in list(job.streams):
+                    self._readable(job, other)
             return
         if fd not in job.grown:  # output comes: a bigger pipe, fewer and larger messages
             job.grown.add(fd)  # (not at the start: most jobs of `exec -r all` say nothing)

@@ -315,6 +315,8 @@ class Router:
         return sent_to is not None and child is not None and is_below(self.topology, child, sent_to)
 
     def next_deadline(self) -> float | None:
+        if not self._pending:  # asked every busy turn: most have no call of their own out
+            return None
         return min((p.deadline for p in self._pending.values()), default=None)
 
     def expire(self, now: float) -> None:

@@ -46,6 +46,8 @@ class Asker:
         self._perform(self.machine.tick(alone, cards, now))
 
     def next_deadline(self) -> float | None:
+        if not self.links:  # every turn of every broker asks: most never ask anything
+            return self.machine.next_deadline()
         deadlines = [link.next_deadline() for link in self.links.values()]
         deadlines.append(self.machine.next_deadline())
         return min((d for d in deadlines if d is not None), default=None)

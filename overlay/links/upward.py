@@ -476,6 +476,8 @@ class Upward:
 
     def next_deadline(self) -> float | None:
         state = self.state
+        if not self.dismissed and not isinstance(state, (Seeking, GoingHome)):  # most turns
+            return None
         deadlines = list(self.dismissed.values())
         if isinstance(state, Seeking):
             deadlines += [state.until, *state.retries.values()]

@@ -215,6 +215,8 @@ class DmesgService:
     def next_deadline(self) -> float | None:
         """When `pushes` probes a follower next: one with records waiting and its batch unread
         (what a turn logged is pushed by that turn itself)."""
+        if not self.followers:  # asked every busy turn: most brokers have no follower
+            return None
         return min(
             (f.sent_at + PROBE for f in self.followers if f.unread and self._waiting(f)),
             default=None,

@@ -172,4 +172,6 @@ class HealService:
         return actions
 
     def next_deadline(self) -> float | None:
+        if not self.waiting:  # asked every busy turn: most have nothing waiting
+            return None
         return min((deadline for _, deadline in self.waiting), default=None)

@@ -57,8 +57,10 @@ def unless_current(
     refusal: ESTALE for a former root's, EPERM for another broker's (state/terms.py). An order
     not sent down by a broker (a client's) is left to its service, which refuses it (EPERM): its
     term never moves the fence. Also what the fence learned, for the broker (state/terms.py)."""
+    if request.topic not in ORDERS:  # every request served: its route is read for orders only
+        return None, []
     sender = order_sender(request, rank)
-    if request.topic not in ORDERS or sender is None:
+    if sender is None:
         return None, []
     verdict, news = terms.order(request.term, sender)
     if not isinstance(verdict, Refuse):

@@ -145,8 +145,9 @@ def child_hop(hop: str) -> int | None:
 
 
 def _link(hop: str) -> bool:
-    """A hop that a broker pushed for a request from another broker."""
-    return parent_hop(hop) is not None or child_hop(hop) is not None
+    """A hop that a broker pushed for a request from another broker: parent_hop or child_hop
+    would read a rank in it (spelt out: read for every hop of a route, every exec notice)."""
+    return hop.startswith(("p", "c")) and hop[1:].isascii() and hop[1:].isdigit()
 
 
 def from_above(request: Message, sender: int) -> bool:
