@@ -24,12 +24,9 @@ from typing import Any
 from common import TBON, progress, show_sampled, start_here, wrap_each
 
 SPLIT = [
-    # the links call the wire's functions by the names they imported: wrapped there (the
-    # message module's own names are not what they call), each link's under one row
-    ("tbon.overlay.links.parent", "decode_frames"),
-    ("tbon.overlay.links.children", "decode_frames"),
-    ("tbon.overlay.links.parent", "encode"),
-    ("tbon.overlay.links.children", "encode"),
+    # wrap_each also replaces them where the links imported them by name
+    ("tbon.overlay.wire.message", "decode_frames"),
+    ("tbon.overlay.wire.message", "encode"),
     ("zmq", "Poller.poll"),
     ("tbon.overlay.broker.router", "Router.route"),
     ("tbon.overlay.broker.router", "Router.respond"),
@@ -51,7 +48,7 @@ SPLIT = [
     ("tbon.overlay.broker.broker", "Broker._timers"),
 ]
 """(module, attribute path): the functions --split times, nested calls in each one's own. The
-same name in two modules is one row (decode_frames: both links'); Poller.poll's calls are the
+same name in two modules is one row; Poller.poll's calls are the
 loop's turns."""
 
 
