@@ -38,6 +38,7 @@ from tbon.errors import TbonError
 from tbon.limits import check_duration, check_size
 from tbon.overlay.boot.wireup import instance_size
 from tbon.overlay.broker.broker import run_broker
+from tbon.overlay.broker.logs import forget_logging, setup_logging
 from tbon.overlay.config.attributes import BrokerConfig, broker_config, parse_assignments
 from tbon.overlay.launch.capacity import check_room
 from tbon.overlay.launch.pmi_sockets import SocketPmiServer
@@ -155,6 +156,7 @@ class Launch:
         for name in FORKED_BROKERS_NEED:
             importlib.import_module(name)
         argv_area()  # where each broker writes its title (tbon/proctitle.py), found once
+        setup_logging(self.config.log_level)  # each broker's, the same for all: done once here
         size = instance_size(self.config.size, self.size)
         # Every object the launcher holds now is shared with every broker, page for page, until
         # one writes to it. A collection in a broker writes to each object it visits (its GC
@@ -199,6 +201,7 @@ class Launch:
                 end.close()
             for rank, pid in enumerate(pids):
                 self.brokers[pid] = BrokerProcess(rank, pid)
+            forget_logging()
         return server
 
     def _become_broker(
