@@ -14,6 +14,8 @@ At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answe
   most PAGE_BYTES (one page, for all but the largest tables).
 - every rank's *state* (`states`): one idset per state, and the ranks reattaching, which is
   all `tbon exec` reads of the table (its targets, and the ranks lost while it runs).
+- the *online* ranks (`online`): each one's rank, pid and incarnation, which is all `tbon
+  expand` reads of the table while it follows its joiners, in pages of at most PAGE_BYTES.
 
 The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
 another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
@@ -481,4 +483,46 @@ def states(table: RankTable) -> dict[str, Any]:
         "topo": table.topology.spec,
         "states": named,
         "reattaching": _idset(_ranges(adrift)),
+    }
+
+
+ONLINE_BYTES = 4 + 6 + 19 + 19
+"""An upper bound on one `online` item as JSON, `[rank,pid,incarnation],`: a rank has at most
+6 digits (MAX_SIZE), a pid or an incarnation at most 19 (below 2^63; a larger one is counted by
+its digits). So a page is bounded without encoding its items."""
+
+_DIGITS_BOUND = 10**19
+
+
+def online(table: RankTable, start: int = 0, budget: int = PAGE_BYTES) -> dict[str, Any]:
+    """A page of the online ranks from `start` on (`online`, in rank order, each `[rank, pid,
+    incarnation]`), as many as ONLINE_BYTES each fits `budget` (at least one), and `next`, the
+    rank the next page starts at (None after the last): what `tbon expand` follows its joiners
+    by (a local joiner by its pid, a remote one by its rank and a newer incarnation), some 20
+    bytes a rank where their `held` entries take 190. One pass of the ranks held; no entry
+    shown or encoded."""
+    found: list[list[int | None]] = []
+    taken = 0
+    after: int | None = None
+    is_online = RankState.ONLINE
+    for entry in table.entries.held():  # in rank order
+        rank = entry.rank
+        if rank < start or entry.state is not is_online:
+            continue
+        if taken >= budget and found:
+            after = rank
+            break
+        pid, incarnation = entry.pid, entry.incarnation
+        taken += ONLINE_BYTES
+        if pid is not None and not -_DIGITS_BOUND < pid < _DIGITS_BOUND:
+            taken += len(str(pid))
+        if not -_DIGITS_BOUND < incarnation < _DIGITS_BOUND:
+            taken += len(str(incarnation))
+        found.append([rank, pid, incarnation])
+    return {
+        "size": table.size,
+        "topo": table.topology.spec,
+        "online": found,
+        "start": start,
+        "next": after,
     }
