@@ -30,7 +30,6 @@ one table, and gets the latest when it next reads.
 from __future__ import annotations
 
 import errno
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -52,8 +51,9 @@ PAGED = ("held", "online")
 """The views sent in pages (`start`, `next`): each update is its pages one after another."""
 
 
-Stamp = tuple[int, str]
-"""What a watcher was last sent: the table's generation, and the roles and root group as text."""
+Stamp = tuple[int, object]
+"""What a watcher was last sent: the table's generation, and the roles and root group (compared
+as values: made anew at each call, never changed after, and not encoded at every turn)."""
 
 
 class Watcher:
@@ -82,13 +82,12 @@ class StatusService:
         # the root group, when it has standbys (services/group.py): shown as `group`
         self.group: Callable[[float], dict[str, Any] | None] = lambda now: None
         self.watchers: list[Watcher] = []
-        self._pushed: Stamp = (-1, "")
+        self._pushed: Stamp = (-1, None)
 
     def stamp(self, now: float) -> Stamp:
         """What watchers are shown now, beyond the entries: the table's generation, and the
         roles and the root group (`acked`, `voter`, `paused`...), which change no entry."""
-        beside = json.dumps([self.roles.wire(), self.group(now)], sort_keys=True)
-        return self.table.generation, beside
+        return self.table.generation, (self.roles.root, self.roles.standbys, self.group(now))
 
     def snapshot(self, now: float, watcher: Watcher | None = None) -> dict[str, Any]:
         """The object a watcher follows (the whole table by default)."""
