@@ -7,6 +7,7 @@ are told there is no rank (exit 69) and nothing that was online is touched.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -33,6 +34,7 @@ from tbon.overlay.parse.numbers import is_int
 if TYPE_CHECKING:
     from tbon.overlay.launch.forker import Forked, Forker
     from tbon.overlay.launch.pace import Pace
+    from tbon.overlay.state.onlineview import Online
 
 BOOT_SERVERS = 4
 """How many of the instance's URIs a new broker is given as broker.boot-server, tried in order
@@ -484,8 +486,6 @@ def _follow(
     )
     with progress if interactive() else nullcontext():
         task = progress.add_task("join", total=len(joiners))
-        from tbon.overlay.state.heldtable import said
-
         watch = _Watch(client, uri)
         while any(j.pending for j in joiners) and time.monotonic() < deadline:
             if due := pace.due():
@@ -504,14 +504,15 @@ def _follow(
                         by_rank[started.wanted] = started
                     elif started.pid is not None:
                         by_pid[started.pid] = started
-            view = watch.receive(0.1, deadline)
-            if view is not None:
-                for entry in said(view):
-                    seen = by_pid.get(entry["pid"]) or by_rank.get(entry["rank"])
-                    if seen is None or entry["state"] != "online" or not seen.pending:
+            online = watch.receive(0.1, deadline)
+            if online is not None:
+                for rank, pid, incarnation in online:
+                    seen = by_pid.get(pid) if pid is not None else None
+                    seen = seen or by_rank.get(rank)
+                    if seen is None or not seen.pending:
                         continue
-                    if not seen.host or entry["incarnation"] > seen.after:
-                        seen.rank = entry["rank"]
+                    if not seen.host or incarnation > seen.after:
+                        seen.rank = rank
             for joiner in joiners:
                 process = joiner.process
                 if joiner.pending and process is not None and process.poll() is not None:
@@ -526,13 +527,14 @@ def _follow(
 
 
 VIEW_PAUSE = 0.1
-"""Seconds between two tables read from the root's watch (`_Watch.receive`), at most: after a
-table of PAUSE_FULL_AT held ranks or more; after a smaller one, that share of it."""
+"""Seconds between two updates read from the root's watch (`_Watch.receive`), at most: after
+one of PAUSE_FULL_AT online ranks or more; after a smaller one, that share of it."""
 PAUSE_FULL_AT = 1024
-"""Held ranks in a table for which the whole VIEW_PAUSE is taken. Rank 0's cost of a table goes
-with its held ranks (about 45 ms at 1024), so a pause in proportion keeps its share of rank 0
-bounded, and an expand into an instance of a few brokers (or a chain of three joiners into a
-vacant subtree) sees each join within milliseconds, not a tenth of a second later."""
+"""Online ranks in an update for which the whole VIEW_PAUSE is taken. Rank 0's cost of an
+update goes with its ranks (about 1 ms at 1024 for the `online` view, 45 ms for an older
+broker's `held` view), so a pause in proportion keeps its share of rank 0 bounded, and an
+expand into an instance of a few brokers (or a chain of three joiners into a vacant subtree)
+sees each join within milliseconds, not a tenth of a second later."""
 
 
 def _reap_ended(joiners: list[Joiner], forker: Forker | None) -> None:
@@ -625,25 +627,36 @@ class _Planned:
 
 
 class _Watch:
-    """The root's pushed held view, as one stream of tables: across a lost connection or an
-    ended stream, started again through a URI list (none: the error is the command's)."""
+    """The root's pushed `online` view (each online rank's pid and incarnation), as one stream
+    of updates: across a lost connection or an ended stream, started again through a URI list
+    (none: the error is the command's). A broker of an older tbon refuses that view (EINVAL);
+    its `held` view, the entries of every rank held, is read for the same instead."""
 
     def __init__(self, client: Any, uri: str | None) -> None:
         from tbon.overlay.connectors.client import given_list
-        from tbon.overlay.state.heldtable import HeldPages
 
         self.client, self.owned = client, False  # the first client is the caller's to close
         self.listed = given_list(uri)
-        self.pages = HeldPages()
-        self.tag = client.send("status.watch", {"view": "held"}, nodeid=0)
-        self.read = -math.inf  # when the last table was read
+        self.view = "online"  # "held" from an older broker
+        self.pages: Any = None
+        self.tag = self._send()
+        self.read = -math.inf  # when the last update was read
         self.pause = 0.0  # before the next is read: VIEW_PAUSE's share for the last one's size
 
-    def receive(self, timeout: float, deadline: float) -> dict[str, Any] | None:
-        """The next whole table pushed, or None. At most one a VIEW_PAUSE (less after a small
-        one: PAUSE_FULL_AT): each is the whole held table, which rank 0 makes anew once this one
-        is read, so reading as fast as it comes would keep rank 0 and this command busy, the
-        more the more joined."""
+    def _send(self) -> int:
+        from tbon.overlay.state.heldtable import HeldPages
+        from tbon.overlay.state.onlineview import OnlinePages
+
+        self.pages = OnlinePages() if self.view == "online" else HeldPages()
+        return int(self.client.send("status.watch", {"view": self.view}, nodeid=0))
+
+    def receive(self, timeout: float, deadline: float) -> Online | None:
+        """The online ranks of the next whole update pushed, or None. At most one a VIEW_PAUSE
+        (less after a small one: PAUSE_FULL_AT): rank 0 makes each update anew once this one is
+        read, so reading as fast as it comes would keep rank 0 and this command busy, the more
+        the more joined."""
+        from tbon.overlay.state.onlineview import from_status
+
         pause = self.read + self.pause - time.monotonic()
         if pause > 0:
             time.sleep(min(pause, timeout))  # the loop's beat meanwhile: processes are polled
@@ -655,15 +668,19 @@ class _Watch:
             reply = self.client.receive(timeout)
             if reply is None or reply.tag != self.tag:
                 return None
+            if reply.errnum == errno.EINVAL and self.view == "online":
+                self.view = "held"  # a broker from before the online view
+                self.tag = self._send()
+                return None
             if reply.errnum:
                 raise TbonError(f"status stream ended: {reply.errstr}")
-            page = reply.payload
-            held = (len(self.pages.ranks) if page.get("start") else 0) + len(page["ranks"])
-            table = self.pages.take(page)
-            if table is not None:
-                self.read = time.monotonic()
-                self.pause = VIEW_PAUSE * min(1.0, held / PAUSE_FULL_AT)
-            return table
+            taken = self.pages.take(reply.payload)
+            if taken is None:
+                return None
+            online: Online = taken if self.view == "online" else from_status(taken)
+            self.read = time.monotonic()
+            self.pause = VIEW_PAUSE * min(1.0, len(online) / PAUSE_FULL_AT)
+            return online
         except TbonError:
             if self.listed is None:
                 raise
@@ -672,15 +689,13 @@ class _Watch:
 
     def _again(self, deadline: float) -> None:
         from tbon.overlay.connectors.client import connect
-        from tbon.overlay.state.heldtable import HeldPages
 
         assert self.listed is not None
         self.close()
         time.sleep(RECONNECT_PAUSE)  # a paced retry while the takeover runs, not a wait
         try:
             self.client, self.owned = connect(self.listed), True
-            self.tag = self.client.send("status.watch", {"view": "held"}, nodeid=0)
-            self.pages = HeldPages()
+            self.tag = self._send()
         except TbonError:
             self.close()
             self.client = None

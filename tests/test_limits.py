@@ -10,6 +10,7 @@ whole if it outlives its deadline. No test ever asks for a huge instance without
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -28,6 +29,7 @@ from tbon.errors import UsageError
 from tbon.limits import (
     MAX_DURATION,
     MAX_SIZE,
+    PAGE_BYTES,
     WHOLE_TABLE_MAX,
     check_duration,
     check_size,
@@ -148,6 +150,26 @@ def test_no_status_answer_exceeds_a_message_at_the_largest_size(spec: str) -> No
         assert answer_bytes(page) < MAX_MESSAGE_BYTES
         start, held_pages = page["next"], held_pages + 1
     assert held_pages > 4
+
+
+def test_each_page_of_the_online_view_is_bounded_without_encoding_it() -> None:
+    """expand's `online` view: a page is cut by ONLINE_BYTES an item, an upper bound (a pid
+    past 19 digits, which no real broker has, by its digits), so that at 262,144 ranks online
+    each page fits a message whatever the pids and incarnations."""
+    launched = 40_000
+    table = RankTable(Topology("kary:32", MAX_SIZE), ["h" * 64] * launched, now=0.0)
+    for rank in range(launched):
+        pid = 10**40 + rank if rank % 2 else 4_194_303  # the largest Linux pid, and larger
+        assert table.apply(Online(rank, 1, "h" * 64, pid), 1.0).applied
+    start: int | None = 0
+    pages = 0
+    while start is not None:
+        page = statusviews.online(table, start)
+        text = json.dumps(page["online"], separators=(",", ":"))
+        assert len(text) <= PAGE_BYTES + statusviews.ONLINE_BYTES + 41
+        assert answer_bytes(page) < MAX_MESSAGE_BYTES
+        start, pages = page["next"], pages + 1
+    assert pages > 1
 
 
 @pytest.mark.parametrize("text", ["1", "2", "007", str(MAX_SIZE)])

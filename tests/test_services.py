@@ -297,6 +297,35 @@ def test_a_states_watcher_is_sent_each_ranks_state_as_idsets_in_one_message() ->
     assert pushed.payload["states"]["online"] == "0-999,1001-1023"
 
 
+def test_an_online_watcher_is_sent_the_online_ranks_pids_in_pages() -> None:
+    """What tbon expand follows: each online rank's pid and incarnation, in pages past what one
+    holds (each the next once the one before is acknowledged), and a rank lost meanwhile is
+    gone from the next update: no view shows a rank online that is not."""
+    from tbon.overlay.state.onlineview import OnlinePages
+
+    table = started("kary:32", 30_000)
+    bring_up(table, list(range(1, 30_000)))
+    status = StatusService(table, Lifecycle())
+    watch = request("status.watch", {"view": "online"})
+    ack = request("status.ack", {"watch": watch.tag})
+    pages = OnlinePages()
+    reply = only_response(status.watch(watch, NOW))
+    count = 1
+    while (online := pages.take(reply.payload)) is None:
+        assert len(json.dumps(reply.payload["online"])) < 2 * (1 << 20)  # PAGE_BYTES, and some
+        reply = only_response(status.ack(ack, NOW))
+        assert reply.streaming and reply.payload["start"] > 0
+        count += 1
+    assert count > 1 and [r for r, _, _ in online] == list(range(30_000))
+    assert online[5] == (5, table.entries.peek(5).pid, 1)
+    assert status.ack(ack, NOW) == []  # all read, nothing changed
+    assert table.apply(Lost(29_999, 1, "test", 937), NOW).applied  # its parent says
+    ((_, reply),) = status.pushes(NOW)
+    while (online := pages.take(reply.payload)) is None:
+        reply = only_response(status.ack(ack, NOW))
+    assert [r for r, _, _ in online] == list(range(29_999))
+
+
 def test_the_held_view_is_asked_for_a_page_at_a_time() -> None:
     table = started("kary:32", 20_000)
     status = StatusService(table, Lifecycle())

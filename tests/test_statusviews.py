@@ -17,6 +17,8 @@ from test_rankentries import build, events, prelude
 from tbon.cli import render
 from tbon.overlay.state import statusviews
 from tbon.overlay.state.heldtable import HeldPages, whole
+from tbon.overlay.state.onlineview import OnlinePages, from_status
+from tbon.overlay.state.rankevents import Online
 from tbon.overlay.state.ranktable import RankTable
 from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.state.statesview import RankStates
@@ -109,6 +111,13 @@ def test_views_computed_at_rank_0_read_as_the_whole_table_does(
         read = RankStates.from_status(old)
         assert [read.state(r) for r in range(size)] == [states.state(r) for r in range(size)]
         assert read.reattaching == states.reattaching
+    for entry in status["ranks"]:  # the held view's pages are cut by a bound, not encoded
+        assert len(json.dumps(entry, separators=(",", ":"))) + 1 <= statusviews.entry_bound(entry)
+    online = online_pages(table, budget)  # expand's view: the online ranks' pids
+    assert online == [
+        (e["rank"], e["pid"], e["incarnation"]) for e in status["ranks"] if e["state"] == "online"
+    ]
+    assert from_status(status) == from_status(rebuilt) == online  # from a broker without it
     for root in range(size):
         summary = statusviews.summary(table, now, root)
         assert render.summary_of(summary).plain == render.summary(status, root).plain
@@ -197,3 +206,32 @@ def test_foster_children_and_own_children_are_not_one_run() -> None:
     assert drawn == ["0", "1", "2", "3", "4", "5-8"]
     lines = plain(render.tree_of(statusviews.tree(table, 14.0, 0)))
     assert lines[-1].endswith("5-8 node: full (fostered, home is rank 1)"), lines
+
+
+def online_pages(table: RankTable, budget: int) -> list[tuple[int, int | None, int]]:
+    """The online view read a page at a time, as expand reads it, put together."""
+    pages = OnlinePages()
+    start = 0
+    while True:
+        page = statusviews.online(table, start, budget)
+        assert page["start"] == start
+        text = json.dumps(page["online"], separators=(",", ":"))
+        assert len(text) <= budget + statusviews.ONLINE_BYTES  # the bound, never an encoding
+        found = pages.take(page)
+        if found is not None:
+            assert page["next"] is None
+            return found
+        assert page["online"] and page["next"] > page["online"][-1][0]
+        start = page["next"]
+
+
+@given(st.text(max_size=40), st.text(max_size=40), st.integers(-(10**30), 10**30))
+def test_an_entrys_bound_is_never_less_than_its_json(host: str, reason: str, pid: int) -> None:
+    """Any host or reason (quotes, backslashes, control and astral characters) and any pid:
+    entry_bound, which pages the held view, is at least the entry's JSON and its comma."""
+    table = RankTable(Topology("kary:2", 8), [host] * 8, 10.0)
+    assert table.apply(Online(0, 1, host, pid), 11.0).applied
+    entry = snapshot_entry(table, 0, 12.0)
+    for fields in (entry, {**entry, "reason": reason, "last_pid": pid, "retired": True}):
+        text = json.dumps(fields, separators=(",", ":"))
+        assert len(text) + 1 <= statusviews.entry_bound(fields)

@@ -4,10 +4,11 @@ status.tree), served by rank 0 from its rank table.
 A table of more than WHOLE_TABLE_MAX ranks is never sent whole: status.get gives it in pages
 (`start`: the entries from that rank on, as JSON text in the data frame, and `next`), and a
 status.watch asks for a view (`view`: `summary` of a `rank`; `held`, the entries of the ranks
-something happened to; `states`, each rank's state only) or is refused EFBIG (docs/protocol.md
-§7). The held view goes in pages too, of at most PAGE_BYTES each: status.get asks for one
-(`start`), and a held watcher is sent the pages of each update one after another, each once it
-acknowledged the one before.
+something happened to; `states`, each rank's state only; `online`, each online rank's pid and
+incarnation only) or is refused EFBIG (docs/protocol.md §7). The held and online views go in
+pages too, of at most PAGE_BYTES each: status.get asks for a held one (`start`), and a held or
+online watcher is sent the pages of each update one after another, each once it acknowledged
+the one before.
 
 Every answer (the table, a page's header, each view) also says which rank is the root now and
 which ranks stand by for it (`root`, `standbys`: state/standbys.py), from `roles`, which whoever
@@ -29,7 +30,6 @@ one table, and gets the latest when it next reads.
 from __future__ import annotations
 
 import errno
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -42,13 +42,18 @@ from tbon.overlay.state.snapshot import snapshot
 from tbon.overlay.state.standbys import Roles
 from tbon.overlay.wire.message import Message
 
-VIEWS = ("table", "summary", "held", "states")
+VIEWS = ("table", "summary", "held", "states", "online")
 """What a status.watch may follow: the whole table (the default), a subtree's summary, the
-entries of the ranks something happened to, or every rank's state as an idset per state."""
+entries of the ranks something happened to, every rank's state as an idset per state, or the
+online ranks' pids and incarnations."""
+
+PAGED = ("held", "online")
+"""The views sent in pages (`start`, `next`): each update is its pages one after another."""
 
 
-Stamp = tuple[int, str]
-"""What a watcher was last sent: the table's generation, and the roles and root group as text."""
+Stamp = tuple[int, object]
+"""What a watcher was last sent: the table's generation, and the roles and root group (compared
+as values: made anew at each call, never changed after, and not encoded at every turn)."""
 
 
 class Watcher:
@@ -62,7 +67,7 @@ class Watcher:
         self.unread = True  # that table is in flight: the next waits for its acknowledgement
         self.view = view  # VIEWS
         self.rank = rank  # the subtree of a summary
-        self.cursor: int | None = None  # held: where the next page of the update being sent starts
+        self.cursor: int | None = None  # PAGED: where the next page of the update being sent starts
 
     @property
     def route(self) -> list[str]:
@@ -77,13 +82,12 @@ class StatusService:
         # the root group, when it has standbys (services/group.py): shown as `group`
         self.group: Callable[[float], dict[str, Any] | None] = lambda now: None
         self.watchers: list[Watcher] = []
-        self._pushed: Stamp = (-1, "")
+        self._pushed: Stamp = (-1, None)
 
     def stamp(self, now: float) -> Stamp:
         """What watchers are shown now, beyond the entries: the table's generation, and the
         roles and the root group (`acked`, `voter`, `paused`...), which change no entry."""
-        beside = json.dumps([self.roles.wire(), self.group(now)], sort_keys=True)
-        return self.table.generation, beside
+        return self.table.generation, (self.roles.root, self.roles.standbys, self.group(now))
 
     def snapshot(self, now: float, watcher: Watcher | None = None) -> dict[str, Any]:
         """The object a watcher follows (the whole table by default)."""
@@ -93,6 +97,8 @@ class StatusService:
             return self._said(now, statusviews.held(self.table, now, watcher.cursor or 0))
         if watcher is not None and watcher.view == "states":
             return self._said(now, statusviews.states(self.table))
+        if watcher is not None and watcher.view == "online":
+            return self._said(now, statusviews.online(self.table, watcher.cursor or 0))
         return self._said(now, snapshot(self.table, now))
 
     def _said(self, now: float, answer: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +204,7 @@ class StatusService:
             return [Respond(refusal)]
         watcher = Watcher(request, self.stamp(now), view=view, rank=rank)
         first = self.snapshot(now, watcher)
-        if view == "held":
+        if view in PAGED:
             watcher.cursor = first["next"]
         self.watchers.append(watcher)
         return [Respond(request.respond(first, streaming=True))]
@@ -206,7 +212,7 @@ class StatusService:
     def ack(self, request: Message, now: float) -> list[Action]:
         """status.ack: the watcher whose status.watch had tag `watch` (from the same client: the
         same route) read its table. If the table changed meanwhile, the latest goes now; the
-        next page of a held update goes whether it did or not.
+        next page of a paged update goes whether it did or not.
         One-way: nothing is answered, and an ack that matches no watcher is dropped."""
         tag = request.payload.get("watch")
         for watcher in self.watchers:
@@ -243,7 +249,7 @@ class StatusService:
     def _update(
         self, watcher: Watcher, now: float, made: dict[tuple[str, int], dict[str, Any]]
     ) -> Message:
-        """The watcher's next update: the newest view, or the next page of a held update
+        """The watcher's next update: the newest view, or the next page of a paged update
         under way (made for it alone: the others read their pages at their own pace)."""
         if watcher.cursor is not None:
             status = self.snapshot(now, watcher)
@@ -253,7 +259,7 @@ class StatusService:
                 made[key] = self.snapshot(now, watcher)
             status = made[key]
             watcher.sent = self.stamp(now)
-        if watcher.view == "held":
+        if watcher.view in PAGED:
             watcher.cursor = status["next"]
         watcher.unread = True
         return watcher.request.respond(status, streaming=True)

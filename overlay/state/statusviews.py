@@ -14,6 +14,8 @@ At 262,144 ranks the status object is some 50 MB of JSON. Rank 0 therefore answe
   most PAGE_BYTES (one page, for all but the largest tables).
 - every rank's *state* (`states`): one idset per state, and the ranks reattaching, which is
   all `tbon exec` reads of the table (its targets, and the ranks lost while it runs).
+- the *online* ranks (`online`): each one's rank, pid and incarnation, which is all `tbon
+  expand` reads of the table while it follows its joiners, in pages of at most PAGE_BYTES.
 
 The tree as drawn is the one messages travel (cli/render.py): a connected rank attached to
 another rank than its parent (fostered) is drawn under that rank, always an ancestor, so the
@@ -409,7 +411,8 @@ def held(
     table: RankTable, now: float, start: int = 0, budget: int = PAGE_BYTES
 ) -> dict[str, Any]:
     """A page of the entries of the ranks something happened to (`ranks`, in rank order, from
-    `start` on), as many as fit `budget` bytes of JSON (at least one), and `next`, the rank the
+    `start` on), as many as fit `budget` bytes of JSON by an upper bound of each (`entry_bound`,
+    no entry encoded twice; at least one), and `next`, the rank the
     next page starts at (None after the last): what a command that follows ranks by their
     number reads, a page at a time however many ranks are held. A view that fits one page
     (`start` 0, `next` None) says the others too, as an idset (`spares`)."""
@@ -417,10 +420,9 @@ def held(
     index = bisect_left(said, start)
     ranks: list[dict[str, Any]] = []
     taken = 0
-    dumps = json.JSONEncoder(separators=(",", ":")).encode
     while index < len(said) and (taken < budget or not ranks):
         entry = shown(table, said[index], now)
-        taken += len(dumps(entry)) + 1
+        taken += entry_bound(entry)
         ranks.append(entry)
         index += 1
     answer: dict[str, Any] = {
@@ -435,6 +437,37 @@ def held(
     if start == 0 and answer["next"] is None:
         answer["spares"] = _idset(_complement(said, table.size))
     return answer
+
+
+ENTRY_BYTES = 512
+"""An upper bound on a shown entry as JSON (snapshot.shown), but for its `host`, `reason` and
+`children`: every other field it may have, each key with its quotes, colon and comma, a number
+at its longest (19 digits, a float's repr 24), `state`, `subtree` and `joiner` as named."""
+
+_BIG = 10**19
+
+
+def entry_bound(entry: dict[str, Any]) -> int:
+    """At least the length of `entry` as JSON (and its comma in a list), without encoding it:
+    what pages the held view, a few lengths an entry instead of the encoder's whole walk."""
+    bound = ENTRY_BYTES + _text_bound(entry["host"]) + 7 * len(entry.get("children", ()))
+    if (reason := entry.get("reason")) is not None:
+        bound += _text_bound(reason)
+    for key in ("pid", "incarnation", "last_pid"):  # a broker's own word: counted if too long
+        value = entry.get(key)
+        if value is not None and not -_BIG < value < _BIG:
+            bound += len(str(value))
+    return bound
+
+
+def _text_bound(text: object) -> int:
+    """At least the length of `text` as a JSON string (ASCII out: up to 12 bytes a character,
+    a character past U+FFFF as two \\uXXXX)."""
+    if not isinstance(text, str):
+        return 2 + len(str(text)) * 12
+    if text.isascii() and text.isprintable():
+        return 2 + len(text) + text.count('"') + text.count("\\")
+    return 2 + 12 * len(text)
 
 
 def states(table: RankTable) -> dict[str, Any]:
@@ -481,4 +514,46 @@ def states(table: RankTable) -> dict[str, Any]:
         "topo": table.topology.spec,
         "states": named,
         "reattaching": _idset(_ranges(adrift)),
+    }
+
+
+ONLINE_BYTES = 4 + 6 + 19 + 19
+"""An upper bound on one `online` item as JSON, `[rank,pid,incarnation],`: a rank has at most
+6 digits (MAX_SIZE), a pid or an incarnation at most 19 (below 2^63; a larger one is counted by
+its digits). So a page is bounded without encoding its items."""
+
+_DIGITS_BOUND = 10**19
+
+
+def online(table: RankTable, start: int = 0, budget: int = PAGE_BYTES) -> dict[str, Any]:
+    """A page of the online ranks from `start` on (`online`, in rank order, each `[rank, pid,
+    incarnation]`), as many as ONLINE_BYTES each fits `budget` (at least one), and `next`, the
+    rank the next page starts at (None after the last): what `tbon expand` follows its joiners
+    by (a local joiner by its pid, a remote one by its rank and a newer incarnation), some 20
+    bytes a rank where their `held` entries take 190. One pass of the ranks held; no entry
+    shown or encoded."""
+    found: list[list[int | None]] = []
+    taken = 0
+    after: int | None = None
+    is_online = RankState.ONLINE
+    for entry in table.entries.held():  # in rank order
+        rank = entry.rank
+        if rank < start or entry.state is not is_online:
+            continue
+        if taken >= budget and found:
+            after = rank
+            break
+        pid, incarnation = entry.pid, entry.incarnation
+        taken += ONLINE_BYTES
+        if pid is not None and not -_DIGITS_BOUND < pid < _DIGITS_BOUND:
+            taken += len(str(pid))
+        if not -_DIGITS_BOUND < incarnation < _DIGITS_BOUND:
+            taken += len(str(incarnation))
+        found.append([rank, pid, incarnation])
+    return {
+        "size": table.size,
+        "topo": table.topology.spec,
+        "online": found,
+        "start": start,
+        "next": after,
     }
