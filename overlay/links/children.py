@@ -581,11 +581,13 @@ class Children:
 
 
 @contextlib.contextmanager
-def _borrowed(fd: int) -> Iterator[socket.socket | None]:
+def _borrowed(fd: int) -> Iterator[socket.SocketType | None]:
     """The TCP socket of ZeroMQ's descriptor `fd`, to look at, never to close (None if it is
-    not one now); socket errors inside are the connection gone, and ignored."""
+    not one now); socket errors inside are the connection gone, and ignored. The C socket
+    (SocketType), not socket.socket: its family and type are plain ints, where socket.socket
+    makes each an enum in Python (an accepted child asks both)."""
     try:
-        sock = socket.socket(fileno=fd)
+        sock = socket.SocketType(fileno=fd)
     except OSError:
         yield None
         return
