@@ -47,6 +47,7 @@ from tbon.overlay.broker.perform import Performer
 from tbon.overlay.broker.router import Router
 from tbon.overlay.links import children as children_module
 from tbon.overlay.links import parent as parent_module
+from tbon.overlay.links import zmqio
 from tbon.overlay.links.children import Children
 from tbon.overlay.links.keyring import Identity, KeyRing
 from tbon.overlay.links.liveness import Liveness
@@ -84,17 +85,27 @@ class Clock:
 
 @contextmanager
 def model_time(clock: Clock) -> Iterator[None]:
-    """The modules that read the time themselves read the model's clock meanwhile."""
+    """The modules that read the time themselves read the model's clock meanwhile, and the one
+    call into libzmq that takes no fake socket (zmqio's zmq_poll, in readable()) asks the fakes'
+    queues."""
     fake = SimpleNamespace(monotonic=clock.monotonic)
     modules = (router_module, perform_module, children_module, parent_module)
     saved = [module.time for module in modules]
     for module in modules:
         module.time = fake  # type: ignore[attr-defined]
+    real_poll = zmqio.zmq_poll
+    zmqio.zmq_poll = _poll_fakes  # type: ignore[assignment]
     try:
         yield
     finally:
+        zmqio.zmq_poll = real_poll  # type: ignore[assignment]
         for module, was in zip(modules, saved, strict=True):
             module.time = was  # type: ignore[attr-defined]
+
+
+def _poll_fakes(items: Sequence[tuple[Any, int]], timeout: int = -1) -> list[tuple[Any, int]]:
+    """zmq_poll(items, 0) for the model's sockets: those with a message waiting."""
+    return [(sock, zmq.POLLIN) for sock, _ in items if sock.inbox or sock._reading]
 
 
 def key_of(bid: int) -> str:
@@ -117,8 +128,39 @@ class Frame:
         return len(self.bytes)
 
 
-class FakeMonitor:
+class FrameByFrame:
+    """recv and send one frame a call, as links/zmqio.py calls them: a message is taken from
+    `inbox` whole (each frame saying whether more follow), and given to send_multipart whole."""
+
+    inbox: deque[list[Any]]
+
     def __init__(self) -> None:
+        self._reading: deque[Frame] = deque()  # the rest of a message recv is reading
+        self._sending: list[Any] = []  # the frames of a message send is writing
+
+    def recv(self, flags: int = 0, copy: bool = True) -> Frame:
+        if not self._reading:
+            if not self.inbox and flags & zmq.NOBLOCK:
+                raise zmq.Again()
+            frames = [f if isinstance(f, Frame) else Frame(f) for f in self.inbox.popleft()]
+            for i, frame in enumerate(frames):
+                frame.more = i < len(frames) - 1
+            self._reading.extend(frames)
+        return self._reading.popleft()
+
+    def send(self, data: Any, flags: int = 0, copy: bool = True) -> None:
+        self._sending.append(data)
+        if not flags & zmq.SNDMORE:
+            frames, self._sending = self._sending, []
+            self.send_multipart(frames, flags)
+
+    def send_multipart(self, frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
+        raise NotImplementedError
+
+
+class FakeMonitor(FrameByFrame):
+    def __init__(self) -> None:
+        super().__init__()
         self.inbox: deque[list[bytes]] = deque()
 
     def push(self, event: int, fd: int) -> None:
@@ -203,8 +245,9 @@ class Wire:
         self.to_child.append(("dropped", None))
 
 
-class FakeDealer:
+class FakeDealer(FrameByFrame):
     def __init__(self, wire: Wire) -> None:
+        super().__init__()
         self.wire = wire
         self.inbox: deque[list[Frame]] = deque()
         self.linger = 1000  # ParentLink's: the shutdown timeout
@@ -262,13 +305,13 @@ class SimParentLink(ParentLink):
         self.send(Message(Kind.CONTROL, "hello", hello))
 
 
-class FakeRouter:
+class FakeRouter(FrameByFrame):
     """A parent's ROUTER: sends go down the wire its routing id names."""
 
     def __init__(self, node: Node) -> None:
+        super().__init__()
         self.node = node
         self.inbox: deque[list[Frame]] = deque()
-        self._reading: deque[Frame] = deque()  # the rest of a message recv is reading
 
     def send_multipart(self, frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
         routing_id, *rest = (bytes(f) for f in frames)
@@ -284,15 +327,6 @@ class FakeRouter:
         if not self.inbox and flags & zmq.NOBLOCK:
             raise zmq.Again()
         return self.inbox.popleft()
-
-    def recv(self, flags: int = 0, copy: bool = True) -> Frame:
-        """A message frame by frame, each saying whether more follow (`more`)."""
-        if not self._reading:
-            frames = self.inbox.popleft()
-            for i, frame in enumerate(frames):
-                frame.more = i < len(frames) - 1
-            self._reading.extend(frames)
-        return self._reading.popleft()
 
     def poll(self, timeout: int = 0) -> bool:
         return bool(self.inbox)

@@ -35,6 +35,7 @@ from tbon.overlay.config.attributes import BrokerConfig
 from tbon.overlay.links.asker import Asker
 from tbon.overlay.links.cards import encode_group
 from tbon.overlay.links.descriptors import raise_limit
+from tbon.overlay.links.zmqio import readable
 from tbon.overlay.services.actions import Action, Apply, ApplyAll, Foster, Revoke
 from tbon.overlay.services.lifecycle import Lifecycle
 from tbon.overlay.services.ping import Whoami
@@ -590,7 +591,7 @@ class Broker:
 
     def _read_zap(self, now: float) -> None:
         assert self.children is not None
-        while self.children.zap.socket.poll(0):
+        while readable(self.children.zap.socket):
             self.children.zap.handle()
 
     def _read_children(self, now: float) -> bool | None:

@@ -34,6 +34,7 @@ from tbon.overlay.links.monitor import read_event
 from tbon.overlay.links.refusals import Refusals, refusal_grace
 from tbon.overlay.links.sessions import ChildSession
 from tbon.overlay.links.strangers import FloodLog, Strangers, caps_for
+from tbon.overlay.links.zmqio import DONTWAIT, readable, receive, receive_bytes, send_frames
 from tbon.overlay.parse.numbers import is_int
 from tbon.overlay.state.healing import may_report
 from tbon.overlay.state.rankevents import Dropped, Event
@@ -54,7 +55,7 @@ from tbon.overlay.wire.message import (
     is_heartbeat,
 )
 
-EVENTS, POLLIN, SRCFD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.SRCFD)
+SRCFD = int(zmq.SRCFD)
 """As plain ints: ZeroMQ's own are enums, whose operators cost a Python call each."""
 
 log = logging.getLogger("tbon.children")
@@ -239,9 +240,9 @@ class Children:
         here: it is applied by `settle`, after the messages that the connection delivered before
         it closed (a goodbye)."""
         took = False
-        while self.monitor.get(EVENTS) & POLLIN:  # as readable(): no poll
+        while readable(self.monitor):
             took = True
-            kind, fd = read_event(self.monitor.recv_multipart())
+            kind, fd = read_event(receive_bytes(self.monitor))
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 now = time.monotonic()
                 for address, key in self.zap.refusals:  # an orphan's first knocks: debug only
@@ -327,7 +328,7 @@ class Children:
         known by its header's bytes and read without either (`_known`).
         """
         inbound = Inbound()
-        frames = _receive(self.socket)
+        frames = receive(self.socket)
         if len(frames) < 2:
             return inbound
         routing_id = frames[0].bytes
@@ -374,7 +375,7 @@ class Children:
 
     def readable(self) -> bool:
         """Whether a message waits on the ROUTER (asked of ZeroMQ without a poll)."""
-        return bool(self.socket.get(EVENTS) & POLLIN)
+        return readable(self.socket)
 
     def _known(
         self, routing_id: bytes, frames: list[Any], now: float, inbound: Inbound
@@ -546,7 +547,7 @@ class Children:
         else:
             frames = message
         try:
-            self.socket.send_multipart([routing_id, *frames], flags=zmq.DONTWAIT, copy=False)
+            send_frames(self.socket, [routing_id, *frames], DONTWAIT)
         except zmq.ZMQError as error:
             if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
@@ -579,21 +580,14 @@ class Children:
         self.zap.close()
 
 
-def _receive(sock: zmq.Socket) -> list[Any]:
-    """One message's frames, without copying: recv_multipart(copy=False) less its Python-level
-    option reads (each frame says whether more follow)."""
-    frames = [sock.recv(copy=False)]
-    while frames[-1].more:
-        frames.append(sock.recv(copy=False))
-    return frames
-
-
 @contextlib.contextmanager
-def _borrowed(fd: int) -> Iterator[socket.socket | None]:
+def _borrowed(fd: int) -> Iterator[socket.SocketType | None]:
     """The TCP socket of ZeroMQ's descriptor `fd`, to look at, never to close (None if it is
-    not one now); socket errors inside are the connection gone, and ignored."""
+    not one now); socket errors inside are the connection gone, and ignored. The C socket
+    (SocketType), not socket.socket: its family and type are plain ints, where socket.socket
+    makes each an enum in Python (an accepted child asks both)."""
     try:
-        sock = socket.socket(fileno=fd)
+        sock = socket.SocketType(fileno=fd)
     except OSError:
         yield None
         return

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils import z85
 
+from tbon.overlay.links.zmqio import receive_bytes, send_frames
 from tbon.overlay.parse.numbers import is_decimal
 
 
@@ -82,29 +83,27 @@ class ZapHandler:
 
     def handle(self) -> None:
         """Answer one pending request; a refused key is remembered as (address, key) for the log."""
-        frames = self.socket.recv_multipart()
+        frames = receive_bytes(self.socket)
         if len(frames) < 6:
-            self.socket.send_multipart([b"1.0", b"", b"400", b"malformed ZAP request", b"", b""])
+            send_frames(self.socket, [b"1.0", b"", b"400", b"malformed ZAP request", b"", b""])
             return
         version, request_id, _domain, address, _identity, mechanism = frames[:6]
         credentials = frames[6:]
         identity = None
         if mechanism == b"CURVE" and credentials and len(credentials[0]) == 32:
             if self.keyring.shared(credentials[0]):
-                self.socket.send_multipart(
-                    [version, request_id, b"200", b"OK", SHARED_USER_ID.encode(), b""]
+                send_frames(
+                    self.socket, [version, request_id, b"200", b"OK", SHARED_USER_ID.encode(), b""]
                 )
                 return
             identity = self.keyring.lookup(credentials[0])
         if identity is None:
             key = z85.encode(credentials[0]).decode() if credentials else "-"
             self.refusals.append((address.decode(errors="replace"), key))
-            self.socket.send_multipart(
-                [version, request_id, b"400", b"key not authorized", b"", b""]
-            )
+            send_frames(self.socket, [version, request_id, b"400", b"key not authorized", b"", b""])
             return
         user_id = identity.user_id.encode()
-        self.socket.send_multipart([version, request_id, b"200", b"OK", user_id, b""])
+        send_frames(self.socket, [version, request_id, b"200", b"OK", user_id, b""])
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -23,6 +23,7 @@ from tbon.overlay.links.cards import BadCards, Card, card_ok, decode_group
 from tbon.overlay.links.handshakes import Handshakes
 from tbon.overlay.links.liveness import Liveness, Verdict
 from tbon.overlay.links.monitor import read_event
+from tbon.overlay.links.zmqio import DONTWAIT, readable, receive, receive_bytes, send_frames
 from tbon.overlay.wire.flow import LINK_HWM
 from tbon.overlay.wire.message import (
     HEARTBEAT_FRAMES,
@@ -43,7 +44,6 @@ OWN_BEAT = 1.5
 """Heartbeats after which a child that sent nothing up beats unasked: its parent's beats, which it
 answers, come every one; the half more keeps the two clocks from racing each other."""
 
-EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 """As plain ints: ZeroMQ's own are enums, whose operators cost a Python call each."""
 
 MONITORED = (
@@ -171,7 +171,7 @@ class ParentLink:
         if self.overflow is not None:
             return
         try:
-            self.socket.send_multipart(frames, flags=zmq.DONTWAIT, copy=False)
+            send_frames(self.socket, frames, DONTWAIT)
             self._last_sent = now
         except zmq.Again:
             self.overflow = LinkEnded(
@@ -180,8 +180,8 @@ class ParentLink:
             )
 
     def drain_monitor(self) -> LinkEnded | None:
-        while self.monitor.poll(0):
-            event, value = read_event(self.monitor.recv_multipart())
+        while readable(self.monitor):
+            event, value = read_event(receive_bytes(self.monitor))
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshaken = True
                 if (line := self.handshakes.success()) is not None:
@@ -200,13 +200,13 @@ class ParentLink:
 
     def readable(self) -> bool:
         """Whether a message waits to be read (asked of ZeroMQ without a poll)."""
-        return bool(self.socket.get(EVENTS) & POLLIN)
+        return readable(self.socket)
 
     def read(self, now: float) -> ParentInbound | None:
         """The next message from the parent; None if there was none, or if it was only a
         heartbeat (answered here: nothing in it for the broker)."""
         try:
-            frames = self.socket.recv_multipart(flags=NOBLOCK, copy=False)
+            frames = receive(self.socket, DONTWAIT)
         except zmq.Again:
             return None
         self.handshaken = True

@@ -133,7 +133,8 @@ class Message:
 
 
 def encode(message: Message) -> list[Buffer]:
-    header: dict[str, Any] = {"v": message.version, "k": message.kind.value, "t": message.topic}
+    # the member's _value_, not .value: that is a Python property of Enum, on every message
+    header: dict[str, Any] = {"v": message.version, "k": message.kind._value_, "t": message.topic}
     if message.nodeid != ANY_RANK:
         header["n"] = message.nodeid
     if message.tag:
