@@ -267,6 +267,12 @@ class Instance:
             finally:
                 if joiner.stderr is not None:
                     joiner.stderr.close()
+        # A broker that joined by a test's `tbon expand` is no child of the launcher, which
+        # therefore never waited for it: once its parent is gone it seeks another for its
+        # reattach grace (docs/protocol.md §12.1), then leaves. Given a deadline, as joiners are.
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline and not all(map(process_gone, self.broker_pids)):
+            time.sleep(0.05)
         leaked = [pid for pid in self.broker_pids if not process_gone(pid)]
         for pid in leaked:
             os.kill(pid, signal.SIGKILL)
