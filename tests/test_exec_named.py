@@ -87,6 +87,22 @@ def test_the_root_and_the_client_choose_alike() -> None:
         assert chosen_targets(states, ranks, exclude) == pick_targets(states, ranks, exclude)[0]
 
 
+def test_the_root_never_lists_the_ranks_of_a_client_s_idset(monkeypatch: Any) -> None:
+    """A client writes the idset: a range of a million ranks, repeated to fill a message, would
+    cost the root 10^11 set insertions if listed rank by rank (parse_idset). It reads runs."""
+    import tbon.overlay.state.exectargets as exectargets
+
+    def listed(text: str) -> list[int]:
+        raise AssertionError(f"the root listed the ranks of {text[:20]!r}")
+
+    monkeypatch.setattr(exectargets, "parse_idset", listed)
+    huge = ",".join(["0-1048575"] * 100_000)
+    actions = root().handle(start(huge, ["l1"], exclude=huge[:19]), 0.0)
+    assert actions[0].message.payload["targets"] == ""  # type: ignore[attr-defined]
+    actions = root().handle(start(huge, ["l1"], exclude="1"), 0.0)
+    assert actions[0].message.payload["targets"] == "0,3,5"  # type: ignore[attr-defined]
+
+
 def test_the_client_s_broker_learns_the_ranks_from_the_root_s_answer() -> None:
     broker = ExecService(0, Topology("kary:2", 8), Lifecycle())
     request = start("all", ["l1"])

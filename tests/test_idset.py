@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tbon import exitcodes
 from tbon.errors import UsageError
-from tbon.overlay.parse.idset import format_idset, parse_idset
+from tbon.overlay.parse.idset import format_idset, idset_runs, parse_idset
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -158,3 +158,21 @@ def test_parse_idset_raises_only_usage_error(text: str) -> None:
         assert "\n" not in str(error)
         return
     assert ranks == sorted(set(ranks)) and all(r >= 0 for r in ranks)
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)), min_size=1, max_size=12))
+def test_runs_are_the_ranks_of_the_set_merged_in_order(parts: list[tuple[int, int]]) -> None:
+    text = ",".join(f"{first}-{first + span}" if span else str(first) for first, span in parts)
+    runs = idset_runs(text)
+    assert [r for first, last in runs for r in range(first, last + 1)] == parse_idset(text)
+    assert all(b[0] > a[1] + 1 for a, b in itertools.pairwise(runs))  # apart: none touch
+
+
+def test_runs_of_a_client_s_repeated_huge_ranges_are_one() -> None:
+    """An exec.start's targets are a client's text (docs/protocol.md §7): the root reads its
+    ranges without listing them, so a range of a million ranks a hundred thousand times is one
+    run, not 10^11 set insertions."""
+    assert idset_runs(",".join(["0-1048575"] * 100_000)) == [(0, 1048575)]
+    with pytest.raises(UsageError):
+        idset_runs("0-1048576")

@@ -12,7 +12,15 @@ MAX_RANK = 1 << 20  # far beyond any instance; keeps a typo from eating the memo
 def parse_idset(text: str) -> list[int]:
     """Sorted, distinct ranks in `text` (e.g. "0,3-7,9" or "[0,3-7,9]"); a UsageError for
     anything else."""
-    ranks: set[int] = set()
+    return [rank for first, last in idset_runs(text) for rank in range(first, last + 1)]
+
+
+def idset_runs(text: str) -> list[tuple[int, int]]:
+    """The ranges of `text` as (first, last), in order, overlapping ones merged, without
+    listing their ranks: how a broker reads a client's idset (an exec.start's targets), whose
+    ranges may repeat (`0-1048575`, a hundred thousand times in one message), in time that
+    grows with the text, not with the ranks it spans. A UsageError as parse_idset's."""
+    runs: list[tuple[int, int]] = []
     for part in _unbracketed(text).split(","):
         low, dash, high = part.strip().partition("-")
         if not is_decimal(low) or (dash and not is_decimal(high)):
@@ -24,8 +32,16 @@ def parse_idset(text: str) -> list[int]:
             raise UsageError(f"invalid rank set {text!r}: range {part.strip()} runs backwards")
         if last >= MAX_RANK:
             raise UsageError(f"invalid rank set {text!r}: ranks go up to {MAX_RANK - 1}")
-        ranks.update(range(first, last + 1))
-    return sorted(ranks)
+        runs.append((first, last))
+    runs.sort()
+    merged = [runs[0]]
+    for first, last in runs[1:]:
+        if first <= merged[-1][1] + 1:
+            if last > merged[-1][1]:
+                merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return merged
 
 
 def _unbracketed(text: str) -> str:

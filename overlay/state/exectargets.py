@@ -6,7 +6,10 @@ against a broker of an older tbon, the client chooses them itself, by the same r
 
 from __future__ import annotations
 
-from tbon.overlay.parse.idset import parse_idset
+from bisect import bisect_right
+from collections.abc import Callable
+
+from tbon.overlay.parse.idset import idset_runs, parse_idset
 from tbon.overlay.state.statesview import RankStates
 
 SKIPPED_STATES = ("lost", "offline")
@@ -47,10 +50,24 @@ def pick_targets(states: RankStates, ranks: str, exclude: str | None) -> Picked:
 def chosen_targets(states: RankStates, ranks: str, exclude: str | None) -> list[int]:
     """The ranks `pick_targets` runs on, without saying why the others are left out: rank 0's
     part (the client says that, from the same view). An idset's ranks beyond the instance are
-    passed over, not each named."""
+    passed over, not each named. A client wrote `ranks` and `exclude`: their ranges are never
+    listed (idset_runs), so rank 0's work grows with the online ranks and the text's length."""
     online = states.ranks("online")
-    excluded = set(parse_idset(exclude)) if exclude else set()
-    if ranks != "all":
-        asked = set(parse_idset(ranks))
-        return [r for r in online if r in asked and r not in excluded]
-    return [r for r in online if r not in excluded] if excluded else online
+    if exclude:
+        left_out = _within(idset_runs(exclude))
+        online = [r for r in online if not left_out(r)]
+    if ranks == "all":
+        return online
+    asked = _within(idset_runs(ranks))
+    return [r for r in online if asked(r)]
+
+
+def _within(runs: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """Whether a rank lies in one of `runs` (in order, apart), by bisection."""
+    firsts = [first for first, _ in runs]
+
+    def within(rank: int) -> bool:
+        at = bisect_right(firsts, rank) - 1
+        return at >= 0 and rank <= runs[at][1]
+
+    return within
