@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rich.status import Status
 
     from tbon.overlay.connectors.client import Client
+    from tbon.overlay.state.statesview import RankStates
 
 URI_HELP = (
     "The instance to talk to (local://PATH or ssh://..., or a comma-separated list of them, "
@@ -146,6 +147,55 @@ def read_held(client: Any, timeout: float | None = None) -> dict[str, Any]:
         if (status := pages.take(page)) is not None:
             return status
         start = page["next"]
+
+
+StatesReader = Callable[[dict[str, Any]], "RankStates | None"]
+"""Reads an update of a status stream: each rank's state once it is whole, else None."""
+
+
+def watch_states(
+    client: Any, tag: int, early: list[Any] | None = None
+) -> tuple[int, StatesReader, RankStates]:
+    """Follow each rank's state at rank 0 (the `states` stream `tag`, whose `early` updates
+    came already): the first view is the states now (which ranks `tbon exec` or `tbon dmesg`
+    reads), and the later ones tell of ranks lost meanwhile. One stream for both, so that rank
+    0 builds and sends it once, not also for a status.get. The `states` view is a few bytes at
+    any size; a broker of an older tbon, which refuses it (EINVAL), is asked for its `held`
+    view (at 1024 ranks, 190 kB of entries, of which only the states are read). Returns the
+    stream's tag (the held one's, from an older broker), how to read its updates, and the
+    states now."""
+    import errno
+
+    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
+    from tbon.overlay.state.statesview import RankStates
+
+    early = early if early is not None else []
+    read: StatesReader = RankStates
+    while True:
+        reply = early.pop(0) if early else client.answer(tag, 0, DEFAULT_TIMEOUT)
+        if reply.errnum == errno.EINVAL and read is RankStates:
+            read = held_reader()
+            tag = client.send("status.watch", {"view": "held"}, nodeid=0)
+            early = []
+            continue
+        if reply.errnum:
+            raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
+        if (states := read(reply.payload)) is not None:
+            return tag, read, states
+
+
+def held_reader() -> StatesReader:
+    """Reads a `held` view's pages (one but for thousands of ranks held) as each rank's state."""
+    from tbon.overlay.state.heldtable import HeldPages
+    from tbon.overlay.state.statesview import RankStates
+
+    pages = HeldPages()
+
+    def read(page: dict[str, Any]) -> RankStates | None:
+        status = pages.take(page)
+        return None if status is None else RankStates.from_status(status)
+
+    return read
 
 
 def once_healed(

@@ -5,7 +5,9 @@ each rank through the tree, WINDOW of them at a time, so that the answers coming
 command's broker stay few whatever the size of the instance; they are printed sorted by time,
 then rank. With --follow each rank then streams what it logs, one batch in flight: each batch is
 acknowledged once written out, so a reader that stops makes the brokers drop records (and say how
-many), never pile them up. Rank 0's pushed status tells which ranks were lost meanwhile.
+many), never pile them up. Rank 0's `states` view (each rank's state as idsets, a few bytes at
+any size) says which ranks to read, and its updates which were lost meanwhile: one stream for
+both (an older broker's `held` view instead, cli/common.py's watch_states).
 
 -C empties the rings of the ranks named (dmesg.clear); -c reads and empties each in one request
 (dmesg.get with `clear`), so that nothing logged between the two is lost unread. -H shows times
@@ -21,14 +23,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tbon.cli.common import URI_HELP, fetch_status, open_client, print_json
+from tbon.cli.common import URI_HELP, StatesReader, open_client, print_json, watch_states
 from tbon.errors import RANK_TROUBLE, TbonError, UsageError
 from tbon.overlay.connectors.patience import ANSWER_WAIT
-from tbon.overlay.state.heldtable import HeldPages
+
+if TYPE_CHECKING:
+    from tbon.overlay.state.statesview import RankStates
 
 WINDOW = 16  # ranks asked at once: what they answer is at most 16 rings (about 24 MiB)
 LEVELS = ("debug", "info", "warning", "error")
@@ -95,9 +99,11 @@ def register(app: typer.Typer) -> None:
         )
         mode = "clear" if clear else "read-clear" if read_clear else "read"
         with open_client(uri) as client:
-            status = fetch_status(client)
-            targets, trouble = _targets(status, ranks)
+            watch = client.send("status.watch", {"view": "states"}, nodeid=0)
+            watch, read, states = watch_states(client, watch)
+            targets, trouble = _targets(states, ranks)
             reading = Reading(client, level, follow, as_json, trouble, mode=mode)
+            reading.watch, reading.read = watch, read
             reading.clock = HumanClock() if human else None
             try:
                 reading.run(targets)
@@ -133,16 +139,16 @@ class HumanClock:
         return f"[{f'+{seconds - previous:.3f}':>12}]"
 
 
-def _targets(status: dict[str, Any], ranks: str) -> tuple[list[int], dict[int, str]]:
+def _targets(states: RankStates, ranks: str) -> tuple[list[int], dict[int, str]]:
     """The ranks to read, and why some asked-for ranks cannot be (each said on stderr)."""
     from tbon.overlay.parse.idset import format_idset, parse_idset
 
-    size, entries = status["size"], status["ranks"]
+    size = states.size
     trouble: dict[int, str] = {}
     if ranks == "all":
-        chosen = [e["rank"] for e in entries if e["state"] in READABLE]
+        chosen = sorted(r for state in READABLE for r in states.ranks(state))
         for state in ("lost", "offline", "reserved"):
-            skipped = [e["rank"] for e in entries if e["state"] == state]
+            skipped = states.ranks(state)
             if skipped:
                 _say(f"skipping {state} rank{'s' * (len(skipped) > 1)} {format_idset(skipped)}")
         return chosen, trouble
@@ -150,8 +156,8 @@ def _targets(status: dict[str, Any], ranks: str) -> tuple[list[int], dict[int, s
     for rank in parse_idset(ranks):
         if rank >= size:
             trouble[rank] = f"rank {rank}: no such rank in this instance of size {size}"
-        elif entries[rank]["state"] not in READABLE:
-            trouble[rank] = f"rank {rank} is {entries[rank]['state']}"
+        elif (state := states.state(rank)) not in READABLE:
+            trouble[rank] = f"rank {rank} is {state}"
         else:
             chosen.append(rank)
     for why in trouble.values():
@@ -174,8 +180,8 @@ class Reading:
     following: dict[int, int] = field(default_factory=dict)  # tag -> rank: streaming
     acks: dict[int, int] = field(default_factory=dict)  # tag -> `next` to acknowledge
     mode: str = "read"  # or "clear" (dmesg.clear), or "read-clear" (dmesg.get with clear)
-    watch: int = 0
-    pages: HeldPages = field(default_factory=HeldPages)  # rank 0's table, a page at a time
+    watch: int = 0  # the tag of rank 0's status stream (watch_states)
+    read: StatesReader | None = None  # how to read its updates
     clock: HumanClock | None = None  # -H
 
     def run(self, targets: list[int]) -> None:
@@ -183,7 +189,6 @@ class Reading:
             if self.as_json and not self.follow and self.mode != "clear":
                 print_json([])
             return
-        self.watch = self.client.send("status.watch", {"view": "held"}, nodeid=0)
         self.waiting = sorted(targets, reverse=True)
         backlog: list[dict[str, Any]] = []
         while self.waiting or self.asked:
@@ -264,21 +269,21 @@ class Reading:
         """Rank 0 pushed its table: a rank being read whose broker has gone will never answer."""
         if reply.errnum:  # the instance is shutting down
             raise TbonError(f"status stream ended: {reply.errstr}")
-        view = self.pages.take(reply.payload)
-        if view is None:
-            return  # more pages of this table to come
-        entries = view["ranks"]
-        gone = {r for r in self.waiting if entries[r]["state"] not in READABLE}
+        assert self.read is not None  # set with `watch`
+        states = self.read(reply.payload)
+        if states is None:
+            return  # more pages of an older broker's held view to come
+        gone = {r for r in self.waiting if states.state(r) not in READABLE}
         self.waiting = [r for r in self.waiting if r not in gone]
         for streams in (self.asked, self.following):
             for tag, rank in list(streams.items()):
-                if entries[rank]["state"] not in READABLE:
+                if states.state(rank) not in READABLE:
                     del streams[tag]
                     self.acks.pop(tag, None)
                     self.asked_at.pop(tag, None)
                     gone.add(rank)
         for rank in sorted(gone):
-            state = entries[rank]["state"]
+            state = states.state(rank)
             if state == "vacant":  # its broker left cleanly: retired, or said goodbye
                 _say(f"rank {rank} is vacant: its broker left")
             else:

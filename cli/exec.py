@@ -17,13 +17,13 @@ import stat
 import sys
 import time
 from collections import ChainMap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from tbon.cli.common import end_by_signal, open_client, print_json
+from tbon.cli.common import StatesReader, end_by_signal, open_client, print_json, watch_states
 from tbon.cli.execargs import ExecArgs
 from tbon.cli.failures import failure, failure_lines, name_ranks
 from tbon.cli.interrupts import Interrupts
@@ -206,16 +206,12 @@ def _failure(outcome: Outcome, rank: int) -> str | None:
     return failure(status, outcome.signals.get(rank), outcome.notes.get(rank))
 
 
-Reader = Callable[[dict[str, Any]], "RankStates | None"]
-"""Reads an update of the status stream: each rank's state once it is whole, else None."""
-
-
 @dataclass
 class Started:
     """An exec.start sent (or none: no rank to run on) and what the client follows it by."""
 
     watch: int  # the tag of the status stream that tells of ranks lost while the jobs run
-    read: Reader  # how to read its updates
+    read: StatesReader  # how to read its updates
     picked: Picked  # the ranks to run on, why others asked for cannot be, the ranks skipped
     tag: int | None = None  # the exec.start's, if one was sent
     job_id: str = ""
@@ -244,7 +240,7 @@ def _start(client: Any, job: Job, ranks: str, exclude: str | None) -> Started:
     tag = client.send("exec.start", start, nodeid=0)
     reply, early = _first_reply(client, tag, watch)
     if reply.errnum == errno.EINVAL:  # an older broker: it takes listed targets only
-        watch, read, states = _watch_status(client, watch, early)
+        watch, read, states = watch_states(client, watch, early)
         picked = pick_targets(states, ranks, exclude)
         targets = sorted(picked[0])
         window = output_window(len(targets))
@@ -266,7 +262,7 @@ def _start(client: Any, job: Job, ranks: str, exclude: str | None) -> Started:
 
 def _first_reply(client: Any, tag: int, watch: int) -> tuple[Any, list[Any]]:
     """The first answer to request `tag`, and the status stream's updates that came before it
-    (kept for the way of an older broker: _watch_status reads them first)."""
+    (kept for the way of an older broker: watch_states reads them first)."""
     from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, NoAnswer
 
     early: list[Any] = []
@@ -279,44 +275,6 @@ def _first_reply(client: Any, tag: int, watch: int) -> tuple[Any, list[Any]]:
     raise NoAnswer(
         f"no answer from rank 0 within {DEFAULT_TIMEOUT:g}s (is it stopped or overloaded?)"
     )
-
-
-def _watch_status(client: Any, tag: int, early: list[Any]) -> tuple[int, Reader, RankStates]:
-    """Follow each rank's state at rank 0 (the `states` stream `tag`, whose `early` updates
-    came already): the first view (the states now) chooses the targets, and the later ones
-    tell of ranks lost while the jobs run. One stream for both, so that rank 0 builds and sends
-    it once, not also for a status.get. The `states` view is a few bytes at any size; a broker
-    of an older tbon, which refuses it (EINVAL), is asked for its `held` view (at 1024 ranks,
-    190 kB of entries, of which only the states are read)."""
-    from tbon.overlay.connectors.client import DEFAULT_TIMEOUT, RequestError
-    from tbon.overlay.state.statesview import RankStates
-
-    read: Reader = RankStates
-    while True:
-        reply = early.pop(0) if early else client.answer(tag, 0, DEFAULT_TIMEOUT)
-        if reply.errnum == errno.EINVAL and read is RankStates:
-            read = _held_reader()
-            tag = client.send("status.watch", {"view": "held"}, nodeid=0)
-            early = []
-            continue
-        if reply.errnum:
-            raise RequestError(reply.errnum, reply.errstr or os.strerror(reply.errnum))
-        if (states := read(reply.payload)) is not None:
-            return tag, read, states
-
-
-def _held_reader() -> Reader:
-    """Reads a `held` view's pages (one but for thousands of ranks held) as each rank's state."""
-    from tbon.overlay.state.heldtable import HeldPages
-    from tbon.overlay.state.statesview import RankStates
-
-    pages = HeldPages()
-
-    def read(page: dict[str, Any]) -> RankStates | None:
-        status = pages.take(page)
-        return None if status is None else RankStates.from_status(status)
-
-    return read
 
 
 def _empty_stdin() -> bool:

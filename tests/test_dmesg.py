@@ -294,6 +294,40 @@ def test_the_command_shows_lost_records_where_they_were() -> None:
     assert _as_json(marker)["lost"] == 4 and reading.acks == {9: 8}
 
 
+def test_the_ranks_read_and_those_lost_meanwhile_come_from_the_states_view_or_held() -> None:
+    """dmesg reads rank 0's `states` view (each rank's state, a few bytes at any size): which
+    ranks to read, and which were lost while they were read; from a broker older than that
+    view, its `held` view, read the same (cli/common.py's held_reader)."""
+    from tbon.cli.common import held_reader
+    from tbon.cli.dmesg import Reading, _targets
+    from tbon.overlay.state import statusviews
+    from tbon.overlay.state.rankevents import Lost, Online
+    from tbon.overlay.state.ranktable import RankTable
+    from tbon.overlay.state.statesview import RankStates
+    from tbon.overlay.state.topology import Topology
+
+    table = RankTable(Topology("kary:2", 10), [f"node{r}" for r in range(8)], 10.0)
+    for rank in range(8):
+        assert table.apply(Online(rank, 1, f"node{rank}", 100 + rank), 11.0).applied
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        states = RankStates(statusviews.states(table))
+        assert _targets(states, "all") == (list(range(8)), {})
+        assert _targets(states, "3,9") == ([3], {9: "rank 9 is vacant"})
+    assert said.getvalue() == "tbon dmesg: rank 9 is vacant\n"
+    assert table.apply(Lost(3, 1, "connection dropped", 1), 12.0).applied
+    for read, view in (
+        (RankStates, statusviews.states(table)),
+        (held_reader(), statusviews.held(table, 13.0)),  # an older broker's
+    ):
+        reading = Reading(None, "debug", False, False, {})
+        reading.watch, reading.read, reading.waiting = 5, read, [3, 2]
+        update = Message(Kind.RESPONSE, "status.watch", view, tag=5)
+        update.streaming = True
+        with contextlib.redirect_stderr(io.StringIO()):
+            assert reading._take(update) == []
+        assert reading.waiting == [2] and reading.trouble == {3: "rank 3 is lost"}
+
+
 # --- through real instances -------------------------------------------------------------------
 
 

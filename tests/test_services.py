@@ -297,6 +297,22 @@ def test_a_states_watcher_is_sent_each_ranks_state_as_idsets_in_one_message() ->
     assert pushed.payload["states"]["online"] == "0-999,1001-1023"
 
 
+def test_the_states_view_is_built_once_a_generation_and_anew_after_any_change() -> None:
+    """exec's watch and its exec.start's targets read one build of `states` while nothing
+    changed, and never an old one after a change: a rank lost is lost in the next."""
+    table = started("kary:32", 2048, launched=1024)
+    bring_up(table, list(range(1, 1024)))
+    status = StatusService(table, Lifecycle())
+    watch = request("status.watch", {"view": "states"})
+    first = only_response(status.watch(watch, NOW)).payload
+    built = status.states()
+    assert built is status.states() and built["states"] == first["states"]
+    assert table.apply(Lost(1000, 1, "test", 31), NOW).applied
+    after = status.states()
+    assert after is not built and after["states"]["lost"] == "1000"
+    assert built["states"] == {"online": "0-1023", "vacant": "1024-2047"}  # never changed
+
+
 def test_an_online_watcher_is_sent_the_online_ranks_pids_in_pages() -> None:
     """What tbon expand follows: each online rank's pid and incarnation, in pages past what one
     holds (each the next once the one before is acknowledged), and a rank lost meanwhile is

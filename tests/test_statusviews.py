@@ -130,6 +130,10 @@ def test_views_computed_at_rank_0_read_as_the_whole_table_does(
         assert plain(render.errors_of(each, paths=True)) == plain(
             render.not_online(status, root, paths=True)
         )
+        items = [*each["entries"], *statusviews.errors(table, now, root)["groups"]]
+        items += statusviews.tree(table, now, root)["items"]
+        for item in items:  # what cuts these views is a bound, not each one encoded
+            assert statusviews._size(item) <= statusviews._item_bound(item)
 
 
 @settings(max_examples=60, deadline=None)
@@ -235,3 +239,50 @@ def test_an_entrys_bound_is_never_less_than_its_json(host: str, reason: str, pid
     for fields in (entry, {**entry, "reason": reason, "last_pid": pid, "retired": True}):
         text = json.dumps(fields, separators=(",", ":"))
         assert len(text) + 1 <= statusviews.entry_bound(fields)
+    full = {**entry, "reason": reason, "last_pid": pid, "via": [262_143, 8191, 255, 7, 0]}
+    for item in (
+        {"depth": 999_999, "last": False, "entry": full, "ranks": "1-3,5", "count": 262_144},
+        {"depth": 0, "last": True, "entry": entry, "more": True},
+        {"state": "lost", "ranks": "0-7", "hosts": f"{host}[0-7]", "entry": full},
+        full,  # an errors -v entry, with its path
+    ):
+        assert statusviews._size(item) <= statusviews._item_bound(item)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(200, 60_000))
+def test_a_tree_or_errors_past_the_budget_is_cut_where_its_real_size_says(limit: int) -> None:
+    """The bounds cut nothing sooner than the items' JSON: a view is cut only once the items
+    taken, encoded as the wire encodes them, reach the budget, and then just after."""
+    from unittest.mock import patch
+
+    whole_tree = statusviews.tree(WIDE, 12.0, 0, merge=False)["items"]
+    whole_each = statusviews.errors(WIDE, 12.0, 0, each=True)["entries"]
+    with patch.object(statusviews, "VIEW_BYTES", limit):
+        tree = statusviews.tree(WIDE, 12.0, 0, merge=False)
+        each = statusviews.errors(WIDE, 12.0, 0, each=True)
+    for uncut, items, cut in (
+        (whole_tree, tree["items"], tree.get("cut")),
+        (whole_each, each["entries"], each.get("cut")),
+    ):
+        sizes = [statusviews._size(item) for item in items]
+        assert items == uncut[: len(items)] and sum(sizes[:-1]) < limit
+        if cut:
+            assert sum(sizes) >= limit and len(items) < len(uncut)
+        else:
+            assert len(items) == len(uncut)
+
+
+def _wide() -> RankTable:
+    """300 ranks online, under 8 lost (so `errors -v` has entries): some 60 kB of tree."""
+    from tbon.overlay.state.rankevents import Lost
+
+    table = RankTable(Topology("kary:4", 300), [f"node{r}" for r in range(300)], 10.0)
+    for rank in range(300):
+        assert table.apply(Online(rank, 1, f"node{rank}", 100 + rank), 11.0).applied
+    for rank in range(200, 260):
+        assert table.apply(Lost(rank, 1, "connection dropped", (rank - 1) // 4), 11.5).applied
+    return table
+
+
+WIDE = _wide()

@@ -294,12 +294,10 @@ class Broker:
 
     def _rank_states(self) -> dict[str, Any] | None:
         """The `states` view of this broker's rank table (the root's, which chooses the targets
-        an exec.start names), or None without one."""
-        if self.table is None:
-            return None
-        from tbon.overlay.state.statusviews import states
-
-        return states(self.table)
+        an exec.start names), or None without one: its status service's, built once per
+        generation of the table for both the exec's watch and its targets."""
+        status = self.services.status
+        return None if status is None else status.states()
 
     def _whole(self) -> bool:
         """What heal.wait waits for: rank 0, no rank adrift; any other, attached to a parent."""

@@ -83,6 +83,11 @@ class StatusService:
         self.group: Callable[[float], dict[str, Any] | None] = lambda now: None
         self.watchers: list[Watcher] = []
         self._pushed: Stamp = (-1, None)
+        # the views that read no clock (`states`, `online` pages by their start), as built at
+        # the table's generation `_built_at`: the same again is free until an event changes the
+        # table (a `tbon exec` asks for `states` twice: its watch, and its exec.start's targets)
+        self._built: dict[tuple[str, int], dict[str, Any]] = {}
+        self._built_at = -1
 
     def stamp(self, now: float) -> Stamp:
         """What watchers are shown now, beyond the entries: the table's generation, and the
@@ -96,10 +101,27 @@ class StatusService:
         if watcher is not None and watcher.view == "held":
             return self._said(now, statusviews.held(self.table, now, watcher.cursor or 0))
         if watcher is not None and watcher.view == "states":
-            return self._said(now, statusviews.states(self.table))
+            return self._said(now, self.states())
         if watcher is not None and watcher.view == "online":
-            return self._said(now, statusviews.online(self.table, watcher.cursor or 0))
+            start = watcher.cursor or 0
+            view = self._once(("online", start), lambda: statusviews.online(self.table, start))
+            return self._said(now, view)
         return self._said(now, snapshot(self.table, now))
+
+    def states(self) -> dict[str, Any]:
+        """The `states` view (statusviews.states), built once per generation of the table: what
+        rank 0 chooses an exec.start's targets by, and what that exec's watch is sent."""
+        return self._once(("states", 0), lambda: statusviews.states(self.table))
+
+    def _once(self, key: tuple[str, int], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A view that reads no clock, as built at this generation of the table (no event
+        since: the same view), or built now. Never changed once built (`_said` copies it)."""
+        if self._built_at != self.table.generation:
+            self._built, self._built_at = {}, self.table.generation
+        found = self._built.get(key)
+        if found is None:
+            found = self._built[key] = build()
+        return found
 
     def _said(self, now: float, answer: dict[str, Any]) -> dict[str, Any]:
         """`answer` with the roles, before its `ranks` (a page's header is written first)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tbon.limits import PAGE_BYTES
@@ -51,17 +51,74 @@ has its own line (spares never held are one line however few)."""
 
 VIEW_BYTES = 2 << 20
 """What the items of a tree, or the lines of the errors, may take in one answer (half a
-message): past that it is cut, and says so (`cut`), and `--rank` or `--depth` shows the rest."""
+message): past that it is cut, and says so (`cut`), and `--rank` or `--depth` shows the rest.
+Measured by an upper bound of each item (Budget), the items encoded only past it."""
 
 
-def _within(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """The first `items` that fit VIEW_BYTES of JSON, and how many did not."""
-    taken = 0
+def _within(
+    items: list[dict[str, Any]], bound: Callable[[dict[str, Any]], int]
+) -> tuple[list[dict[str, Any]], int]:
+    """The first `items` that fit VIEW_BYTES of JSON, and how many did not, each measured by
+    `bound` (Budget: encoded only once the bounds pass VIEW_BYTES)."""
+    budget = Budget()
     for count, item in enumerate(items):
-        taken += len(json.dumps(item)) + 2
-        if taken > VIEW_BYTES:
-            return items[:count], len(items) - count
+        budget.take(items, count + 1, bound(item))
+        if budget.full:
+            return items[: count + 1], len(items) - count - 1
     return items, 0
+
+
+ITEM_BYTES = 96
+"""An upper bound on what a tree's item or an errors' group takes as JSON beyond its entry and
+its idsets (ranks, hosts): its other keys, a depth or count of 6 digits at most, and its comma."""
+
+
+def _item_bound(item: dict[str, Any]) -> int:
+    """At least `item` as JSON: a tree's item, an errors' group, or an entry with `via`."""
+    bound = ITEM_BYTES + entry_bound(item.get("entry", item))
+    for key in ("ranks", "hosts"):  # an idset, a host list: text of their own
+        if isinstance(text := item.get(key), str):
+            bound += _text_bound(text)
+    if (via := item.get("via")) is not None:
+        bound += 7 * len(via)
+    return bound
+
+
+class Budget:
+    """How much of VIEW_BYTES the items taken so far take as JSON. Each is counted by an upper
+    bound of its size (`entry_bound`: a few lengths, not the encoder's walk) while their sum is
+    within the budget, which it is for all but the largest views; past it, the items are encoded
+    (the ones before once, together), so a view is cut where their real size says, no sooner."""
+
+    __slots__ = ("exact", "taken")
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.exact = False  # the bounds passed VIEW_BYTES: `taken` is the real size from there
+
+    def take(self, items: list[dict[str, Any]], count: int, bound: int) -> None:
+        """Count the last of the first `count` of `items` (those taken so far), of at most
+        `bound` bytes."""
+        if self.exact:
+            self.taken += _size(items[count - 1])
+            return
+        self.taken += bound
+        if self.taken >= VIEW_BYTES:
+            self.exact = True
+            self.taken = sum(_size(items[index]) for index in range(count))
+
+    @property
+    def full(self) -> bool:
+        return self.taken >= VIEW_BYTES
+
+
+def _size(item: dict[str, Any]) -> int:
+    """`item` as the wire encodes it (compact JSON), and its comma in a list."""
+    return len(_COMPACT(item)) + 1
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode
+"""json.dumps as the wire's, without building an encoder at each call as json.dumps does."""
 
 
 def page(table: RankTable, now: float, start: int, budget: int = PAGE_BYTES) -> tuple[bytes, int]:
@@ -243,8 +300,8 @@ def errors(table: RankTable, now: float, root: int, each: bool = False) -> dict[
     drawn = Drawn(table)
     said, spares = _held_in(table, drawn, root)
     answer: dict[str, Any] = {"size": table.size, "topo": table.topology.spec, "rank": root}
-    gone = [shown(table, r, now, children=False) for r in said]
-    gone = [e for e in gone if e["state"] != RankState.ONLINE.value]
+    peek, online = table.entries.peek, RankState.ONLINE  # an online rank is never shown here
+    gone = [shown(table, r, now, children=False) for r in said if peek(r).state is not online]
     untouched = [e["rank"] for e in gone if _never_held(e)]
     gone = [e for e in gone if not _never_held(e)]
     if untouched:  # kept, yet as a spare: rare, so the runs are expanded
@@ -253,7 +310,7 @@ def errors(table: RankTable, now: float, root: int, each: bool = False) -> dict[
     if each:
         for entry in gone:
             entry["via"] = drawn.path(entry["rank"])
-        answer["entries"], cut = _within(gone)
+        answer["entries"], cut = _within(gone, _item_bound)
         if cut:
             answer["cut"] = cut
         return answer
@@ -270,7 +327,7 @@ def errors(table: RankTable, now: float, root: int, each: bool = False) -> dict[
         }
         for entries in groups.values()
     ]
-    answer["groups"], cut = _within(made)
+    answer["groups"], cut = _within(made, _item_bound)
     if cut:
         answer["cut"] = cut
     return answer
@@ -296,33 +353,42 @@ def tree(
     under it."""
     drawn = Drawn(table)
     touched: set[int] = set()
-    for entry in table.entries.held():
-        if not table.entries.pristine(entry.rank):
-            touched.add(entry.rank)
-            touched.update(table.topology.ancestors(entry.rank))
+    parent = table.topology.parent
+    for kept in table.entries.held():
+        if not table.entries.pristine(kept.rank):
+            rank: int | None = kept.rank
+            while rank is not None and rank not in touched:  # its ancestors: up to one seen
+                touched.add(rank)
+                rank = parent(rank)
+    seen: dict[int, dict[str, Any]] = {}  # the leaves' entries _runs compared, to show them
     items: list[dict[str, Any]] = []
     stack: list[tuple[list[int], int, bool]] = [([root], 0, True)]
-    taken = 0
-    while stack and taken < VIEW_BYTES:
+    budget = Budget()
+    while stack and not budget.full:
         ranks, level, last = stack.pop()
         first = ranks[0]
         item: dict[str, Any] = {"depth": level, "last": last}
-        item["entry"] = shown(table, first, now, children=False)
-        taken += len(json.dumps(item["entry"])) + 64
+        entry = seen.pop(first, None) or shown(table, first, now, children=False)
+        item["entry"] = entry
+        bound = ITEM_BYTES + entry_bound(entry)
         if len(ranks) > 1 or (first not in touched and first != root):
+            for rank in ranks[1:]:
+                seen.pop(rank, None)
             members = _subtrees(table, drawn, ranks, touched)
             item["ranks"], item["count"] = members
-            taken += len(members[0])
             items.append(item)
+            budget.take(items, len(items), bound + len(members[0]))
             continue
         kids = drawn.children(first)
         if depth is not None and level >= depth:
             if kids:
                 item["more"] = True
             items.append(item)
+            budget.take(items, len(items), bound)
             continue
         items.append(item)
-        runs = _runs(table, drawn, kids, touched, merge, apart)
+        budget.take(items, len(items), bound)
+        runs = _runs(table, drawn, kids, touched, merge, apart, now, seen)
         for index in range(len(runs) - 1, -1, -1):
             stack.append((runs[index], level + 1, index == len(runs) - 1))
     answer: dict[str, Any] = {"size": table.size, "topo": table.topology.spec, "rank": root}
@@ -338,11 +404,14 @@ def _runs(
     kids: list[int],
     touched: set[int],
     merge: bool,
-    apart: frozenset[int] = frozenset(),
+    apart: frozenset[int],
+    now: float,
+    seen: dict[int, dict[str, Any]],
 ) -> list[list[int]]:
     """`kids` in runs of consecutive siblings drawn as one item: untouched subtrees together,
     and with `merge`, leaves that read the same but those `apart` (the root and standbys, whose
-    lines are marked); any other rank alone."""
+    lines are marked); any other rank alone. The leaves' entries compared (shown at `now`) are
+    kept in `seen`, for the tree to draw them with."""
     runs: list[list[int]] = []
     looks: list[object] = []
     for kid in kids:
@@ -350,7 +419,8 @@ def _runs(
         if kid not in touched:
             look = "spare"
         elif merge and kid not in apart and not drawn.children(kid):
-            look = _look(shown(table, kid, 0.0, children=False))
+            entry = seen[kid] = shown(table, kid, now, children=False)
+            look = _look(entry)
         if look is not None and runs and looks[-1] == look:
             runs[-1].append(kid)
         else:
