@@ -10,8 +10,9 @@ is kept. Every join goes through rank 0 (its allocation, its parent's order, its
 CPU per join is what rank 0 pays for one FLUB join, the joiners' own boot aside.
 `profile_expand.py` shows where it goes. Each joiner's time queued for a CPU (schedstat's second
 field) and the machine's idle share during the expand (/proc/stat) say whether expand waited
-for cores or for something else (session 20: for cores; the machine had none idle). Drives tbon through its CLI only (never `import tbon`),
-so that compare.py --same-script can run it against an older checkout.
+for cores or for something else (session 20: for cores; the machine had none idle). Drives
+tbon through its CLI only (never `import tbon`), so that compare.py --same-script can run it
+against an older checkout.
 """
 
 from __future__ import annotations
