@@ -324,6 +324,8 @@ def _fork_each(specs: list[dict[str, object]], said: int, alone: bool) -> NoRetu
     """In the batch's forking child: fork each broker, write their PIDs to `said`, exit."""
     code = 1
     try:
+        if specs:
+            _warm(specs[0]["argv"])
         pids = []
         for spec in specs:
             log = os.open(str(spec["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -344,6 +346,45 @@ def _fork_each(specs: list[dict[str, object]], said: int, alone: bool) -> NoRetu
         with contextlib.suppress(Exception):
             sys.stderr.flush()
         os._exit(code)
+
+
+def _warm(argv: object) -> None:
+    """In the batch's forking child, before its forks: what each broker of the batch would do
+    alike as it starts, done once for all, as `tbon start`'s launcher does for its brokers
+    (overlay/launch/local.py). Expand is paced by its joiners' CPU where cores are scarce (each
+    queues for one far longer than it runs: benchmarks/expand_rank0.py), so a joiner's first
+    steps are its whole cost: the argument parse (its patterns compiled, its code run once),
+    logging set up at the batch's level, the descriptor limit raised and the reserve opened
+    (handed down, overlay/links/descriptors.py), the method cache emptied and what all this
+    made frozen, so that each broker finds it done and copies fewer pages. The batch's brokers
+    share their argv but for their run directory; one the warm-up cannot read is left to the
+    broker, which says what is wrong with it."""
+    import gc
+
+    from tbon.errors import TbonError
+    from tbon.overlay.broker.logs import setup_logging
+    from tbon.overlay.broker.main import parse_args
+    from tbon.overlay.config.attributes import broker_config, parse_assignments
+    from tbon.overlay.links.descriptors import (
+        Reserve,
+        descriptor_limit,
+        hand_down,
+        raise_limit,
+        reserve_size,
+    )
+
+    if isinstance(argv, list):
+        try:
+            args = parse_args([str(word) for word in argv])
+            config = broker_config(parse_assignments(args.setattr), args.config_file)
+            setup_logging(config.log_level)
+        except (TbonError, ValueError):
+            pass
+    raise_limit()
+    hand_down(Reserve(reserve_size(descriptor_limit())))  # closed by this child's exit
+    gc.collect()
+    gc.freeze()
+    sys._clear_type_cache()
 
 
 def _become_broker(argv: list[str], log: int, alone: bool) -> NoReturn:
