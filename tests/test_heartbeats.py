@@ -4,10 +4,12 @@ parent's beats stop. The ParentLink is the real one; its DEALER is a list."""
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from linkmodel import FrameByFrame
 
 from tbon.overlay.config.attributes import BrokerConfig, broker_config
 from tbon.overlay.links import parent as parent_module
@@ -18,27 +20,17 @@ from tbon.overlay.wire.message import Kind, Message, decode, encode
 HEARTBEAT = 1.0
 
 
-class Frame:
-    def __init__(self, data: bytes) -> None:
-        self.bytes = data
-        self.buffer = memoryview(data)
-
-    def __len__(self) -> int:
-        return len(self.bytes)
-
-
-class Dealer:
-    """What the link sends (topics), and what the parent sent it."""
+class Dealer(FrameByFrame):
+    """What the link sends (topics), and what the parent sent it: frame by frame, as the
+    link's calls (links/zmqio.py) read and write them."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sent: list[str] = []
-        self.inbox: list[list[Frame]] = []
+        self.inbox: deque[list[Any]] = deque()
 
     def send_multipart(self, frames: Any, flags: int = 0, copy: bool = True) -> None:
         self.sent.append(decode([bytes(f) for f in frames]).topic)
-
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Frame]:
-        return self.inbox.pop(0)
 
 
 class Clock:
@@ -70,7 +62,7 @@ def welcomed_link(now: float, config: BrokerConfig) -> tuple[ParentLink, Dealer]
 
 
 def parent_says(link: ParentLink, dealer: Dealer, topic: str, now: float) -> None:
-    dealer.inbox.append([Frame(bytes(f)) for f in encode(Message(Kind.CONTROL, topic, {}))])
+    dealer.inbox.append([bytes(f) for f in encode(Message(Kind.CONTROL, topic, {}))])
     link.read(now)
 
 

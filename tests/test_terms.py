@@ -398,7 +398,19 @@ def test_a_stale_shutdown_or_retire_from_the_parent_is_not_obeyed() -> None:
 
 
 def test_a_parent_stamps_its_term_on_welcomes_lineages_and_its_orders() -> None:
+    from linkmodel import FrameByFrame
+
     from tbon.overlay.links.children import Children
+
+    class Sink(FrameByFrame):
+        """A socket that hands each whole message it is sent, frame by frame, to `take`."""
+
+        def __init__(self, take: Any) -> None:
+            super().__init__()
+            self.take = take
+
+        def send_multipart(self, frames: Any, flags: int = 0, copy: bool = True) -> None:
+            self.take(frames)
 
     class Unwired(Children):
         """The parent's side with its socket a list of what was sent."""
@@ -409,7 +421,7 @@ def test_a_parent_stamps_its_term_on_welcomes_lineages_and_its_orders() -> None:
             self._full: set[bytes] = set()
             self.frames: list[Message] = []
             sent = self.frames.append
-            self.socket = SimpleNamespace(send_multipart=lambda f, **kw: sent(decode(f[1:])))  # type: ignore[assignment]
+            self.socket = Sink(lambda frames: sent(decode(frames[1:])))  # type: ignore[assignment]
 
     down = Unwired()
     down.terms.heard(6, 0)
