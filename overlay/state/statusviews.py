@@ -28,6 +28,7 @@ import json
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from tbon.limits import PAGE_BYTES
@@ -129,11 +130,10 @@ def page(table: RankTable, now: float, start: int, budget: int = PAGE_BYTES) -> 
     parts: list[str] = []
     taken = 0
     rank = start
-    dumps = json.JSONEncoder(separators=(",", ":")).encode
     entries = table.entries
     spare = SpareText(table, now)
     while rank < table.size and (taken < budget or not parts):
-        text = spare(rank) if entries.pristine(rank) else dumps(shown(table, rank, now))
+        text = spare(rank) if entries.pristine(rank) else _COMPACT(shown(table, rank, now))
         parts.append(text)
         taken += len(text) + 1
         rank += 1
@@ -515,6 +515,13 @@ ENTRY_BYTES = 512
 at its longest (19 digits, a float's repr 24), `state`, `subtree` and `joiner` as named."""
 
 _BIG = 10**19
+"""Numbers below this in magnitude have at most 19 digits: the bounds here allow for that many."""
+
+
+def _digits_beyond(value: int | None) -> int:
+    """What a number a broker sent (a pid, an incarnation) takes beyond the 19 digits a bound
+    allows for it: nothing, unless it is larger (counted by its digits)."""
+    return 0 if value is None or -_BIG < value < _BIG else len(str(value))
 
 
 def entry_bound(entry: dict[str, Any]) -> int:
@@ -524,9 +531,7 @@ def entry_bound(entry: dict[str, Any]) -> int:
     if (reason := entry.get("reason")) is not None:
         bound += _text_bound(reason)
     for key in ("pid", "incarnation", "last_pid"):  # a broker's own word: counted if too long
-        value = entry.get(key)
-        if value is not None and not -_BIG < value < _BIG:
-            bound += len(str(value))
+        bound += _digits_beyond(entry.get(key))
     return bound
 
 
@@ -592,34 +597,29 @@ ONLINE_BYTES = 4 + 6 + 19 + 19
 6 digits (MAX_SIZE), a pid or an incarnation at most 19 (below 2^63; a larger one is counted by
 its digits). So a page is bounded without encoding its items."""
 
-_DIGITS_BOUND = 10**19
-
 
 def online(table: RankTable, start: int = 0, budget: int = PAGE_BYTES) -> dict[str, Any]:
     """A page of the online ranks from `start` on (`online`, in rank order, each `[rank, pid,
     incarnation]`), as many as ONLINE_BYTES each fits `budget` (at least one), and `next`, the
     rank the next page starts at (None after the last): what `tbon expand` follows its joiners
     by (a local joiner by its pid, a remote one by its rank and a newer incarnation), some 20
-    bytes a rank where their `held` entries take 190. One pass of the ranks held; no entry
-    shown or encoded."""
+    bytes a rank where their `held` entries take 190. One pass of the ranks held from `start`
+    (found by bisection, not walked to); no entry shown or encoded."""
     found: list[list[int | None]] = []
     taken = 0
     after: int | None = None
     is_online = RankState.ONLINE
-    for entry in table.entries.held():  # in rank order
-        rank = entry.rank
-        if rank < start or entry.state is not is_online:
+    held = table.entries.held()  # in rank order
+    for index in range(bisect_left(held, start, key=attrgetter("rank")), len(held)):
+        entry = held[index]
+        if entry.state is not is_online:
             continue
         if taken >= budget and found:
-            after = rank
+            after = entry.rank
             break
         pid, incarnation = entry.pid, entry.incarnation
-        taken += ONLINE_BYTES
-        if pid is not None and not -_DIGITS_BOUND < pid < _DIGITS_BOUND:
-            taken += len(str(pid))
-        if not -_DIGITS_BOUND < incarnation < _DIGITS_BOUND:
-            taken += len(str(incarnation))
-        found.append([rank, pid, incarnation])
+        taken += ONLINE_BYTES + _digits_beyond(pid) + _digits_beyond(incarnation)
+        found.append([entry.rank, pid, incarnation])
     return {
         "size": table.size,
         "topo": table.topology.spec,
