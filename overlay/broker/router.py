@@ -32,7 +32,7 @@ from tbon.overlay.services.trust import ORDERS, learned_from, unless_current
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.rankstates import CONNECTED
 from tbon.overlay.state.terms import News, Terms
-from tbon.overlay.state.topology import Topology
+from tbon.overlay.state.topology import Topology, grouped
 from tbon.overlay.wire.message import ANY_RANK, Kind, Message
 from tbon.overlay.wire.route import child_hop, parent_hop
 from tbon.record import Record
@@ -220,10 +220,7 @@ class Router:
         children = self.children
         if children is None or not children.fosters:
             return self.topology.split_below(self.rank, targets)
-        below: dict[int, list[int]] = {}
-        for target in targets:
-            below.setdefault(self.hop_down(target), []).append(target)
-        return below
+        return grouped(targets, self.hop_down)
 
     def _learn_across(self, route: list[str]) -> None:
         """A broker's own request that came up by a child not below this broker (a member

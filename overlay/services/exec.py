@@ -41,7 +41,7 @@ from tbon.overlay.services.trust import not_its_client, unless_broker_own, unles
 from tbon.overlay.state.exitmerge import ExitMerge, Flush
 from tbon.overlay.state.healing import is_below
 from tbon.overlay.state.takenhold import TakenHold
-from tbon.overlay.state.topology import Topology
+from tbon.overlay.state.topology import Topology, grouped
 from tbon.overlay.wire.exits import BadExits, decode, encode, exit_of
 from tbon.overlay.wire.flow import (
     DEFAULT_WINDOW,
@@ -211,7 +211,9 @@ class ExecService:
         # the broker attached here that a target is reached through (the router's, once built)
         self.toward: Callable[[int], int] = lambda target: topology.next_hop(rank, target)
         # the same for many targets at once, grouped by that broker (the router's, once built)
-        self.towards: Callable[[list[int]], dict[int, list[int]]] = self._each_toward
+        self.towards: Callable[[list[int]], dict[int, list[int]]] = lambda targets: grouped(
+            targets, self.toward
+        )
         # whether this broker is the root (the broker's term fence says; set by broker.py): a
         # root that took over (docs/protocol.md §13.4) serves ranks the topology puts in the
         # dead root's other subtrees, fostered here, or answers for them
@@ -314,13 +316,6 @@ class ExecService:
             data=request.data,
         )
         return [_answer(request, said), *self.handle(resolved, now)]
-
-    def _each_toward(self, targets: list[int]) -> dict[int, list[int]]:
-        """`targets` grouped by `toward`, one call per target."""
-        below: dict[int, list[int]] = {}
-        for target in targets:
-            below.setdefault(self.toward(target), []).append(target)
-        return below
 
     def _copy_down(
         self, request: Message, child: int, ranks: list[int], rest: bytes | None = None

@@ -9,7 +9,7 @@ lists the parent of every rank from 1 on, for trees a config file draws by hand.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cached_property
 
 from tbon.errors import UsageError
@@ -247,12 +247,10 @@ class Topology:
         """`targets` (ranks of the instance, none of them `rank`) grouped by `next_hop` from
         `rank`, in their order within each group. Rank 0 splits every exec request this way,
         a thousand targets at a time: the usual shape in one inline loop, not a call per rank."""
-        groups: dict[int, list[int]] = {}
         k = self._k
         if not (k and 0 <= rank < self.size):
-            for target in targets:
-                groups.setdefault(self.next_hop(rank, target), []).append(target)
-            return groups
+            return grouped(targets, lambda target: self.next_hop(rank, target))
+        groups: dict[int, list[int]] = {}
         size = self.size
         for target in targets:
             if not 0 < target < size:
@@ -290,3 +288,12 @@ def _check_parents(spec: str, size: int) -> None:
 def explicit_parents(parents: list[int]) -> str:
     """The spec of a tree given as the parent of each rank from 1 on."""
     return "parents:" + ",".join(map(str, parents))
+
+
+def grouped(targets: list[int], hop: Callable[[int], int]) -> dict[int, list[int]]:
+    """`targets` grouped by `hop` (the broker each is reached through), one call per target,
+    in their order within each group: how a request for many ranks is split among children."""
+    groups: dict[int, list[int]] = {}
+    for target in targets:
+        groups.setdefault(hop(target), []).append(target)
+    return groups
